@@ -1,0 +1,6 @@
+//! The node agent: loads the kernel programs, reads what they report, and (in later stages)
+//! turns pressure into eviction decisions through the policy core in `node-agent-policy`.
+
+pub mod cgroup;
+pub mod ebpf;
+pub mod trace;

@@ -1,0 +1,46 @@
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// eBPF-accelerated node pressure monitor for Kubernetes.
+#[derive(Debug, Parser)]
+#[command(name = "node-agent", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show what the kernel reports, live.
+    Trace(node_agent::trace::TraceArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Trace(args) => node_agent::trace::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("node-agent: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One line: the error and its causes, so an operator sees the root cause without a backtrace.
+fn error_chain(e: &anyhow::Error) -> String {
+    e.chain()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}

@@ -1,0 +1,118 @@
+//! Building, running and testing the agent: eBPF object first, then user space embedding it.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::Context as _;
+
+use crate::toolchain::{describe, is_root, run as run_cmd, EbpfToolchain};
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits inside the workspace")
+        .to_path_buf()
+}
+
+/// Host cargo: the one that ran `cargo xtask`.
+fn cargo() -> Command {
+    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// Builds the eBPF object (always optimised: unoptimised BPF code rarely passes the verifier).
+/// cargo's change tracking makes this a no-op when nothing in `node-agent-ebpf` or
+/// `node-agent-common` changed. Returns the object's path.
+pub fn ebpf(tc: &EbpfToolchain) -> anyhow::Result<PathBuf> {
+    let root = workspace_root();
+    let target_dir = root.join("target/ebpf");
+    let mut cmd = tc.cargo("build");
+    cmd.current_dir(root.join("node-agent-ebpf"))
+        .args(["--release", "--locked"])
+        .env("CARGO_TARGET_DIR", &target_dir);
+    run_cmd(&mut cmd).context("building the eBPF object")?;
+    let object = target_dir.join("bpfel-unknown-none/release/node-agent-ebpf");
+    anyhow::ensure!(
+        object.is_file(),
+        "the eBPF build produced no {}",
+        object.display()
+    );
+    Ok(object)
+}
+
+/// A host cargo command that embeds the eBPF object.
+pub fn cargo_with_object(object: &Path, subcommand: &str) -> Command {
+    let mut cmd = cargo();
+    cmd.arg(subcommand).env("NODE_AGENT_EBPF_OBJECT", object);
+    cmd
+}
+
+/// Builds the eBPF object, then `node-agent`. Returns the agent binary's path.
+pub fn agent(tc: &EbpfToolchain, release: bool) -> anyhow::Result<PathBuf> {
+    let object = ebpf(tc)?;
+    let mut cmd = cargo_with_object(&object, "build");
+    cmd.args(["--package", "node-agent", "--locked"]);
+    if release {
+        cmd.arg("--release");
+    }
+    run_cmd(&mut cmd).context("building node-agent")?;
+    let profile = if release { "release" } else { "debug" };
+    Ok(workspace_root()
+        .join("target")
+        .join(profile)
+        .join("node-agent"))
+}
+
+/// Builds, then runs the agent as root (through sudo when not root already).
+pub fn run(tc: &EbpfToolchain, release: bool, args: &[String]) -> anyhow::Result<()> {
+    let binary = agent(tc, release)?;
+    let mut cmd = if is_root() {
+        Command::new(&binary)
+    } else {
+        eprintln!("xtask: the agent loads kernel programs; running it through sudo");
+        let mut c = Command::new("sudo");
+        c.arg("--preserve-env=RUST_LOG").arg(&binary);
+        c
+    };
+    cmd.args(args);
+    let status = cmd
+        .status()
+        .with_context(|| format!("starting {}", describe(&cmd)))?;
+    // The agent's own exit code is the answer; pass it on.
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+/// Unit tests of every crate, then the kernel tests, which need root and never skip.
+pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
+    let object = ebpf(tc)?;
+    if !is_root() {
+        anyhow::bail!(
+            "the kernel tests load eBPF programs and create cgroups, so they need root: \
+             run `sudo -E cargo xtask test` (plain `cargo test` runs the unprivileged unit tests)"
+        );
+    }
+    eprintln!("xtask: unit tests");
+    let mut unit = cargo_with_object(&object, "test");
+    unit.args([
+        "--workspace",
+        "--exclude",
+        "node-agent-tests",
+        "--locked",
+        "--",
+    ])
+    .args(extra);
+    run_cmd(&mut unit).context("unit tests failed")?;
+
+    eprintln!("xtask: kernel tests (root, real kernel)");
+    let mut kernel = cargo_with_object(&object, "test");
+    kernel
+        .args(["--package", "node-agent-tests", "--locked", "--"])
+        .args(extra);
+    run_cmd(&mut kernel).context("kernel tests failed")?;
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! `cargo xtask`: the one entry point for building, testing, linting and running the agent.
+
+mod agent;
+mod lint;
+mod toolchain;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "Build, test, lint and run the node agent"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Install what the eBPF build needs (Debian packages, bpf-linker); idempotent.
+    Setup,
+    /// Build the kernel programs, then the agent that embeds them.
+    Build {
+        /// Build the agent with the release profile (the eBPF object is always optimised).
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build, then run the agent with the privileges it needs: `cargo xtask run -- trace`.
+    Run {
+        #[arg(long)]
+        release: bool,
+        /// Arguments for `node-agent`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Unit tests, then the privileged kernel tests (root required; they never skip).
+    Test {
+        /// Extra arguments for the test binaries, e.g. a test name filter.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// rustfmt check and clippy with warnings denied, for every crate including the eBPF one.
+    Lint,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Setup => toolchain::setup().map(|_| ()),
+        Command::Build { release } => {
+            toolchain::require().and_then(|tc| agent::agent(&tc, release).map(|_| ()))
+        }
+        Command::Run { release, args } => {
+            toolchain::setup().and_then(|tc| agent::run(&tc, release, &args))
+        }
+        Command::Test { args } => toolchain::setup().and_then(|tc| agent::test(&tc, &args)),
+        Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
