@@ -1,0 +1,271 @@
+//! HTTP answers turned into typed errors, and retrying with backoff.
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use http::{Method, StatusCode};
+
+use crate::{
+    config::RetryConfig,
+    transport::{ApiRequest, HttpResponse, Transport, TransportError},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error(
+        "{endpoint}: {method} {path}: 401 Unauthorized (token expired or not accepted): {message}"
+    )]
+    Unauthorized {
+        endpoint: &'static str,
+        method: Method,
+        path: String,
+        message: String,
+    },
+    #[error("{endpoint}: {method} {path}: 403 Forbidden (RBAC does not grant this): {message}")]
+    Forbidden {
+        endpoint: &'static str,
+        method: Method,
+        path: String,
+        message: String,
+    },
+    #[error("{endpoint}: {method} {path}: HTTP {code}: {message}")]
+    Status {
+        endpoint: &'static str,
+        method: Method,
+        path: String,
+        code: u16,
+        message: String,
+    },
+    #[error("{endpoint}: {method} {path}: the answer is not a valid {expected}")]
+    Decode {
+        endpoint: &'static str,
+        method: Method,
+        path: String,
+        expected: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl ApiError {
+    /// Whether the same request may succeed later: outages, timeouts, 5xx, 429, and 401/403
+    /// (tokens rotate, RBAC bindings arrive late), and bad JSON (a proxy's error page).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Transport(e) => e.is_transient(),
+            Self::Unauthorized { .. } | Self::Forbidden { .. } | Self::Decode { .. } => true,
+            Self::Status { code, .. } => *code >= 500 || *code == 429 || *code == 408,
+        }
+    }
+
+    /// The HTTP status, when the server answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Self::Unauthorized { .. } => Some(401),
+            Self::Forbidden { .. } => Some(403),
+            Self::Status { code, .. } => Some(*code),
+            Self::Transport(_) | Self::Decode { .. } => None,
+        }
+    }
+
+    /// An error for an answer whose status the caller did not expect.
+    pub fn from_response(endpoint: &'static str, req: &ApiRequest, resp: &HttpResponse) -> Self {
+        let message = status_message(resp);
+        let (method, path) = (req.method.clone(), req.path.clone());
+        match resp.status {
+            StatusCode::UNAUTHORIZED => Self::Unauthorized {
+                endpoint,
+                method,
+                path,
+                message,
+            },
+            StatusCode::FORBIDDEN => Self::Forbidden {
+                endpoint,
+                method,
+                path,
+                message,
+            },
+            s => Self::Status {
+                endpoint,
+                method,
+                path,
+                code: s.as_u16(),
+                message,
+            },
+        }
+    }
+}
+
+/// `message` of a `metav1.Status` body, else the body's start.
+pub fn status_message(resp: &HttpResponse) -> String {
+    serde_json::from_slice::<serde_json::Value>(&resp.body)
+        .ok()
+        .and_then(|v| {
+            v.get("message")
+                .and_then(|m| m.as_str())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| resp.excerpt())
+}
+
+/// Decodes a JSON answer, naming what was expected when it is not that.
+pub fn decode<T: serde::de::DeserializeOwned>(
+    endpoint: &'static str,
+    req: &ApiRequest,
+    resp: &HttpResponse,
+    expected: &'static str,
+) -> Result<T, ApiError> {
+    serde_json::from_slice(&resp.body).map_err(|source| ApiError::Decode {
+        endpoint,
+        method: req.method.clone(),
+        path: req.path.clone(),
+        expected,
+        source,
+    })
+}
+
+/// Failure counts for the daemon's metrics: nothing fails silently.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Calls that failed after their last try.
+    pub request_failures: AtomicU64,
+    /// Tries that failed and were tried again.
+    pub retries: AtomicU64,
+    /// Pods left out of a snapshot because their object could not be read.
+    pub pods_skipped: AtomicU64,
+    /// Watch events that could not be decoded.
+    pub watch_events_dropped: AtomicU64,
+}
+
+impl Counters {
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Exponential backoff between tries of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub attempts: u32,
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl From<&RetryConfig> for Backoff {
+    fn from(c: &RetryConfig) -> Self {
+        Self {
+            attempts: c.attempts,
+            initial: Duration::from_millis(c.initial_backoff_millis),
+            max: Duration::from_millis(c.max_backoff_millis),
+        }
+    }
+}
+
+impl Backoff {
+    /// The pause before try number `retry` + 1 (`retry` counts from 1): initial · 2^(retry−1),
+    /// capped at `max`.
+    pub fn delay(&self, retry: u32) -> Duration {
+        let factor = 1u32
+            .checked_shl(retry.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+
+    /// Calls `op` until it succeeds, fails with a non-retryable error, or runs out of tries.
+    /// Every failed try is logged and counted.
+    pub async fn run<T, F, Fut>(
+        &self,
+        counters: &Counters,
+        what: &str,
+        mut op: F,
+    ) -> Result<T, ApiError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>>,
+    {
+        let mut tried = 0;
+        loop {
+            tried += 1;
+            match op().await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.is_retryable() && tried < self.attempts => {
+                    Counters::bump(&counters.retries);
+                    let pause = self.delay(tried);
+                    tracing::warn!(error = %e, try_ = tried, ?pause, "{what} failed; trying again");
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => {
+                    Counters::bump(&counters.request_failures);
+                    tracing::error!(error = %e, tries = tried, "{what} failed");
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Sends `req` once and returns the answer if its status is one of `ok`, else a typed error.
+pub async fn call(
+    transport: &Transport,
+    req: &ApiRequest,
+    ok: &[StatusCode],
+) -> Result<HttpResponse, ApiError> {
+    let resp = transport.send(req).await?;
+    if ok.contains(&resp.status) {
+        Ok(resp)
+    } else {
+        Err(ApiError::from_response(
+            transport.endpoint().name,
+            req,
+            &resp,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_then_caps() {
+        let b = Backoff {
+            attempts: 10,
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(500),
+        };
+        let rows = [(1, 100), (2, 200), (3, 400), (4, 500), (40, 500)];
+        for (retry, millis) in rows {
+            assert_eq!(
+                b.delay(retry),
+                Duration::from_millis(millis),
+                "retry {retry}"
+            );
+        }
+    }
+
+    #[test]
+    fn retryable_statuses() {
+        let status = |code| ApiError::Status {
+            endpoint: "x",
+            method: Method::GET,
+            path: "/".into(),
+            code,
+            message: String::new(),
+        };
+        let rows = [
+            (500, true),
+            (503, true),
+            (429, true),
+            (404, false),
+            (409, false),
+            (422, false),
+        ];
+        for (code, want) in rows {
+            assert_eq!(status(code).is_retryable(), want, "{code}");
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! The node agent's Kubernetes side: the pods bound to this node and their usage (from the
+//! kubelet or the API server), and the one executor that changes the cluster: evictions, events
+//! and the agent's node condition.
+//!
+//! Data flows one way: a pod source hands out [`pods::PodSnapshot`]s stamped with the time they
+//! were observed; the daemon's policy decides; [`evict::Executor`] acts, or in dry-run mode only
+//! says what it would do.
+
+pub mod api;
+pub mod config;
+pub mod pods;
+pub mod transport;

@@ -1,0 +1,82 @@
+//! The kubelet's `/stats/summary` (`stats/v1alpha1`), only the parts ranking needs. Field names
+//! follow the kubelet's JSON tags (`ephemeral-storage`, `process_stats`, `process_count`).
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub node: NodeStats,
+    #[serde(default)]
+    pub pods: Vec<PodStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStats {
+    pub node_name: String,
+    pub memory: Option<MemoryStats>,
+    pub fs: Option<FsStats>,
+    pub rlimit: Option<RlimitStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RlimitStats {
+    pub maxpid: Option<u64>,
+    pub curproc: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodReference {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStats {
+    pub pod_ref: PodReference,
+    #[serde(default)]
+    pub containers: Vec<ContainerStats>,
+    pub memory: Option<MemoryStats>,
+    #[serde(rename = "ephemeral-storage")]
+    pub ephemeral_storage: Option<FsStats>,
+    pub process_stats: Option<ProcessStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct ProcessStats {
+    pub process_count: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStats {
+    pub name: String,
+    pub memory: Option<MemoryStats>,
+    pub rootfs: Option<FsStats>,
+    pub logs: Option<FsStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryStats {
+    pub available_bytes: Option<u64>,
+    pub usage_bytes: Option<u64>,
+    pub working_set_bytes: Option<u64>,
+    pub rss_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsStats {
+    pub available_bytes: Option<u64>,
+    pub capacity_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    pub inodes_free: Option<u64>,
+    pub inodes: Option<u64>,
+    pub inodes_used: Option<u64>,
+}
