@@ -1,0 +1,249 @@
+//! The policy core: one evaluation of (config, node, observations, pods, now, previous state),
+//! in the order of the kubelet's `synchronize`: thresholds met, minimum reclaim, grace
+//! periods, node conditions, then the threshold to reclaim and at most one pod to evict.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::config::{EvictionConfig, Threshold};
+use crate::message::eviction_message;
+use crate::observe::{NodeCapacity, Observations, PodInfo};
+use crate::quantity::{Quantity, NANOS};
+use crate::rank::rank;
+use crate::signal::{NodeCondition, Resource, Signal};
+
+/// The kubelet's `immediateEvictionGracePeriodSeconds`: the grace period for hard evictions.
+pub const IMMEDIATE_EVICTION_GRACE_PERIOD_SECONDS: i64 = 1;
+
+/// What the policy remembers between evaluations. Start with `PolicyState::default()`; keep
+/// the returned state for the next call. Thresholds are identified by their index in
+/// [`EvictionConfig::thresholds`], so start afresh when the configuration changes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PolicyState {
+    /// Since when each threshold has been met without interruption.
+    pub thresholds_first_observed_at: BTreeMap<usize, Duration>,
+    /// When each node condition was last observed.
+    pub conditions_last_observed_at: BTreeMap<NodeCondition, Duration>,
+    /// Thresholds acted on (met past their grace period) at the last evaluation; minimum
+    /// reclaim keeps these met until the signal recovers past threshold plus minimum reclaim.
+    pub thresholds_acted_on: Vec<usize>,
+}
+
+/// A threshold met at this evaluation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetThreshold {
+    /// Index into [`EvictionConfig::thresholds`].
+    pub index: usize,
+    pub signal: Signal,
+    pub hard: bool,
+    /// Met only because minimum reclaim holds it after it was acted on.
+    pub held_by_min_reclaim: bool,
+    /// Met for at least its grace period: it drives eviction.
+    pub grace_period_passed: bool,
+}
+
+/// The pod chosen for eviction, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Eviction {
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    /// The signal whose threshold is being reclaimed.
+    pub signal: Signal,
+    pub resource: Resource,
+    /// Whether that threshold is hard (no grace period).
+    pub hard: bool,
+    /// The grace period to give the pod, seconds (at least 1).
+    pub grace_period_seconds: i64,
+    /// The kubelet's wording, for the pod's status and the event.
+    pub message: String,
+    /// The threshold quantity at the observed capacity.
+    pub threshold_quantity: Quantity,
+    /// The observed available value.
+    pub available: Quantity,
+}
+
+/// A pod passed over because the kubelet never evicts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedPod {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// The outcome of one evaluation, as data for the executor.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Decision {
+    /// Thresholds met now, hard or soft, within or past their grace period, including those
+    /// held by minimum reclaim.
+    pub thresholds_met: Vec<MetThreshold>,
+    /// Node conditions to report, sorted.
+    pub conditions: Vec<NodeCondition>,
+    /// The signal being reclaimed, when a threshold is past its grace period.
+    pub reclaim: Option<Signal>,
+    /// At most one pod to evict.
+    pub evict: Option<Eviction>,
+    /// Critical pods ranked ahead of the evicted one (or of none) and passed over.
+    pub skipped_critical: Vec<SkippedPod>,
+}
+
+impl Decision {
+    /// Each signal with a threshold met, once, sorted by name.
+    pub fn signals_met(&self) -> Vec<Signal> {
+        let mut signals: Vec<Signal> = self.thresholds_met.iter().map(|t| t.signal).collect();
+        signals.sort_by_key(|s| s.as_str());
+        signals.dedup();
+        signals
+    }
+}
+
+/// Whether `threshold` is met by the observation, optionally raised by its minimum reclaim
+/// (the kubelet's `thresholdsMet`): met while available is strictly below the threshold.
+fn is_met(threshold: &Threshold, observations: &Observations, enforce_min_reclaim: bool) -> bool {
+    let Some(observed) = observations.get(&threshold.signal) else {
+        return false;
+    };
+    let mut quantity = threshold.value.resolve(observed.capacity).nanos();
+    if enforce_min_reclaim {
+        if let Some(min_reclaim) = &threshold.min_reclaim {
+            quantity += min_reclaim.resolve(observed.capacity).nanos();
+        }
+    }
+    quantity > i128::from(observed.available) * NANOS
+}
+
+/// Evaluates the policy once. Pure: `now` is any monotonic time since a fixed epoch.
+pub fn evaluate(
+    config: &EvictionConfig,
+    node: &NodeCapacity,
+    observations: &Observations,
+    pods: &[PodInfo],
+    now: Duration,
+    state: &PolicyState,
+) -> (Decision, PolicyState) {
+    let thresholds = config.thresholds();
+
+    // Thresholds met now, then those acted on before and not yet recovered past min reclaim.
+    let mut met: Vec<(usize, bool)> = (0..thresholds.len())
+        .filter(|&i| is_met(&thresholds[i], observations, false))
+        .map(|i| (i, false))
+        .collect();
+    for &i in &state.thresholds_acted_on {
+        let Some(threshold) = thresholds.get(i) else {
+            continue;
+        };
+        if !met.iter().any(|(m, _)| *m == i) && is_met(threshold, observations, true) {
+            met.push((i, true));
+        }
+    }
+
+    let thresholds_first_observed_at: BTreeMap<usize, Duration> = met
+        .iter()
+        .map(|&(i, _)| {
+            let since = state.thresholds_first_observed_at.get(&i).copied();
+            (i, since.unwrap_or(now))
+        })
+        .collect();
+
+    // Node conditions: observed now for every met threshold, held for the transition period.
+    let mut conditions_last_observed_at = state.conditions_last_observed_at.clone();
+    for &(i, _) in &met {
+        conditions_last_observed_at.insert(thresholds[i].signal.node_condition(), now);
+    }
+    let conditions: Vec<NodeCondition> = conditions_last_observed_at
+        .iter()
+        .filter(|(_, &at)| now.saturating_sub(at) < config.pressure_transition_period())
+        .map(|(&condition, _)| condition)
+        .collect();
+
+    let thresholds_met: Vec<MetThreshold> = met
+        .iter()
+        .map(|&(i, held)| {
+            let threshold = &thresholds[i];
+            let since = thresholds_first_observed_at[&i];
+            MetThreshold {
+                index: i,
+                signal: threshold.signal,
+                hard: threshold.is_hard(),
+                held_by_min_reclaim: held,
+                grace_period_passed: now.saturating_sub(since) >= threshold.grace_period,
+            }
+        })
+        .collect();
+
+    // Thresholds past their grace period, memory first (`byEvictionPriority`), then in signal
+    // order, a hard threshold before a soft one on the same signal.
+    let mut acted_on: Vec<usize> = thresholds_met
+        .iter()
+        .filter(|t| t.grace_period_passed)
+        .map(|t| t.index)
+        .collect();
+    acted_on.sort_by_key(|&i| {
+        let t = &thresholds[i];
+        (!t.signal.is_memory(), t.signal, t.grace_period, i)
+    });
+
+    let next_state = PolicyState {
+        thresholds_first_observed_at,
+        conditions_last_observed_at,
+        thresholds_acted_on: acted_on.clone(),
+    };
+    let mut decision = Decision {
+        thresholds_met,
+        conditions,
+        ..Decision::default()
+    };
+
+    let Some(&reclaim_index) = acted_on.first() else {
+        return (decision, next_state);
+    };
+    let threshold = &thresholds[reclaim_index];
+    decision.reclaim = Some(threshold.signal);
+    let resource = threshold.signal.resource();
+    let observed = observations[&threshold.signal];
+    let threshold_quantity = threshold.value.resolve(observed.capacity);
+    let available = Quantity::from_int(observed.available, threshold.signal.observation_format());
+
+    for i in rank(pods, threshold.signal, node.has_imagefs) {
+        let pod = &pods[i];
+        if pod.is_critical() {
+            decision.skipped_critical.push(SkippedPod {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+            });
+            continue;
+        }
+        decision.evict = Some(Eviction {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            signal: threshold.signal,
+            resource,
+            hard: threshold.is_hard(),
+            grace_period_seconds: grace_period_seconds(config, threshold, pod),
+            message: eviction_message(resource, pod, Some((threshold_quantity, available))),
+            threshold_quantity,
+            available,
+        });
+        break;
+    }
+    (decision, next_state)
+}
+
+/// The grace period the pod gets, as the kubelet ends up applying it: 1s for a hard
+/// threshold; for a soft one `min(evictionMaxPodGracePeriod, terminationGracePeriodSeconds)`,
+/// where a resulting 0 means "no override" (the pod's own period applies) and the kubelet's
+/// pod workers never go below 1s.
+pub fn grace_period_seconds(config: &EvictionConfig, threshold: &Threshold, pod: &PodInfo) -> i64 {
+    if threshold.is_hard() {
+        return IMMEDIATE_EVICTION_GRACE_PERIOD_SECONDS;
+    }
+    let max = config.max_pod_grace_period_seconds();
+    let mut grace = match pod.termination_grace_period_seconds {
+        Some(own) => max.min(own),
+        None => max,
+    };
+    if grace == 0 {
+        grace = pod.termination_grace_period_seconds.unwrap_or(0);
+    }
+    grace.max(1)
+}

@@ -1,0 +1,46 @@
+//! The eviction message, worded exactly as the kubelet's `evictionMessage`.
+
+use crate::observe::PodInfo;
+use crate::quantity::{Format, Quantity};
+use crate::signal::Resource;
+
+/// `nodeLowMessageFmt`, `thresholdMetMessageFmt` and one `containerMessageFmt` per container
+/// using more than it requests (memory and ephemeral-storage only), each ending in a space.
+pub fn eviction_message(
+    resource: Resource,
+    pod: &PodInfo,
+    threshold: Option<(Quantity, Quantity)>,
+) -> String {
+    let mut message = format!("The node was low on resource: {resource}. ");
+    if let Some((quantity, available)) = threshold {
+        message += &format!("Threshold quantity: {quantity}, available: {available}. ");
+    }
+    if pod.usage.is_none() {
+        return message;
+    }
+    for container in &pod.containers {
+        let Some(usage) = &container.usage else {
+            continue;
+        };
+        let (used, request) = match resource {
+            Resource::Memory => (usage.memory_working_set_bytes, container.requests.memory),
+            Resource::EphemeralStorage => (
+                usage.ephemeral_storage_bytes,
+                container.requests.ephemeral_storage,
+            ),
+            Resource::Inodes | Resource::Pids => (None, None),
+        };
+        let Some(used) = used else {
+            continue;
+        };
+        let used = Quantity::from_int(i64::try_from(used).unwrap_or(i64::MAX), Format::BinarySi);
+        let request = request.unwrap_or(Quantity::from_int(0, Format::DecimalSi));
+        if used.cmp_value(&request).is_gt() {
+            message += &format!(
+                "Container {} was using {used}, request is {request}, has larger consumption of {resource}. ",
+                container.name
+            );
+        }
+    }
+    message
+}

@@ -1,0 +1,132 @@
+//! What the policy is evaluated on: the node's capacity, observed signal values and the pods.
+//! Plain data; the daemon fills it from the kernel and the API server, `simulate` from a file.
+
+use std::collections::BTreeMap;
+
+use crate::quantity::Quantity;
+use crate::signal::{Resource, Signal};
+
+/// The node's capacities and filesystem layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeCapacity {
+    pub memory_bytes: Option<i64>,
+    pub ephemeral_storage_bytes: Option<i64>,
+    pub inodes: Option<i64>,
+    pub pids: Option<i64>,
+    /// Whether images and container writable layers live on a dedicated filesystem (imagefs).
+    /// Decides which pod usage counts when ranking for nodefs and imagefs signals.
+    pub has_imagefs: bool,
+}
+
+impl NodeCapacity {
+    /// The capacity percentage thresholds on `signal` are taken of, if known.
+    pub fn capacity_for(&self, signal: Signal) -> Option<i64> {
+        match signal.resource() {
+            Resource::Memory => self.memory_bytes,
+            Resource::EphemeralStorage => self.ephemeral_storage_bytes,
+            Resource::Inodes => self.inodes,
+            Resource::Pids => self.pids,
+        }
+    }
+}
+
+/// One observed signal value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observation {
+    /// Available bytes, free inodes or available PIDs. May be negative for memory.
+    pub available: i64,
+    /// The capacity percentage thresholds are taken of.
+    pub capacity: i64,
+}
+
+/// The latest value of each observed signal. A signal absent here meets no threshold.
+pub type Observations = BTreeMap<Signal, Observation>;
+
+/// Resource requests (or limits) of one container, in Kubernetes quantities so that the
+/// eviction message prints them as written (`1Gi`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Resources {
+    pub memory: Option<Quantity>,
+    pub ephemeral_storage: Option<Quantity>,
+}
+
+/// What one container uses, for the eviction message's per-container lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ContainerUsage {
+    pub memory_working_set_bytes: Option<u64>,
+    /// Writable layer plus logs, as the kubelet counts a container's ephemeral storage.
+    pub ephemeral_storage_bytes: Option<u64>,
+}
+
+/// A container of a pod.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ContainerInfo {
+    pub name: String,
+    pub requests: Resources,
+    pub limits: Resources,
+    /// `None` when no stats are known for this container.
+    pub usage: Option<ContainerUsage>,
+}
+
+/// Disk use on one filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FsUsage {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
+/// What a pod uses, as the kubelet's stats summary reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PodUsage {
+    pub memory_working_set_bytes: u64,
+    pub processes: u64,
+    /// Use on the node filesystem: logs and local volumes, and also container writable layers
+    /// when the node has no dedicated imagefs.
+    pub nodefs: FsUsage,
+    /// Use on a dedicated imagefs: container writable layers. Unused without an imagefs.
+    pub imagefs: FsUsage,
+}
+
+/// The kubelet's critical priority (`scheduling.SystemCriticalPriority`): pods at or above it
+/// are never evicted.
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// A pod the policy may rank and evict.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    /// `spec.priority`; 0 when unset.
+    pub priority: i32,
+    /// A static pod (from a manifest file on the node).
+    pub is_static: bool,
+    /// A mirror pod (the API server's copy of a static pod).
+    pub is_mirror: bool,
+    /// `spec.terminationGracePeriodSeconds`, if set.
+    pub termination_grace_period_seconds: Option<i64>,
+    pub containers: Vec<ContainerInfo>,
+    /// `None` when the kubelet would have no stats for the pod: such pods rank first.
+    pub usage: Option<PodUsage>,
+}
+
+impl PodInfo {
+    /// The kubelet's `IsCriticalPod`: static, mirror, or priority at or above
+    /// [`SYSTEM_CRITICAL_PRIORITY`]. Critical pods are never evicted.
+    pub fn is_critical(&self) -> bool {
+        self.is_static || self.is_mirror || self.priority >= SYSTEM_CRITICAL_PRIORITY
+    }
+
+    /// Sum of the containers' requests for `resource`, in nano-units (0 when none).
+    pub fn request_nanos(&self, resource: Resource) -> i128 {
+        self.containers
+            .iter()
+            .filter_map(|c| match resource {
+                Resource::Memory => c.requests.memory,
+                Resource::EphemeralStorage => c.requests.ephemeral_storage,
+                Resource::Inodes | Resource::Pids => None,
+            })
+            .map(|q| q.nanos())
+            .sum()
+    }
+}

@@ -1,0 +1,360 @@
+//! Kubernetes quantities (`resource.Quantity`): parsing and the canonical text form the kubelet
+//! prints in eviction messages. Values are held exactly, in nano-units, so `100m` and `1.5Gi`
+//! compare like the API machinery compares them.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::str::FromStr;
+
+/// How a quantity prints, as in `resource.Format`: it follows the suffix it was written with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Binary suffixes (`Ki`, `Mi`, ...).
+    BinarySi,
+    /// Decimal suffixes (`m`, `k`, `M`, ...) and plain numbers.
+    DecimalSi,
+    /// Exponent form (`1e9`).
+    DecimalExponent,
+}
+
+/// A Kubernetes quantity: an exact value plus the format it prints in.
+#[derive(Debug, Clone, Copy)]
+pub struct Quantity {
+    nanos: i128,
+    format: Format,
+}
+
+/// Why a string is not a Kubernetes quantity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    #[error("empty quantity")]
+    Empty,
+    #[error("quantities must match [+-]<digits>[.<digits>]<suffix>, e.g. 500Mi, 1.5G, 100m, 1e9")]
+    Format,
+    #[error("unknown suffix {0:?}; expected one of n u m k M G T P E Ki Mi Gi Ti Pi Ei or an exponent e<N>")]
+    Suffix(String),
+    #[error("quantity is out of range")]
+    OutOfRange,
+}
+
+/// Nano-units per unit.
+pub(crate) const NANOS: i128 = 1_000_000_000;
+
+impl Quantity {
+    /// An integer quantity in the given format, as `resource.NewQuantity(v, format)`.
+    pub fn from_int(value: i64, format: Format) -> Quantity {
+        Quantity {
+            nanos: i128::from(value) * NANOS,
+            format,
+        }
+    }
+
+    /// The value in nano-units (`1` is `1_000_000_000`).
+    pub fn nanos(&self) -> i128 {
+        self.nanos
+    }
+
+    /// The format this quantity prints in.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The value rounded up to an integer, as `Quantity.Value()`; saturates at the `i64` range.
+    pub fn value(&self) -> i64 {
+        let whole = self.nanos.div_euclid(NANOS) + i128::from(self.nanos.rem_euclid(NANOS) != 0);
+        i64::try_from(whole).unwrap_or(if whole < 0 { i64::MIN } else { i64::MAX })
+    }
+
+    /// Whether the value is zero.
+    pub fn is_zero(&self) -> bool {
+        self.nanos == 0
+    }
+
+    /// Whether the value is below zero.
+    pub fn is_negative(&self) -> bool {
+        self.nanos < 0
+    }
+
+    /// Compares values, ignoring format.
+    pub fn cmp_value(&self, other: &Quantity) -> Ordering {
+        self.nanos.cmp(&other.nanos)
+    }
+}
+
+impl PartialEq for Quantity {
+    fn eq(&self, other: &Self) -> bool {
+        self.nanos == other.nanos
+    }
+}
+
+impl FromStr for Quantity {
+    type Err = QuantityError;
+
+    /// Parses as `resource.ParseQuantity`: sign, digits with an optional fraction, then a
+    /// suffix. Precision finer than a nano-unit rounds away from zero, as the API machinery does.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() {
+            return Err(QuantityError::Empty);
+        }
+        let bytes = s.as_bytes();
+        let mut pos = 0;
+        let negative = match bytes[0] {
+            b'-' => {
+                pos = 1;
+                true
+            }
+            b'+' => {
+                pos = 1;
+                false
+            }
+            _ => false,
+        };
+        let int_start = pos;
+        while pos < bytes.len() && bytes[pos].is_ascii_digit() {
+            pos += 1;
+        }
+        let int_digits = &s[int_start..pos];
+        let mut frac_digits = "";
+        if pos < bytes.len() && bytes[pos] == b'.' {
+            pos += 1;
+            let frac_start = pos;
+            while pos < bytes.len() && bytes[pos].is_ascii_digit() {
+                pos += 1;
+            }
+            frac_digits = &s[frac_start..pos];
+        }
+        if int_digits.is_empty() && frac_digits.is_empty() {
+            return Err(QuantityError::Format);
+        }
+        let suffix = &s[pos..];
+        let (decimal_exp, binary_exp, format) = interpret_suffix(suffix)?;
+
+        let mut mantissa: i128 = 0;
+        for d in int_digits.bytes().chain(frac_digits.bytes()) {
+            mantissa = mantissa
+                .checked_mul(10)
+                .and_then(|m| m.checked_add(i128::from(d - b'0')))
+                .ok_or(QuantityError::OutOfRange)?;
+        }
+        let frac_len = i32::try_from(frac_digits.len()).map_err(|_| QuantityError::OutOfRange)?;
+        // value = mantissa * 10^(decimal_exp - frac_len) * 2^binary_exp, held in nanos.
+        let exp10 = decimal_exp - frac_len + 9;
+        let mut nanos = mantissa
+            .checked_mul(1i128 << binary_exp)
+            .ok_or(QuantityError::OutOfRange)?;
+        if exp10 >= 0 {
+            let scale = pow10(exp10).ok_or(QuantityError::OutOfRange)?;
+            nanos = nanos.checked_mul(scale).ok_or(QuantityError::OutOfRange)?;
+        } else {
+            match pow10(-exp10) {
+                Some(scale) => {
+                    let rounded_up = nanos % scale != 0;
+                    nanos = nanos / scale + i128::from(rounded_up);
+                }
+                // Smaller than a nano-unit: rounds up to one nano-unit unless zero.
+                None => nanos = i128::from(nanos != 0),
+            }
+        }
+        Ok(Quantity {
+            nanos: if negative { -nanos } else { nanos },
+            format,
+        })
+    }
+}
+
+fn pow10(exp: i32) -> Option<i128> {
+    10i128.checked_pow(u32::try_from(exp).ok()?)
+}
+
+/// (decimal exponent, binary exponent, format) for a suffix, as the API machinery's suffixer.
+fn interpret_suffix(suffix: &str) -> Result<(i32, u32, Format), QuantityError> {
+    let decimal = |e| Ok((e, 0, Format::DecimalSi));
+    let binary = |e| Ok((0, e, Format::BinarySi));
+    match suffix {
+        "" => decimal(0),
+        "n" => decimal(-9),
+        "u" => decimal(-6),
+        "m" => decimal(-3),
+        "k" => decimal(3),
+        "M" => decimal(6),
+        "G" => decimal(9),
+        "T" => decimal(12),
+        "P" => decimal(15),
+        "E" => decimal(18),
+        "Ki" => binary(10),
+        "Mi" => binary(20),
+        "Gi" => binary(30),
+        "Ti" => binary(40),
+        "Pi" => binary(50),
+        "Ei" => binary(60),
+        _ => {
+            let rest = suffix
+                .strip_prefix('e')
+                .or_else(|| suffix.strip_prefix('E'))
+                .ok_or_else(|| suffix_error(suffix))?;
+            let digits = rest.strip_prefix(['+', '-']).unwrap_or(rest);
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(suffix_error(suffix));
+            }
+            let exp: i32 = rest.parse().map_err(|_| QuantityError::OutOfRange)?;
+            if !(-60..=60).contains(&exp) {
+                return Err(QuantityError::OutOfRange);
+            }
+            Ok((exp, 0, Format::DecimalExponent))
+        }
+    }
+}
+
+fn suffix_error(suffix: &str) -> QuantityError {
+    if suffix.contains(|c: char| c.is_ascii_digit() || c == '.' || c == '-' || c == '+') {
+        QuantityError::Format
+    } else {
+        QuantityError::Suffix(suffix.to_string())
+    }
+}
+
+impl fmt::Display for Quantity {
+    /// The canonical form of `Quantity.String()`: `1536Mi`, `1Gi`, `500M`, `100m`, `1e9`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.nanos == 0 {
+            return f.write_str("0");
+        }
+        let mut format = self.format;
+        if format == Format::BinarySi
+            && (self.nanos.abs() < 1024 * NANOS || self.nanos % NANOS != 0)
+        {
+            // Small or fractional binary quantities print in decimal, to avoid rounding.
+            format = Format::DecimalSi;
+        }
+        if format == Format::BinarySi {
+            let mut amount = self.nanos / NANOS;
+            let mut exp = 0;
+            while exp < 6 && amount % 1024 == 0 {
+                amount /= 1024;
+                exp += 1;
+            }
+            let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][exp];
+            return write!(f, "{amount}{suffix}");
+        }
+        let mut amount = self.nanos;
+        let mut exp: i32 = -9;
+        while amount % 10 == 0 {
+            amount /= 10;
+            exp += 1;
+        }
+        let down = exp.rem_euclid(3);
+        amount *= 10i128.pow(down.unsigned_abs());
+        exp -= down;
+        if format == Format::DecimalExponent {
+            return if exp == 0 {
+                write!(f, "{amount}")
+            } else {
+                write!(f, "{amount}e{exp}")
+            };
+        }
+        while exp > 18 {
+            amount *= 1000;
+            exp -= 3;
+        }
+        let suffix = match exp {
+            -9 => "n",
+            -6 => "u",
+            -3 => "m",
+            3 => "k",
+            6 => "M",
+            9 => "G",
+            12 => "T",
+            15 => "P",
+            18 => "E",
+            _ => "",
+        };
+        write!(f, "{amount}{suffix}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_prints_canonically() {
+        let cases: &[(&str, &str, &str, i64)] = &[
+            ("binary suffix keeps its form", "500Mi", "500Mi", 500 << 20),
+            ("binary suffix canonicalises up", "1024Mi", "1Gi", 1 << 30),
+            ("fractional binary is exact", "1.5Gi", "1536Mi", 3 << 29),
+            ("decimal suffix", "500M", "500M", 500_000_000),
+            ("decimal fraction", "1.5G", "1500M", 1_500_000_000),
+            ("plain number", "1000000", "1M", 1_000_000),
+            ("milli rounds up in value", "100m", "100m", 1),
+            ("exponent form", "1e9", "1e9", 1_000_000_000),
+            ("upper-case exponent", "1E3", "1e3", 1000),
+            (
+                "exa is a suffix, not an exponent",
+                "1E",
+                "1E",
+                1_000_000_000_000_000_000,
+            ),
+            ("kilo", "2k", "2k", 2000),
+            ("small binary prints decimal", "0.5Ki", "512", 512),
+            ("zero", "0", "0", 0),
+            ("explicit plus sign", "+1Ki", "1Ki", 1024),
+            ("leading fraction dot", ".5M", "500k", 500_000),
+            ("negative", "-1Gi", "-1Gi", -(1 << 30)),
+            ("nano", "5n", "5n", 1),
+        ];
+        for (behaviour, input, printed, value) in cases {
+            let q: Quantity = input
+                .parse()
+                .unwrap_or_else(|e| panic!("{behaviour}: {input}: {e}"));
+            assert_eq!(q.to_string(), *printed, "{behaviour}");
+            assert_eq!(q.value(), *value, "{behaviour}");
+        }
+    }
+
+    #[test]
+    fn refuses_malformed_quantities() {
+        let cases: &[(&str, &str, QuantityError)] = &[
+            ("empty", "", QuantityError::Empty),
+            ("operator inside the value", "<500Mi", QuantityError::Format),
+            ("no digits", "Mi", QuantityError::Format),
+            ("upper-case kilo", "1K", QuantityError::Suffix("K".into())),
+            (
+                "unknown suffix",
+                "12parsecs",
+                QuantityError::Suffix("parsecs".into()),
+            ),
+            ("two dots", "1.5.5", QuantityError::Format),
+            ("space", "1 Gi", QuantityError::Suffix(" Gi".into())),
+            (
+                "percentage is not a quantity",
+                "10%",
+                QuantityError::Suffix("%".into()),
+            ),
+            ("huge exponent", "1e99", QuantityError::OutOfRange),
+        ];
+        for (behaviour, input, expected) in cases {
+            assert_eq!(
+                input.parse::<Quantity>().unwrap_err(),
+                *expected,
+                "{behaviour}"
+            );
+        }
+    }
+
+    #[test]
+    fn integer_quantities_print_like_new_quantity() {
+        assert_eq!(
+            Quantity::from_int(1536 << 20, Format::BinarySi).to_string(),
+            "1536Mi"
+        );
+        assert_eq!(
+            Quantity::from_int(50_000, Format::BinarySi).to_string(),
+            "50000"
+        );
+        assert_eq!(
+            Quantity::from_int(1000, Format::DecimalSi).to_string(),
+            "1k"
+        );
+        assert_eq!(Quantity::from_int(100, Format::BinarySi).to_string(), "100");
+    }
+}
