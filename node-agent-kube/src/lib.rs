@@ -7,6 +7,11 @@
 //! says what it would do.
 
 pub mod api;
+pub mod condition;
 pub mod config;
+pub mod events;
+pub mod evict;
+pub mod pacing;
 pub mod pods;
+mod time;
 pub mod transport;

@@ -61,7 +61,7 @@ pub enum TransportError {
     Client {
         endpoint: &'static str,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("{endpoint}: cannot read the bearer token {}", path.display())]
     ReadToken {
@@ -81,7 +81,7 @@ pub enum TransportError {
         method: Method,
         path: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error(
         "{endpoint}: {method} {path}: TLS handshake failed (certificate not trusted?): {detail}"
@@ -92,7 +92,7 @@ pub enum TransportError {
         path: String,
         detail: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("{endpoint}: {method} {path}: no complete answer within {after:?}")]
     Timeout {
@@ -107,7 +107,7 @@ pub enum TransportError {
         method: Method,
         path: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 }
 
@@ -215,7 +215,7 @@ impl Transport {
         config.default_retry = false;
         let client = kube::Client::try_from(config).map_err(|source| TransportError::Client {
             endpoint: name,
-            source,
+            source: Box::new(source),
         })?;
         Ok(Self { endpoint, client })
     }
@@ -239,7 +239,7 @@ impl Transport {
                     endpoint: self.endpoint.name,
                     method: req.method.clone(),
                     path: req.path.clone(),
-                    source,
+                    source: Box::new(source),
                 })?
                 .to_bytes()
                 .to_vec();
@@ -400,14 +400,14 @@ fn classify(endpoint: &'static str, req: &ApiRequest, source: kube::Error) -> Tr
             method: req.method.clone(),
             path: req.path.clone(),
             detail,
-            source,
+            source: Box::new(source),
         }
     } else {
         TransportError::Unreachable {
             endpoint,
             method: req.method.clone(),
             path: req.path.clone(),
-            source,
+            source: Box::new(source),
         }
     }
 }

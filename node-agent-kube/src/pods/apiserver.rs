@@ -178,7 +178,7 @@ impl ApiServerPodSource {
                 endpoint: self.transport.endpoint().name,
                 method: req.method.clone(),
                 path: req.path.clone(),
-                source,
+                source: Box::new(source),
             })?;
             let Ok(data) = frame.into_data() else {
                 continue;

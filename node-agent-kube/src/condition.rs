@@ -1,0 +1,146 @@
+//! The agent's own node condition, patched on `nodes/status`. The kubelet owns `MemoryPressure`,
+//! `DiskPressure` and `PIDPressure`; this agent reports [`CONDITION_TYPE`] next to them.
+//!
+//! `lastTransitionTime` changes only when the status flips, `lastHeartbeatTime` on every report,
+//! as for the kubelet's own conditions. When to report pressure and when to clear it (after the
+//! transition period) is the policy's decision; this module only writes it.
+
+use std::{sync::Arc, time::SystemTime};
+
+use http::{Method, StatusCode};
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use serde_json::json;
+
+use crate::{
+    api::{call, decode, ApiError, Backoff, Counters},
+    time::time,
+    transport::{ApiRequest, Transport},
+};
+
+/// The condition type this agent owns on its node.
+pub const CONDITION_TYPE: &str = "NodeAgentPressure";
+
+/// The condition to write, given the one on the node now (if any). Pure.
+pub fn next_condition(
+    previous: Option<&NodeCondition>,
+    pressure: bool,
+    reason: &str,
+    message: &str,
+    now: SystemTime,
+) -> NodeCondition {
+    let status = if pressure { "True" } else { "False" };
+    let last_transition_time = match previous {
+        Some(p) if p.status == status => p.last_transition_time.clone().or_else(|| Some(time(now))),
+        _ => Some(time(now)),
+    };
+    NodeCondition {
+        type_: CONDITION_TYPE.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_heartbeat_time: Some(time(now)),
+        last_transition_time,
+    }
+}
+
+/// A strategic merge patch of `status.conditions`, merged by `type` so the kubelet's own
+/// conditions are left alone.
+pub fn condition_patch(condition: &NodeCondition) -> serde_json::Value {
+    json!({ "status": { "conditions": [condition] } })
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeConditionReporter {
+    transport: Transport,
+    backoff: Backoff,
+    counters: Arc<Counters>,
+    node: String,
+    dry_run: bool,
+    last: Option<NodeCondition>,
+}
+
+impl NodeConditionReporter {
+    pub fn new(
+        transport: Transport,
+        backoff: Backoff,
+        counters: Arc<Counters>,
+        node: impl Into<String>,
+        dry_run: bool,
+    ) -> Self {
+        Self {
+            transport,
+            backoff,
+            counters,
+            node: node.into(),
+            dry_run,
+            last: None,
+        }
+    }
+
+    /// Writes the condition. The first report reads the node so that an agent restart keeps
+    /// the condition's transition time.
+    pub async fn report(
+        &mut self,
+        pressure: bool,
+        reason: &str,
+        message: &str,
+        now: SystemTime,
+    ) -> Result<NodeCondition, ApiError> {
+        if self.last.is_none() {
+            let req = ApiRequest::get(format!("/api/v1/nodes/{}", self.node));
+            let node: Node = self
+                .backoff
+                .run(&self.counters, "node read", || async {
+                    let resp = call(&self.transport, &req, &[StatusCode::OK]).await?;
+                    decode(self.transport.endpoint().name, &req, &resp, "v1.Node")
+                })
+                .await?;
+            self.last = node
+                .status
+                .and_then(|s| s.conditions)
+                .and_then(|cs| cs.into_iter().find(|c| c.type_ == CONDITION_TYPE));
+        }
+        let condition = next_condition(self.last.as_ref(), pressure, reason, message, now);
+        if self.dry_run {
+            tracing::info!(status = %condition.status, reason, "dry run: node condition not patched");
+            return Ok(condition);
+        }
+        let req = ApiRequest::with_json(
+            Method::PATCH,
+            format!("/api/v1/nodes/{}/status", self.node),
+            "application/strategic-merge-patch+json",
+            &condition_patch(&condition),
+        );
+        self.backoff
+            .run(&self.counters, "node condition patch", || {
+                call(&self.transport, &req, &[StatusCode::OK])
+            })
+            .await?;
+        self.last = Some(condition.clone());
+        Ok(condition)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn transition_time_moves_only_when_status_flips() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let t1 = t0 + Duration::from_secs(10);
+        let first = next_condition(None, true, "MemoryPressure", "m", t0);
+        let rows = [
+            ("same status keeps t0", true, t0),
+            ("flip takes t1", false, t1),
+        ];
+        for (what, pressure, want) in rows {
+            let next = next_condition(Some(&first), pressure, "r", "m", t1);
+            assert_eq!(next.last_transition_time, Some(time(want)), "{what}");
+            assert_eq!(next.last_heartbeat_time, Some(time(t1)), "{what}");
+        }
+        assert_eq!(first.status, "True");
+        assert_eq!(first.type_, CONDITION_TYPE);
+    }
+}
