@@ -17,18 +17,39 @@ pub fn cgroup2_mount() -> Result<PathBuf, MountError> {
     parse_cgroup2_mount(&text).ok_or(MountError::NoCgroup2)
 }
 
-/// Parses mountinfo text (proc(5)): `id parent major:minor root mountpoint options [optional
-/// fields...] - fstype source superoptions`. Returns the first cgroup2 mount point.
+/// Parses mountinfo text (proc(5)). Returns the first cgroup2 mount point.
 pub fn parse_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
+    mountinfo
+        .lines()
+        .filter_map(MountLine::parse)
+        .find(|mount| mount.fstype == "cgroup2")
+        .map(|mount| mount.mount_point)
+}
+
+/// One line of mountinfo (proc(5)): `id parent major:minor root mountpoint options [optional
+/// fields...] - fstype source superoptions`.
+pub(super) struct MountLine<'a> {
+    pub mount_point: PathBuf,
+    pub fstype: &'a str,
+    /// For cgroup v1 these name the controllers bound to the hierarchy (`rw,cpu,cpuacct`).
+    pub super_options: &'a str,
+}
+
+impl<'a> MountLine<'a> {
+    /// `None` when the line does not have mountinfo's shape.
+    pub fn parse(line: &'a str) -> Option<Self> {
         let (left, right) = line.split_once(" - ")?;
-        let fstype = right.split_whitespace().next()?;
-        if fstype != "cgroup2" {
-            return None;
-        }
         let mount_point = left.split_whitespace().nth(4)?;
-        Some(PathBuf::from(unescape_octal(mount_point)))
-    })
+        let mut right = right.split_whitespace();
+        let fstype = right.next()?;
+        let _source = right.next()?;
+        let super_options = right.next()?;
+        Some(Self {
+            mount_point: PathBuf::from(unescape_octal(mount_point)),
+            fstype,
+            super_options,
+        })
+    }
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
@@ -37,13 +58,12 @@ fn unescape_octal(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
-            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+        let escaped = bytes
+            .get(i + 1..i + 4)
+            .filter(|digits| bytes[i] == b'\\' && digits.iter().all(|b| (b'0'..=b'7').contains(b)))
+            .map(|digits| digits.iter().fold(0u32, |v, d| v * 8 + u32::from(d - b'0')))
+            .and_then(|v| u8::try_from(v).ok());
+        if let Some(v) = escaped {
             out.push(v);
             i += 4;
         } else {
@@ -69,6 +89,7 @@ mod tests {
 ";
     const NONE: &str = "22 1 0:21 / / rw - ext4 /dev/vda rw\n";
     const ESCAPED: &str = "30 22 0:26 / /mnt/cg\\040two rw - cgroup2 cgroup2 rw\n";
+    const BAD_ESCAPE: &str = "30 22 0:26 / /mnt/cg\\777 rw - cgroup2 cgroup2 rw\n";
 
     #[test]
     fn finds_the_cgroup2_mount_in_each_layout() {
@@ -85,6 +106,11 @@ mod tests {
             ),
             ("no cgroup2 mount at all", NONE, None),
             ("escaped space in mount point", ESCAPED, Some("/mnt/cg two")),
+            (
+                "out-of-range escape kept as written",
+                BAD_ESCAPE,
+                Some("/mnt/cg\\777"),
+            ),
         ];
         for (name, text, want) in cases {
             assert_eq!(
