@@ -145,8 +145,8 @@ fn is_pod_uid(uid: &str) -> bool {
     hex && (lengths == [8, 4, 4, 4, 12] || lengths == [32])
 }
 
-/// The container runtimes' cgroup names: `(prefix, runtime)`, longest prefix first so that
-/// `crio-conmon-` wins over `crio-`.
+/// The container runtimes' cgroup name prefixes and the runtime each names. `crio-conmon-` is
+/// matched before these, in [`container`].
 const RUNTIME_PREFIXES: [(&str, &str); 3] = [
     ("cri-containerd-", "containerd"),
     ("crio-", "cri-o"),
@@ -286,6 +286,15 @@ mod tests {
                 row.path
             );
         }
+    }
+
+    #[test]
+    fn non_utf8_names_are_no_pod() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let mut bytes = format!("/kubepods/pod{UID}/").into_bytes();
+        bytes.push(0xff);
+        let path = Path::new(std::ffi::OsStr::from_bytes(&bytes));
+        assert_eq!(parse(path), None);
     }
 
     #[test]
