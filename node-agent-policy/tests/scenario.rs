@@ -1,0 +1,200 @@
+//! `simulate`'s exact output contract and its refusals.
+
+use node_agent_policy::scenario::{run, ScenarioError};
+
+const NODE: &str =
+    "node:\n  capacity: {memory: 10Gi, ephemeral-storage: 100Gi, inodes: 1000000, pids: 32768}\n";
+
+fn lines(text: &str) -> Vec<String> {
+    run(text)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .iter()
+        .map(|s| s.to_json_line())
+        .collect()
+}
+
+#[test]
+fn the_issue_example_prints_the_exact_line() {
+    let scenario = format!(
+        "{NODE}  hasImagefs: false
+config:
+  evictionHard: {{memory.available: 500Mi}}
+  evictionSoft: {{memory.available: 1Gi}}
+  evictionSoftGracePeriod: {{memory.available: 30s}}
+  evictionMaxPodGracePeriod: 60
+  evictionMinimumReclaim: {{memory.available: 200Mi}}
+  evictionPressureTransitionPeriod: 5m
+pods:
+  - name: web
+    namespace: default
+    priority: 0
+    static: false
+    terminationGracePeriodSeconds: 30
+    containers:
+      - name: app
+        requests: {{memory: 1Gi, ephemeral-storage: 1Gi}}
+        limits: {{memory: 2Gi}}
+    usage: {{memory: 1536Mi, pids: 10, ephemeral-storage: 500Mi, inodes: 100}}
+steps:
+  - at: 0s
+    signals: {{memory.available: 400Mi, nodefs.available: 50Gi}}
+"
+    );
+    assert_eq!(
+        lines(&scenario),
+        vec![
+            r#"{"at":"0s","thresholdsMet":["memory.available"],"conditions":["MemoryPressure"],"evicted":{"namespace":"default","name":"web","signal":"memory.available","gracePeriodSeconds":1,"message":"The node was low on resource: memory. Threshold quantity: 500Mi, available: 400Mi. Container app was using 1536Mi, request is 1Gi, has larger consumption of memory. "}}"#
+        ]
+    );
+}
+
+#[test]
+fn timeline_behaviours() {
+    let pods = "pods:
+  - name: big
+    containers: [{name: app}]
+    usage: {memory: 3Gi, ephemeral-storage: 30Gi}
+  - name: small
+    containers: [{name: app}]
+    usage: {memory: 1Gi, ephemeral-storage: 1Gi}
+";
+    let config = "config:
+  evictionHard: {memory.available: 500Mi, nodefs.available: 10%}
+  evictionSoft: {nodefs.inodesFree: 20%}
+  evictionSoftGracePeriod: {nodefs.inodesFree: 1m}
+";
+    let rows: &[(&str, &str, &[&str])] = &[
+        (
+            "no threshold met: empty lists and a null eviction; at is echoed as written",
+            "steps:\n  - at: 1m30s\n    signals: {memory.available: 5Gi}\n",
+            &[r#"{"at":"1m30s","thresholdsMet":[],"conditions":[],"evicted":null}"#],
+        ),
+        (
+            "thresholdsMet and conditions are sorted, each signal once; memory is reclaimed first",
+            "steps:\n  - at: 0s\n    signals: {nodefs.inodesFree: 1000, nodefs.available: 1Gi, memory.available: 100Mi}\n",
+            &[r#"{"at":"0s","thresholdsMet":["memory.available","nodefs.available","nodefs.inodesFree"],"conditions":["DiskPressure","MemoryPressure"],"evicted":{"namespace":"default","name":"big","signal":"memory.available","gracePeriodSeconds":1,"message":"The node was low on resource: memory. Threshold quantity: 500Mi, available: 100Mi. Container app was using 3Gi, request is 0, has larger consumption of memory. "}}"#],
+        ),
+        (
+            "a signal keeps its last value; an evicted pod is gone in later steps",
+            "steps:\n  - at: 0s\n    signals: {memory.available: 100Mi}\n  - at: 10s\n  - at: 20s\n",
+            &[
+                r#"{"at":"0s","thresholdsMet":["memory.available"],"conditions":["MemoryPressure"],"evicted":{"namespace":"default","name":"big","signal":"memory.available","gracePeriodSeconds":1,"message":"The node was low on resource: memory. Threshold quantity: 500Mi, available: 100Mi. Container app was using 3Gi, request is 0, has larger consumption of memory. "}}"#,
+                r#"{"at":"10s","thresholdsMet":["memory.available"],"conditions":["MemoryPressure"],"evicted":{"namespace":"default","name":"small","signal":"memory.available","gracePeriodSeconds":1,"message":"The node was low on resource: memory. Threshold quantity: 500Mi, available: 100Mi. Container app was using 1Gi, request is 0, has larger consumption of memory. "}}"#,
+                r#"{"at":"20s","thresholdsMet":["memory.available"],"conditions":["MemoryPressure"],"evicted":null}"#,
+            ],
+        ),
+        (
+            "usage changes apply from their step on and change the ranking",
+            "steps:\n  - at: 0s\n    signals: {nodefs.available: 1Gi}\n    usage: {small: {ephemeral-storage: 50Gi}}\n",
+            &[r#"{"at":"0s","thresholdsMet":["nodefs.available"],"conditions":["DiskPressure"],"evicted":{"namespace":"default","name":"small","signal":"nodefs.available","gracePeriodSeconds":1,"message":"The node was low on resource: ephemeral-storage. Threshold quantity: 10737418400, available: 1Gi. Container app was using 50Gi, request is 0, has larger consumption of ephemeral-storage. "}}"#],
+        ),
+        (
+            "a soft threshold within its grace period is listed and sets the condition, evicting nothing",
+            "steps:\n  - at: 0s\n    signals: {nodefs.inodesFree: 1000}\n  - at: 59s\n",
+            &[
+                r#"{"at":"0s","thresholdsMet":["nodefs.inodesFree"],"conditions":["DiskPressure"],"evicted":null}"#,
+                r#"{"at":"59s","thresholdsMet":["nodefs.inodesFree"],"conditions":["DiskPressure"],"evicted":null}"#,
+            ],
+        ),
+    ];
+    for (behaviour, steps, expected) in rows {
+        let got = lines(&format!("{NODE}{config}{pods}{steps}"));
+        assert_eq!(got, *expected, "{behaviour}");
+    }
+}
+
+#[test]
+fn json_scenarios_are_accepted() {
+    let json = r#"{"node": {"capacity": {"memory": "8Gi"}},
+        "pods": [{"name": "a", "usage": {"memory": "1Gi"}}],
+        "steps": [{"at": "0s", "signals": {"memory.available": "50Mi"}}]}"#;
+    let out = lines(json);
+    assert_eq!(out.len(), 1);
+    assert!(out[0].contains(r#""name":"a""#), "{}", out[0]);
+}
+
+#[test]
+fn invalid_scenarios_are_refused_naming_the_field() {
+    let step = "steps:\n  - at: 0s\n";
+    let rows: Vec<(&str, String, &str)> = vec![
+        (
+            "steps whose at goes backwards",
+            format!("{NODE}steps:\n  - at: 1m\n  - at: 30s\n"),
+            "steps[1].at: expected a time not before the previous step's 1m",
+        ),
+        (
+            "a malformed step time",
+            format!("{NODE}steps:\n  - at: 5 seconds\n"),
+            "steps[0].at: expected a Go duration",
+        ),
+        (
+            "a step without a time",
+            format!("{NODE}steps:\n  - signals: {{}}\n"),
+            "steps[0].at: expected the step's time",
+        ),
+        (
+            "an unknown signal in a step",
+            format!("{NODE}steps:\n  - at: 0s\n    signals: {{memory.free: 1Gi}}\n"),
+            "steps[0].signals[memory.free]: expected unknown eviction signal",
+        ),
+        (
+            "a malformed signal value",
+            format!("{NODE}steps:\n  - at: 0s\n    signals: {{memory.available: lots}}\n"),
+            "steps[0].signals[memory.available]: expected a Kubernetes quantity",
+        ),
+        (
+            "usage for a pod that is not listed",
+            format!("{NODE}steps:\n  - at: 0s\n    usage: {{ghost: {{memory: 1Gi}}}}\n"),
+            "steps[0].usage.ghost: expected the name of a pod listed in pods",
+        ),
+        (
+            "a signal whose capacity the node does not give",
+            "node:\n  capacity: {memory: 1Gi}\nsteps:\n  - at: 0s\n    signals: {pid.available: 10}\n"
+                .to_string(),
+            "steps[0].signals[pid.available]: expected node.capacity.pids to be set",
+        ),
+        (
+            "an invalid config names the config field",
+            format!("{NODE}config:\n  evictionSoft: {{memory.available: 1Gi}}\n{step}"),
+            "config.evictionSoft[memory.available]: a soft threshold needs a grace period; set evictionSoftGracePeriod[memory.available]",
+        ),
+        (
+            "an unknown pod field",
+            format!("{NODE}pods:\n  - name: a\n    prio: 1\n{step}"),
+            "pods[0].prio: expected only the fields",
+        ),
+        (
+            "a pod without a name",
+            format!("{NODE}pods:\n  - namespace: a\n{step}"),
+            "pods[0].name: expected the pod's name",
+        ),
+        (
+            "a negative termination grace period",
+            format!("{NODE}pods:\n  - name: a\n    terminationGracePeriodSeconds: -1\n{step}"),
+            "pods[0].terminationGracePeriodSeconds: expected a number of seconds that is not negative",
+        ),
+        (
+            "a malformed request",
+            format!("{NODE}pods:\n  - name: a\n    containers: [{{name: c, requests: {{memory: 1GB}}}}]\n{step}"),
+            "pods[0].containers[0].requests.memory: expected a Kubernetes quantity",
+        ),
+        (
+            "a missing node",
+            step.to_string(),
+            "node: expected a node with its capacity",
+        ),
+        (
+            "an unknown top-level field",
+            format!("{NODE}{step}extra: 1\n"),
+            "extra: expected only the fields node, config, pods and steps",
+        ),
+        ("not YAML at all", "node: [".to_string(), "scenario is not valid YAML or JSON"),
+    ];
+    for (behaviour, text, expected) in rows {
+        let error = run(&text).expect_err(behaviour);
+        let message = error.to_string();
+        assert!(message.starts_with(expected), "{behaviour}: {message}");
+        assert!(!message.contains('\n'), "{behaviour}: one line: {message}");
+        let _: &ScenarioError = &error;
+    }
+}
