@@ -44,6 +44,8 @@ pub struct PodStats {
     pub memory: Option<MemoryStats>,
     #[serde(rename = "ephemeral-storage")]
     pub ephemeral_storage: Option<FsStats>,
+    // The kubelet's tag is snake_case here, unlike the rest of the summary.
+    #[serde(rename = "process_stats")]
     pub process_stats: Option<ProcessStats>,
 }
 
