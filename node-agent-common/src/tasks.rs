@@ -4,11 +4,11 @@
 /// kernel side never contends; user space sums the values of all CPUs.
 ///
 /// Both counts include threads: `sched_process_fork` and `sched_process_exit` fire for every
-/// task, which is also what the pids controller counts.
+/// task, which is also what the pids controller and `pid_max` count.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TaskCounts {
-    /// Tasks created by a task of this cgroup (the parent's cgroup at fork time).
+    /// Tasks created into this cgroup (the child's cgroup at fork time).
     pub forks: u64,
     /// Tasks of this cgroup that exited.
     pub exits: u64,
@@ -28,6 +28,24 @@ impl TaskCounts {
     }
 }
 
-#[cfg(feature = "user")]
-// SAFETY: plain old data: two u64, no padding, every bit pattern valid.
-unsafe impl aya::Pod for TaskCounts {}
+/// The node's PID limit and the `pid.available` threshold, one entry in an array map.
+///
+/// The kernel side reads the live task count (`nr_threads`) itself on every fork and exit, so
+/// `limit - nr_threads` is the kubelet's `pid.available`, evaluated without scanning `/proc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PidLimits {
+    /// min(pid_max, threads-max).
+    pub limit: u64,
+    /// Emit `PidThreshold` when `limit - live` drops below this; 0 disables.
+    pub threshold: u64,
+    /// Re-arm once `limit - live` is back above `threshold + hysteresis`.
+    pub hysteresis: u64,
+    /// Kernel-owned: 1 while below the threshold (an event was sent), else 0.
+    pub below: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<PidLimits>() == 32);
+
+crate::user_pod!(TaskCounts, PidLimits);

@@ -1,9 +1,14 @@
 //! Kernel programs of the node agent. Each program is an entry point plus a `try_*` twin that
 //! returns `Result`, filters as early as it can and keeps its logic thin; aggregation happens in
-//! per-CPU maps and user space does the arithmetic.
+//! maps and user space does the rest. Struct offsets come from `OFFSETS`, which user space fills
+//! from the running kernel's BTF (see `node-agent/src/ebpf/offsets.rs`).
 #![no_std]
 #![no_main]
 
+mod kernel;
+mod maps;
+mod memcg;
+mod oom;
 mod tasks;
 
 #[cfg(not(test))]

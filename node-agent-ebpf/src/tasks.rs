@@ -1,44 +1,160 @@
-//! Fork and exit counting per cgroup.
+//! Fork and exit counting per memory cgroup, the node's live task count for `pid.available`,
+//! and fork-storm detection.
 //!
-//! Both tracepoints fire in the context of the task concerned, so the current task's cgroup is
-//! the cgroup to charge:
-//! - `sched_process_fork` fires in the parent, in `kernel_clone()` after `copy_process()`
-//!   succeeded (kernel/fork.c), for processes and threads alike;
-//! - `sched_process_exit` fires in the exiting task, in `do_exit()` (kernel/exit.c).
+//! - `tp_btf/sched_process_fork` receives `(struct task_struct *parent, struct task_struct
+//!   *child)` (include/trace/events/sched.h); it fires in `kernel_clone()` after
+//!   `copy_process()` succeeded, for processes and threads alike, with the child already in its
+//!   cgroups (so `clone3(CLONE_INTO_CGROUP)` is charged to the right one).
+//! - `tp_btf/sched_process_exit` receives the exiting task as its first argument; it fires in
+//!   `do_exit()` (kernel/exit.c) for every task.
 //!
-//! Only cgroups that user space has put into `TASK_COUNTS` are counted: a lookup miss is the
-//! early filter, so untracked cgroups cost one hash lookup.
+//! Tasks are charged to their memory cgroup (the id the memcg tracepoints use), which on v1
+//! and v2 alike is the pod or container cgroup the kubelet created.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_cgroup_id, macros::map, macros::tracepoint, maps::PerCpuHashMap,
-    programs::TracePointContext,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{btf_tracepoint, map},
+    maps::{Array, HashMap, PerCpuHashMap},
+    programs::BtfTracePointContext,
 };
-use node_agent_common::{TaskCounts, MAX_TRACKED_CGROUPS};
+use node_agent_common::{
+    ForkRateLimit, ForkStormEvent, KernelOffsets, PidLimits, PidThresholdEvent, TaskCounts,
+    DIRECTION_DOWN, DIRECTION_UP, KIND_FORK_STORM, KIND_PID_THRESHOLD, MAX_TRACKED_CGROUPS,
+};
 
-/// Key: cgroup v2 id (the inode number of the cgroup's directory).
+use crate::{
+    kernel::{read, task_memcg_id},
+    maps::{emit, header, OFFSETS},
+};
+
+/// Key: memory cgroup id. Only cgroups user space inserted are counted (a miss is the filter).
 #[map]
 static TASK_COUNTS: PerCpuHashMap<u64, TaskCounts> =
     PerCpuHashMap::with_max_entries(MAX_TRACKED_CGROUPS, 0);
 
-#[tracepoint(category = "sched", name = "sched_process_fork")]
-pub fn sched_process_fork(_ctx: TracePointContext) -> u32 {
-    try_count(|c| c.forks += 1);
+/// Key: memory cgroup id. Fork-rate limits of watched cgroups.
+#[map]
+static FORK_LIMITS: HashMap<u64, ForkRateLimit> = HashMap::with_max_entries(MAX_TRACKED_CGROUPS, 0);
+
+/// Index 0: the node's PID limit and the `pid.available` threshold.
+#[map]
+static PID_LIMITS: Array<PidLimits> = Array::with_max_entries(1, 0);
+
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
+    let child: u64 = ctx.arg(1);
+    let _ = try_task_event(child, 1);
     0
 }
 
-#[tracepoint(category = "sched", name = "sched_process_exit")]
-pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
-    try_count(|c| c.exits += 1);
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn sched_process_exit(ctx: BtfTracePointContext) -> i32 {
+    let task: u64 = ctx.arg(0);
+    let _ = try_task_event(task, -1);
     0
 }
 
 #[inline(always)]
-fn try_count(bump: impl FnOnce(&mut TaskCounts)) {
-    // SAFETY: helper without arguments; available to tracepoint programs since 4.18.
-    let cgroup = unsafe { bpf_get_current_cgroup_id() };
-    if let Some(counts) = TASK_COUNTS.get_ptr_mut(cgroup) {
-        // SAFETY: the pointer is this CPU's slot of a per-CPU map value, valid for the program's
-        // run and written by no other CPU.
-        bump(unsafe { &mut *counts });
+fn try_task_event(task: u64, delta: i64) -> Result<(), i64> {
+    let o = OFFSETS.load();
+    if o.valid == 0 {
+        return Err(-1);
+    }
+    check_pid_limit(&o, task);
+    let cgroup = task_memcg_id(&o, task)?;
+    let Some(counts) = TASK_COUNTS.get_ptr_mut(cgroup) else {
+        return Ok(());
+    };
+    // SAFETY: this CPU's slot of a per-CPU map value, valid for the program's run.
+    let counts = unsafe { &mut *counts };
+    if delta > 0 {
+        counts.forks += 1;
+        fork_rate(cgroup);
+    } else {
+        counts.exits += 1;
+    }
+    Ok(())
+}
+
+/// Reports `pid.available` crossings, once each. Live PIDs are read from the initial PID
+/// namespace reached through the task (`task->thread_pid->numbers[0].ns`): its
+/// `pid_allocated` (kernel/pid.c: `alloc_pid()`/`free_pid()`) counts every allocated PID,
+/// zombies included, which is what `pid_max` runs out of.
+///
+/// BPF before cpu v3 has no compare-and-swap, so `below` is a plain flag: two CPUs crossing in
+/// the same instant could both report. Crossings are rare; duplicates are harmless downstream.
+#[inline(always)]
+fn check_pid_limit(o: &KernelOffsets, task: u64) {
+    let Some(limits) = PID_LIMITS.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: the array value lives as long as the map.
+    let limits = unsafe { &mut *limits };
+    if limits.threshold == 0 {
+        return;
+    }
+    let Ok(live) = live_pids(o, task) else { return };
+    let available = limits.limit as i64 - live;
+    let direction = if available < limits.threshold as i64 && limits.below == 0 {
+        limits.below = 1;
+        DIRECTION_UP
+    } else if available > (limits.threshold + limits.hysteresis) as i64 && limits.below == 1 {
+        limits.below = 0;
+        DIRECTION_DOWN
+    } else {
+        return;
+    };
+    emit(&PidThresholdEvent {
+        header: header(KIND_PID_THRESHOLD),
+        live,
+        limit: limits.limit,
+        threshold: limits.threshold,
+        direction,
+        _pad: 0,
+    });
+}
+
+/// PIDs allocated in the initial PID namespace, without its `PIDNS_ADDING` flag bit.
+#[inline(always)]
+fn live_pids(o: &KernelOffsets, task: u64) -> Result<i64, i64> {
+    let pid: u64 = read(task, o.task_thread_pid)?;
+    let ns: u64 = read(pid, o.pid_numbers + o.upid_ns)?;
+    let allocated: u32 = read(ns, o.pidns_pid_allocated)?;
+    Ok(i64::from(allocated & 0x7fff_ffff))
+}
+
+/// Counts a fork against the cgroup's rate window; the first fork over the limit in a window
+/// reports a storm, and the storm clears when a whole window stays under the limit. Plain
+/// (non-atomic) updates: concurrent forks on several CPUs can undercount slightly, which only
+/// delays a report by a few forks.
+#[inline(always)]
+fn fork_rate(cgroup: u64) {
+    let Some(limit) = FORK_LIMITS.get_ptr_mut(cgroup) else {
+        return;
+    };
+    // SAFETY: map value valid for the program's run.
+    let limit = unsafe { &mut *limit };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(limit.window_start_ns) >= limit.window_ns {
+        if limit.forks_in_window <= limit.max_forks {
+            limit.storming = 0;
+        }
+        limit.window_start_ns = now;
+        limit.forks_in_window = 0;
+    }
+    limit.forks_in_window += 1;
+    if limit.forks_in_window > limit.max_forks && limit.storming == 0 {
+        limit.storming = 1;
+        emit(&ForkStormEvent {
+            header: header(KIND_FORK_STORM),
+            cgroup_id: cgroup,
+            forks_in_window: limit.forks_in_window,
+            window_ns: limit.window_ns,
+            max_forks: limit.max_forks,
+            pid: (bpf_get_current_pid_tgid() >> 32) as u32,
+            _pad: 0,
+            comm: bpf_get_current_comm().unwrap_or_default(),
+        });
     }
 }

@@ -28,9 +28,12 @@ pub struct TestCgroup {
 }
 
 impl TestCgroup {
+    /// A fresh cgroup in the hierarchy that holds the memory controller (v1 here, v2 on most
+    /// production nodes): the kernel programs key everything by memory cgroup.
     pub fn new(label: &str) -> anyhow::Result<Self> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
-        let root = node_agent::cgroup::cgroup2_mount()?;
+        let layout = node_agent::cgroup::detect()?;
+        let root = layout.memory.mount().to_path_buf();
         let name = format!(
             "node-agent-test-{label}-{}-{}",
             std::process::id(),
@@ -48,6 +51,27 @@ impl TestCgroup {
     /// The v2 cgroup id, as the kernel programs see it.
     pub fn id(&self) -> u64 {
         node_agent::cgroup::cgroup_id(&self.path).expect("test cgroup exists while the guard lives")
+    }
+
+    /// Sets the memory limit (v1 `memory.limit_in_bytes`, v2 `memory.max`).
+    pub fn set_memory_limit(&self, bytes: u64) -> anyhow::Result<()> {
+        let file = ["memory.max", "memory.limit_in_bytes"]
+            .into_iter()
+            .map(|f| self.path.join(f))
+            .find(|p| p.exists())
+            .context("no memory limit file: is the memory controller enabled here?")?;
+        std::fs::write(&file, bytes.to_string())
+            .with_context(|| format!("writing {}", file.display()))
+    }
+
+    /// Current memory usage in bytes (v1 `memory.usage_in_bytes`, v2 `memory.current`).
+    pub fn memory_usage(&self) -> anyhow::Result<u64> {
+        let file = ["memory.current", "memory.usage_in_bytes"]
+            .into_iter()
+            .map(|f| self.path.join(f))
+            .find(|p| p.exists())
+            .context("no memory usage file")?;
+        Ok(std::fs::read_to_string(&file)?.trim().parse()?)
     }
 
     /// Moves a process into this cgroup.
@@ -90,32 +114,66 @@ impl Drop for TestCgroup {
 /// into a cgroup first. Killed on drop if still running.
 pub struct Helper {
     child: Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
 }
 
 impl Helper {
     /// Starts `program args...`, stopped at its "go" read.
     pub fn spawn(program: &str, args: &[String]) -> anyhow::Result<Self> {
-        let child = Command::new(program)
+        let mut child = Command::new(program)
             .args(args)
             .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {program}"))?;
-        Ok(Self { child })
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().map(std::io::BufReader::new);
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// Reads the helper's next line of output (blocking; the helpers print promptly).
+    pub fn read_line(&mut self) -> anyhow::Result<String> {
+        use std::io::BufRead as _;
+        let mut line = String::new();
+        self.stdout
+            .as_mut()
+            .context("helper stdout")?
+            .read_line(&mut line)?;
+        Ok(line.trim().to_string())
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    /// Lets the helper go.
+    /// Lets the helper go on to its next phase.
     pub fn go(&mut self) -> anyhow::Result<()> {
-        let mut stdin = self
-            .child
-            .stdin
-            .take()
-            .context("helper stdin already used")?;
+        let stdin = self.stdin.as_mut().context("helper stdin closed")?;
         stdin.write_all(b"go\n")?;
+        stdin.flush()?;
         Ok(())
+    }
+
+    /// Waits for the helper to be killed by a signal; returns the signal number.
+    pub fn wait_killed(&mut self, limit: Duration) -> anyhow::Result<i32> {
+        use std::os::unix::process::ExitStatusExt as _;
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return status
+                    .signal()
+                    .with_context(|| format!("helper was not killed: {status}"));
+            }
+            if Instant::now() > deadline {
+                bail!("helper still running after {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Waits for the helper to exit, at most `limit`; an error if it failed or took longer.
@@ -141,4 +199,42 @@ impl Drop for Helper {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Collects decoded kernel events matching `keep` for at most `limit`, stopping early once
+/// `done` says the collection is complete. Undecodable records fail the test.
+pub async fn collect_events(
+    stream: &mut node_agent::ebpf::EventStream,
+    limit: Duration,
+    keep: impl Fn(&node_agent::ebpf::KernelEvent) -> bool,
+    done: impl Fn(&[node_agent::ebpf::KernelEvent]) -> bool,
+) -> anyhow::Result<Vec<(node_agent::ebpf::KernelEvent, Instant)>> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut kept: Vec<(node_agent::ebpf::KernelEvent, Instant)> = Vec::new();
+    loop {
+        let events: Vec<_> = kept.iter().map(|(e, _)| *e).collect();
+        if done(&events) {
+            return Ok(kept);
+        }
+        match tokio::time::timeout_at(deadline, stream.next_batch()).await {
+            Err(_) => return Ok(kept),
+            Ok(batch) => {
+                let received = Instant::now();
+                for record in batch? {
+                    let event = record?;
+                    if keep(&event) {
+                        kept.push((event, received));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A current-thread tokio runtime for one test.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }

@@ -62,10 +62,37 @@ struct Member {
 
 #[derive(Debug, Clone)]
 enum Type {
-    /// Struct or union with its members.
-    Composite { name: u32, members: Vec<Member> },
+    /// Struct or union with its members and size in bytes.
+    Composite {
+        name: u32,
+        size: u32,
+        members: Vec<Member>,
+    },
     /// Typedef, const, volatile, restrict, type tag: refers to another type.
-    Alias { ty: u32 },
+    Alias {
+        ty: u32,
+    },
+    Ptr {
+        ty: u32,
+    },
+    Array {
+        elem: u32,
+    },
+    FuncProto {
+        params: u32,
+    },
+    Other,
+}
+
+/// What a member's type is, as far as the agent cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberKind {
+    /// An array; `elem_size` is the element size when the element is a struct or union.
+    Array {
+        elem_struct: Option<String>,
+        elem_size: Option<u32>,
+    },
+    Struct(String),
     Other,
 }
 
@@ -74,13 +101,17 @@ pub struct Btf {
     strings: Vec<u8>,
     types: Vec<Type>,
     structs: HashMap<String, u32>,
+    typedefs: HashMap<String, u32>,
     enumerators: HashMap<String, i64>,
 }
 
 impl Btf {
     /// Reads the running kernel's BTF.
     pub fn from_kernel() -> Result<Self, BtfError> {
-        let data = std::fs::read(VMLINUX).map_err(|source| BtfError::Read { path: VMLINUX.into(), source })?;
+        let data = std::fs::read(VMLINUX).map_err(|source| BtfError::Read {
+            path: VMLINUX.into(),
+            source,
+        })?;
         Self::parse(&data)
     }
 
@@ -88,7 +119,9 @@ impl Btf {
     pub fn parse(data: &[u8]) -> Result<Self, BtfError> {
         let mut r = Reader { data, pos: 0 };
         if r.u16()? != MAGIC {
-            return Err(BtfError::Malformed("bad magic (big-endian BTF is not supported)"));
+            return Err(BtfError::Malformed(
+                "bad magic (big-endian BTF is not supported)",
+            ));
         }
         r.pos = 4;
         let hdr_len = r.u32()? as usize;
@@ -96,8 +129,12 @@ impl Btf {
         let type_len = r.u32()? as usize;
         let str_off = r.u32()? as usize;
         let str_len = r.u32()? as usize;
-        let types_at = hdr_len.checked_add(type_off).ok_or(BtfError::Malformed("type section offset"))?;
-        let strings_at = hdr_len.checked_add(str_off).ok_or(BtfError::Malformed("string section offset"))?;
+        let types_at = hdr_len
+            .checked_add(type_off)
+            .ok_or(BtfError::Malformed("type section offset"))?;
+        let strings_at = hdr_len
+            .checked_add(str_off)
+            .ok_or(BtfError::Malformed("string section offset"))?;
         let type_bytes = data
             .get(types_at..types_at.saturating_add(type_len))
             .ok_or(BtfError::Malformed("type section out of bounds"))?;
@@ -109,7 +146,11 @@ impl Btf {
         // Type id 0 is void.
         let mut types = vec![Type::Other];
         let mut enum_values: Vec<(u32, i64)> = Vec::new();
-        let mut r = Reader { data: type_bytes, pos: 0 };
+        let mut typedef_names: Vec<(u32, u32)> = Vec::new();
+        let mut r = Reader {
+            data: type_bytes,
+            pos: 0,
+        };
         while r.pos < type_bytes.len() {
             let id = types.len() as u32;
             let name = r.u32()?;
@@ -123,10 +164,12 @@ impl Btf {
                     r.skip(4)?;
                     Type::Other
                 }
-                KIND_PTR | KIND_FWD | KIND_FUNC | KIND_FLOAT => Type::Other,
+                KIND_PTR => Type::Ptr { ty: size_or_type },
+                KIND_FWD | KIND_FUNC | KIND_FLOAT => Type::Other,
                 KIND_ARRAY => {
-                    r.skip(12)?;
-                    Type::Other
+                    let elem = r.u32()?;
+                    r.skip(8)?;
+                    Type::Array { elem }
                 }
                 KIND_STRUCT | KIND_UNION => {
                     let mut members = Vec::with_capacity(vlen);
@@ -134,11 +177,23 @@ impl Btf {
                         let m_name = r.u32()?;
                         let m_ty = r.u32()?;
                         let offset = r.u32()?;
-                        let (bit_offset, bitfield_size) =
-                            if kind_flag { (offset & 0x00ff_ffff, offset >> 24) } else { (offset, 0) };
-                        members.push(Member { name: m_name, ty: m_ty, bit_offset, bitfield_size });
+                        let (bit_offset, bitfield_size) = if kind_flag {
+                            (offset & 0x00ff_ffff, offset >> 24)
+                        } else {
+                            (offset, 0)
+                        };
+                        members.push(Member {
+                            name: m_name,
+                            ty: m_ty,
+                            bit_offset,
+                            bitfield_size,
+                        });
                     }
-                    Type::Composite { name, members }
+                    Type::Composite {
+                        name,
+                        size: size_or_type,
+                        members,
+                    }
                 }
                 KIND_ENUM => {
                     for _ in 0..vlen {
@@ -157,12 +212,18 @@ impl Btf {
                     }
                     Type::Other
                 }
-                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                KIND_TYPEDEF => {
+                    typedef_names.push((name, id));
+                    Type::Alias { ty: size_or_type }
+                }
+                KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
                     Type::Alias { ty: size_or_type }
                 }
                 KIND_FUNC_PROTO => {
                     r.skip(8 * vlen)?;
-                    Type::Other
+                    Type::FuncProto {
+                        params: vlen as u32,
+                    }
                 }
                 KIND_DATASEC => {
                     r.skip(12 * vlen)?;
@@ -173,7 +234,18 @@ impl Btf {
             types.push(ty);
         }
 
-        let mut btf = Btf { strings, types, structs: HashMap::new(), enumerators: HashMap::new() };
+        let mut btf = Btf {
+            strings,
+            types,
+            structs: HashMap::new(),
+            typedefs: HashMap::new(),
+            enumerators: HashMap::new(),
+        };
+        for (name, id) in typedef_names {
+            if let Some(n) = btf.string(name) {
+                btf.typedefs.entry(n.to_string()).or_insert(id);
+            }
+        }
         for (id, ty) in btf.types.iter().enumerate() {
             if let Type::Composite { name, .. } = ty {
                 if let Some(n) = btf.string(*name).filter(|n| !n.is_empty()) {
@@ -199,14 +271,20 @@ impl Btf {
     /// Byte offset of `member` in `struct strukt` (or union), looking through anonymous
     /// structs and unions the way C does.
     pub fn member_offset(&self, strukt: &str, member: &str) -> Result<u32, BtfError> {
-        let id = *self.structs.get(strukt).ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
+        let id = *self
+            .structs
+            .get(strukt)
+            .ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
         self.path_offset_from(id, strukt, &[member])
     }
 
     /// Byte offset along a path of members, each inside the previous one by value
     /// (e.g. `["cgroups"]` or `["css", "cgroup"]`).
     pub fn path_offset(&self, strukt: &str, path: &[&str]) -> Result<u32, BtfError> {
-        let id = *self.structs.get(strukt).ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
+        let id = *self
+            .structs
+            .get(strukt)
+            .ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
         self.path_offset_from(id, strukt, path)
     }
 
@@ -214,12 +292,17 @@ impl Btf {
         let mut total = 0;
         let mut within = strukt;
         for member in path {
-            let (bits, m) = self.find_member(id, member, 0).ok_or_else(|| BtfError::NoMember {
-                strukt: within.into(),
-                member: (*member).into(),
-            })?;
+            let (bits, m) = self
+                .find_member(id, member, 0)
+                .ok_or_else(|| BtfError::NoMember {
+                    strukt: within.into(),
+                    member: (*member).into(),
+                })?;
             if m.bitfield_size != 0 || bits % 8 != 0 {
-                return Err(BtfError::Bitfield { strukt: within.into(), member: (*member).into() });
+                return Err(BtfError::Bitfield {
+                    strukt: within.into(),
+                    member: (*member).into(),
+                });
             }
             total += bits / 8;
             id = self.resolve(m.ty);
@@ -228,9 +311,56 @@ impl Btf {
         Ok(total)
     }
 
+    /// What the type of `strukt.member` is (looking through typedefs and qualifiers).
+    pub fn member_kind(&self, strukt: &str, member: &str) -> Result<MemberKind, BtfError> {
+        let id = *self
+            .structs
+            .get(strukt)
+            .ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
+        let (_, m) = self
+            .find_member(id, member, 0)
+            .ok_or_else(|| BtfError::NoMember {
+                strukt: strukt.into(),
+                member: member.into(),
+            })?;
+        Ok(match self.types.get(self.resolve(m.ty) as usize) {
+            Some(Type::Array { elem }) => match self.types.get(self.resolve(*elem) as usize) {
+                Some(Type::Composite { name, size, .. }) => MemberKind::Array {
+                    elem_struct: self.string(*name).map(str::to_string),
+                    elem_size: Some(*size),
+                },
+                _ => MemberKind::Array {
+                    elem_struct: None,
+                    elem_size: None,
+                },
+            },
+            Some(Type::Composite { name, .. }) => {
+                MemberKind::Struct(self.string(*name).unwrap_or("").to_string())
+            }
+            _ => MemberKind::Other,
+        })
+    }
+
+    /// Number of arguments a BTF tracepoint passes to its programs, from the kernel's
+    /// `btf_trace_<name>` typedef (a pointer to a prototype whose first parameter is the
+    /// tracepoint's private data). `None` if the kernel has no such tracepoint.
+    pub fn tracepoint_args(&self, name: &str) -> Option<u32> {
+        let id = *self.typedefs.get(&format!("btf_trace_{name}"))?;
+        let Some(Type::Ptr { ty }) = self.types.get(self.resolve(id) as usize) else {
+            return None;
+        };
+        match self.types.get(self.resolve(*ty) as usize) {
+            Some(Type::FuncProto { params }) => Some(params.saturating_sub(1)),
+            _ => None,
+        }
+    }
+
     /// Value of an enumerator such as `memory_cgrp_id`.
     pub fn enumerator(&self, name: &str) -> Result<i64, BtfError> {
-        self.enumerators.get(name).copied().ok_or_else(|| BtfError::NoEnumerator(name.into()))
+        self.enumerators
+            .get(name)
+            .copied()
+            .ok_or_else(|| BtfError::NoEnumerator(name.into()))
     }
 
     fn resolve(&self, mut id: u32) -> u32 {
@@ -245,7 +375,8 @@ impl Btf {
 
     /// The member's bit offset from the start of `id`, and the member.
     fn find_member(&self, id: u32, member: &str, base: u32) -> Option<(u32, &Member)> {
-        let Some(Type::Composite { members, .. }) = self.types.get(self.resolve(id) as usize) else {
+        let Some(Type::Composite { members, .. }) = self.types.get(self.resolve(id) as usize)
+        else {
             return None;
         };
         for m in members {

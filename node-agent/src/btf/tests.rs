@@ -9,7 +9,10 @@ struct Builder {
 
 impl Builder {
     fn new() -> Self {
-        Self { types: Vec::new(), strings: vec![0] }
+        Self {
+            types: Vec::new(),
+            strings: vec![0],
+        }
     }
     fn s(&mut self, name: &str) -> u32 {
         if name.is_empty() {
@@ -63,7 +66,20 @@ fn sample() -> Vec<u8> {
     b.header("inner_t", KIND_TYPEDEF, false, 0, 3);
     b.header("outer", KIND_STRUCT, true, 4, 32);
     let (first, nested, flags) = (b.s("first"), b.s("nested"), b.s("flags"));
-    b.push(&[first, 1, 0, 0, 2, 64, nested, 4, 128, flags, 1, (3 << 24) | 200]);
+    b.push(&[
+        first,
+        1,
+        0,
+        0,
+        2,
+        64,
+        nested,
+        4,
+        128,
+        flags,
+        1,
+        (3 << 24) | 200,
+    ]);
     b.header("colour", KIND_ENUM, false, 2, 4);
     let (red, mem) = (b.s("red"), b.s("memory_cgrp_id"));
     b.push(&[red, 1, mem, 4]);
@@ -99,6 +115,14 @@ fn finds_members_enumerators_and_paths() {
     assert_eq!(btf.enumerator("memory_cgrp_id").unwrap(), 4);
     assert_eq!(btf.enumerator("big").unwrap(), 1 << 40);
     assert!(btf.enumerator("absent").is_err());
+    assert_eq!(
+        btf.member_kind("outer", "nested").unwrap(),
+        MemberKind::Struct("inner".into())
+    );
+    assert_eq!(
+        btf.member_kind("outer", "first").unwrap(),
+        MemberKind::Other
+    );
 }
 
 #[test]
@@ -139,9 +163,19 @@ fn reads_the_running_kernels_btf() {
         ("cgroup", "kn"),
         ("kernfs_node", "id"),
     ] {
-        let off = btf.member_offset(strukt, member).unwrap_or_else(|e| panic!("{e}"));
+        let off = btf
+            .member_offset(strukt, member)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(off < 16384, "{strukt}.{member} at {off}");
     }
-    assert!(btf.member_offset("task_struct", "tgid").unwrap() > btf.member_offset("task_struct", "pid").unwrap());
+    assert!(
+        btf.member_offset("task_struct", "tgid").unwrap()
+            > btf.member_offset("task_struct", "pid").unwrap()
+    );
     assert!(btf.enumerator("memory_cgrp_id").unwrap() >= 0);
+    // mark_victim passes (task, uid) on the kernels this agent supports; sched_process_fork
+    // passes (parent, child).
+    assert_eq!(btf.tracepoint_args("sched_process_fork"), Some(2));
+    assert!(matches!(btf.tracepoint_args("mark_victim"), Some(1 | 2)));
+    assert_eq!(btf.tracepoint_args("no_such_tracepoint"), None);
 }

@@ -1,7 +1,12 @@
 //! Loading and talking to the kernel programs built from `node-agent-ebpf`.
 
+mod control;
+pub mod events;
 mod object;
-mod tasks;
+mod offsets;
+mod ring;
 
-pub use object::{KernelPrograms, LoadError};
-pub use tasks::TaskCountsError;
+pub use control::ControlError;
+pub use events::{DecodeError, KernelEvent};
+pub use object::{KernelPrograms, LoadError, LoadOptions, MemoryMechanism};
+pub use ring::EventStream;

@@ -1,6 +1,9 @@
-//! The embedded eBPF object and its life cycle: load, attach, detach on drop.
+//! The embedded eBPF object and its life cycle: find offsets, load, attach, detach on drop.
 
-use aya::{programs::TracePoint, Ebpf};
+use aya::{programs::BtfTracePoint, Ebpf, EbpfLoader};
+use node_agent_common::DEFAULT_RING_BYTES;
+
+use crate::btf::{Btf, BtfError};
 
 /// The object `cargo xtask build` compiled; empty when built with plain `cargo build`.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/node-agent-ebpf.o"));
@@ -20,6 +23,16 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "the kernel has no BTF at {path}: this agent needs a kernel built with \
+         CONFIG_DEBUG_INFO_BTF=y (5.8 or later)",
+        path = crate::btf::VMLINUX
+    )]
+    NoBtf,
+    #[error("reading the kernel's BTF")]
+    Btf(#[source] BtfError),
+    #[error("ring buffer size {0} must be a power of two and at least 4096 bytes")]
+    RingSize(u32),
     #[error("loading the eBPF object")]
     Object(#[source] aya::EbpfError),
     #[error("the eBPF object has no program `{0}`")]
@@ -40,40 +53,114 @@ pub enum LoadError {
     },
 }
 
-/// Tracepoints the agent attaches: (program name in the object, category, event).
-const TRACEPOINTS: &[(&str, &str, &str)] = &[
-    ("sched_process_fork", "sched", "sched_process_fork"),
-    ("sched_process_exit", "sched", "sched_process_exit"),
+/// How memory thresholds are watched on this kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryMechanism {
+    /// `memcg:mod_memcg_state`/`mod_memcg_lruvec_state` BTF tracepoints (6.16+): evaluated in
+    /// the kernel on every charge.
+    MemcgTracepoints,
+    /// The kernel lacks the memcg tracepoints: memory thresholds are not evaluated by the
+    /// kernel programs; user space must watch cgroupfs instead.
+    Unavailable,
+}
+
+impl std::fmt::Display for MemoryMechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::MemcgTracepoints => "memcg BTF tracepoints (in-kernel thresholds)",
+            Self::Unavailable => "none (the kernel has no memcg tracepoints)",
+        })
+    }
+}
+
+/// Load-time choices.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Ring buffer size in bytes: a power of two, at least one page.
+    pub ring_bytes: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            ring_bytes: DEFAULT_RING_BYTES,
+        }
+    }
+}
+
+/// Programs always attached: (program name in the object, BTF tracepoint).
+const ALWAYS: &[&str] = &["mark_victim", "sched_process_fork", "sched_process_exit"];
+/// Programs attached when the kernel has the memcg tracepoints.
+const MEMCG: &[&str] = &[
+    "mod_memcg_state",
+    "mod_memcg_lruvec_state",
+    "count_memcg_events",
 ];
 
 /// The loaded and attached kernel programs. Dropping it detaches every program and frees the
 /// maps.
 pub struct KernelPrograms {
     pub(crate) ebpf: Ebpf,
+    memory: MemoryMechanism,
 }
 
 impl KernelPrograms {
-    /// Loads the embedded object and attaches every program.
+    /// Loads the embedded object with default options and attaches every program.
     pub fn load() -> Result<Self, LoadError> {
+        Self::load_with(&LoadOptions::default())
+    }
+
+    pub fn load_with(options: &LoadOptions) -> Result<Self, LoadError> {
         if OBJECT.is_empty() {
             return Err(LoadError::NotEmbedded);
         }
+        if !options.ring_bytes.is_power_of_two() || options.ring_bytes < 4096 {
+            return Err(LoadError::RingSize(options.ring_bytes));
+        }
+        if !std::path::Path::new(crate::btf::VMLINUX).exists() {
+            return Err(LoadError::NoBtf);
+        }
+        let btf = Btf::from_kernel().map_err(LoadError::Btf)?;
+        let offsets = super::offsets::from_btf(&btf).map_err(LoadError::Btf)?;
+        let memory = if MEMCG.iter().all(|tp| btf.tracepoint_args(tp).is_some()) {
+            MemoryMechanism::MemcgTracepoints
+        } else {
+            MemoryMechanism::Unavailable
+        };
+        let aya_btf = aya::Btf::from_sys_fs().map_err(|e| LoadError::Object(e.into()))?;
+
         raise_memlock_limit();
-        let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load_error)?;
-        for &(name, category, event) in TRACEPOINTS {
-            let program: &mut TracePoint = ebpf
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&aya_btf))
+            .override_global("OFFSETS", &offsets, true)
+            .map_max_entries("EVENTS", options.ring_bytes)
+            .load(OBJECT)
+            .map_err(classify_load_error)?;
+        let memcg: &[&'static str] = if memory == MemoryMechanism::MemcgTracepoints {
+            MEMCG
+        } else {
+            &[]
+        };
+        for &name in ALWAYS.iter().chain(memcg) {
+            let program: &mut BtfTracePoint = ebpf
                 .program_mut(name)
                 .ok_or(LoadError::MissingProgram(name))?
                 .try_into()
                 .map_err(|source| LoadError::Program { name, source })?;
             program
-                .load()
+                .load(name, &aya_btf)
                 .map_err(|source| classify_program_error(name, source))?;
             program
-                .attach(category, event)
+                .attach()
                 .map_err(|source| classify_program_error(name, source))?;
         }
-        Ok(Self { ebpf })
+        tracing::info!(memory = %memory, "kernel programs attached");
+        Ok(Self { ebpf, memory })
+    }
+
+    /// How memory thresholds are watched on this kernel.
+    pub fn memory_mechanism(&self) -> MemoryMechanism {
+        self.memory
     }
 }
 

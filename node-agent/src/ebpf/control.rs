@@ -1,0 +1,173 @@
+//! What user space tells the kernel programs (cgroups to count, thresholds) and what it reads
+//! back (counts, losses).
+
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use node_agent_common::{ForkRateLimit, MemoryThreshold, PidLimits, TaskCounts};
+
+use super::{KernelPrograms, LoadError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("counting CPUs")]
+    Cpus(#[source] std::io::Error),
+    #[error("map {map} (key {key})")]
+    Map {
+        map: &'static str,
+        key: u64,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error(transparent)]
+    Setup(#[from] LoadError),
+}
+
+fn map_err(map: &'static str, key: u64) -> impl FnOnce(aya::maps::MapError) -> ControlError {
+    move |source| ControlError::Map { map, key, source }
+}
+
+macro_rules! typed_map {
+    ($self:ident, $name:literal, $ty:ty) => {{
+        let map = $self
+            .ebpf
+            .map_mut($name)
+            .ok_or(LoadError::MissingMap($name))?;
+        <$ty>::try_from(map).map_err(|source| LoadError::Map {
+            name: $name,
+            source,
+        })?
+    }};
+}
+
+impl KernelPrograms {
+    /// Starts counting forks and exits of tasks in the memory cgroup with this id, from zero.
+    pub fn track_cgroup(&mut self, cgroup: u64) -> Result<(), ControlError> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| ControlError::Cpus(e))?;
+        let zeros = PerCpuValues::try_from(vec![TaskCounts::default(); cpus])
+            .map_err(ControlError::Cpus)?;
+        let mut map = typed_map!(
+            self,
+            "TASK_COUNTS",
+            PerCpuHashMap::<&mut MapData, u64, TaskCounts>
+        );
+        map.insert(cgroup, zeros, 0)
+            .map_err(map_err("TASK_COUNTS", cgroup))
+    }
+
+    /// Stops counting a cgroup and drops its thresholds.
+    pub fn untrack_cgroup(&mut self, cgroup: u64) -> Result<(), ControlError> {
+        fn gone(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
+            match r {
+                Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                other => other,
+            }
+        }
+        let mut tasks = typed_map!(
+            self,
+            "TASK_COUNTS",
+            PerCpuHashMap::<&mut MapData, u64, TaskCounts>
+        );
+        gone(tasks.remove(&cgroup)).map_err(map_err("TASK_COUNTS", cgroup))?;
+        let mut forks = typed_map!(
+            self,
+            "FORK_LIMITS",
+            HashMap::<&mut MapData, u64, ForkRateLimit>
+        );
+        gone(forks.remove(&cgroup)).map_err(map_err("FORK_LIMITS", cgroup))?;
+        let mut mem = typed_map!(
+            self,
+            "MEMORY_THRESHOLDS",
+            HashMap::<&mut MapData, u64, MemoryThreshold>
+        );
+        gone(mem.remove(&cgroup)).map_err(map_err("MEMORY_THRESHOLDS", cgroup))
+    }
+
+    /// Forks and exits counted for a tracked cgroup, summed over CPUs; `None` if not tracked.
+    pub fn task_counts(&mut self, cgroup: u64) -> Result<Option<TaskCounts>, ControlError> {
+        let map = typed_map!(
+            self,
+            "TASK_COUNTS",
+            PerCpuHashMap::<&mut MapData, u64, TaskCounts>
+        );
+        match map.get(&cgroup, 0) {
+            Ok(values) => Ok(Some(TaskCounts::sum(values.iter()))),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(source) => Err(ControlError::Map {
+                map: "TASK_COUNTS",
+                key: cgroup,
+                source,
+            }),
+        }
+    }
+
+    /// Sets (or replaces, re-arming it) the memory threshold of a cgroup.
+    pub fn set_memory_threshold(
+        &mut self,
+        cgroup: u64,
+        bytes: u64,
+        hysteresis: u64,
+    ) -> Result<(), ControlError> {
+        let value = MemoryThreshold {
+            bytes,
+            hysteresis,
+            above: 0,
+            _pad: 0,
+        };
+        let mut map = typed_map!(
+            self,
+            "MEMORY_THRESHOLDS",
+            HashMap::<&mut MapData, u64, MemoryThreshold>
+        );
+        map.insert(cgroup, value, 0)
+            .map_err(map_err("MEMORY_THRESHOLDS", cgroup))
+    }
+
+    /// Sets the fork-rate limit of a cgroup: more than `max_forks` per `window`.
+    pub fn set_fork_limit(
+        &mut self,
+        cgroup: u64,
+        max_forks: u64,
+        window: std::time::Duration,
+    ) -> Result<(), ControlError> {
+        let value = ForkRateLimit {
+            max_forks,
+            window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+            ..ForkRateLimit::default()
+        };
+        let mut map = typed_map!(
+            self,
+            "FORK_LIMITS",
+            HashMap::<&mut MapData, u64, ForkRateLimit>
+        );
+        map.insert(cgroup, value, 0)
+            .map_err(map_err("FORK_LIMITS", cgroup))
+    }
+
+    /// Sets the node's PID limit and the `pid.available` threshold (0 disables it).
+    pub fn set_pid_threshold(
+        &mut self,
+        limit: u64,
+        threshold: u64,
+        hysteresis: u64,
+    ) -> Result<(), ControlError> {
+        let value = PidLimits {
+            limit,
+            threshold,
+            hysteresis,
+            below: 0,
+            _pad: 0,
+        };
+        let mut map = typed_map!(self, "PID_LIMITS", Array::<&mut MapData, PidLimits>);
+        map.set(0, value, 0).map_err(map_err("PID_LIMITS", 0))
+    }
+
+    /// Ring-buffer records the kernel could not write, per CPU, since load.
+    pub fn lost_events(&mut self) -> Result<Vec<u64>, ControlError> {
+        let map = typed_map!(self, "LOST", PerCpuArray::<&mut MapData, u64>);
+        Ok(map
+            .get(&0, 0)
+            .map_err(map_err("LOST", 0))?
+            .iter()
+            .copied()
+            .collect())
+    }
+}

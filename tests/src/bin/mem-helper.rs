@@ -1,0 +1,103 @@
+//! Test helper for memory tests. Waits for a line on stdin before each phase, so the test can
+//! move it into a cgroup and pace it.
+//!
+//! - `mem-helper oom`: touches memory 1 MiB at a time until the kernel kills it (bounded at
+//!   4 GiB, then exits 10 so a missing OOM kill fails the test instead of eating the machine).
+//! - `mem-helper hold MIB`: touches MIB MiB, prints `held`, waits for a line, frees it, prints
+//!   `freed`, waits for a line, exits.
+//! - `mem-helper oscillate LOW_MIB HIGH_MIB TIMES`: moves between LOW and HIGH MiB TIMES times.
+
+use std::io::{BufRead as _, Write as _};
+
+const MIB: usize = 1 << 20;
+
+fn wait_line() {
+    let mut line = String::new();
+    if std::io::stdin().lock().read_line(&mut line).is_err() {
+        std::process::exit(3);
+    }
+}
+
+fn say(what: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{what}");
+    let _ = out.flush();
+}
+
+/// One MiB mapped straight from the kernel with every page written, so it is charged to the
+/// cgroup at once and returned at once on drop (no allocator caching in between).
+struct Mib(*mut libc::c_void);
+
+fn touched_mib() -> Mib {
+    // SAFETY: anonymous private mapping; checked for failure before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            MIB,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        std::process::exit(4);
+    }
+    // SAFETY: the mapping is MIB bytes long and writable.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0x5a, MIB) };
+    Mib(p)
+}
+
+impl Drop for Mib {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in touched_mib.
+        unsafe { libc::munmap(self.0, MIB) };
+    }
+}
+
+fn arg(n: usize) -> usize {
+    match std::env::args().nth(n).map(|a| a.parse()) {
+        Some(Ok(v)) => v,
+        _ => {
+            eprintln!("usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    wait_line();
+    match mode.as_str() {
+        "oom" => {
+            let mut held = Vec::new();
+            for _ in 0..4096 {
+                held.push(touched_mib());
+            }
+            std::process::exit(10);
+        }
+        "hold" => {
+            let mut held: Vec<Mib> = (0..arg(2)).map(|_| touched_mib()).collect();
+            say("held");
+            wait_line();
+            held.clear();
+            held.shrink_to_fit();
+            say("freed");
+            wait_line();
+        }
+        "oscillate" => {
+            let (low, high, times) = (arg(2), arg(3), arg(4));
+            let base: Vec<Mib> = (0..low).map(|_| touched_mib()).collect();
+            for _ in 0..times {
+                let extra: Vec<Mib> = (low..high).map(|_| touched_mib()).collect();
+                drop(extra);
+            }
+            drop(base);
+            say("done");
+        }
+        _ => {
+            eprintln!("usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES");
+            std::process::exit(2);
+        }
+    }
+}
