@@ -4,4 +4,5 @@
 pub mod btf;
 pub mod cgroup;
 pub mod ebpf;
+pub mod simulate;
 pub mod trace;

@@ -14,6 +14,8 @@ struct Cli {
 enum Command {
     /// Show what the kernel reports, live.
     Trace(node_agent::trace::TraceArgs),
+    /// Replay a scenario through the eviction policy and print one JSON line per step.
+    Simulate(node_agent::simulate::SimulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +29,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Trace(args) => node_agent::trace::run(args),
+        // Its own exit codes: 2 for an invalid scenario, as for any other bad input.
+        Command::Simulate(args) => {
+            return match node_agent::simulate::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("node-agent: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            };
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
