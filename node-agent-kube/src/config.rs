@@ -238,6 +238,20 @@ impl KubeConfig {
         Ok(config)
     }
 
+    /// Takes this crate's section, `kubernetes:`, out of the whole agent config file (other
+    /// sections belong to other crates); an absent section means all defaults.
+    pub fn from_agent_yaml(yaml: &str, env_node_name: Option<&str>) -> Result<Self, ConfigError> {
+        let whole: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(yaml).map_err(|source| ConfigError::Parse { source })?;
+        let section = whole
+            .get("kubernetes")
+            .cloned()
+            .unwrap_or(serde_yaml_ng::Value::Mapping(Default::default()));
+        let section =
+            serde_yaml_ng::to_string(&section).map_err(|source| ConfigError::Parse { source })?;
+        Self::from_yaml(&section, env_node_name)
+    }
+
     /// Checks every field; the error names the first bad one and what was expected.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.node_name.is_empty() {

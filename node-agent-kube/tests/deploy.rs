@@ -1,0 +1,319 @@
+//! Every manifest in deploy/ parses into k8s-openapi types, and what matters is as intended:
+//! privileges, host mounts, RBAC verbs, priority, resources, probes, and a config the agent's
+//! loader accepts.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use k8s_openapi::api::{
+    apps::v1::DaemonSet,
+    core::v1::{ConfigMap, Namespace, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
+};
+use node_agent_kube::config::{KubeConfig, PodSourceKind};
+use serde::Deserialize;
+
+fn deploy_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Every document of a multi-document YAML file, as JSON values.
+fn documents(file: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(deploy_dir().join(file)).unwrap();
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| serde_json::Value::deserialize(doc).unwrap_or_else(|e| panic!("{file}: {e}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn typed<T: serde::de::DeserializeOwned>(file: &str, v: &serde_json::Value) -> T {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+#[derive(Default)]
+struct Manifests {
+    namespaces: Vec<Namespace>,
+    service_accounts: Vec<ServiceAccount>,
+    roles: Vec<ClusterRole>,
+    bindings: Vec<ClusterRoleBinding>,
+    config_maps: Vec<ConfigMap>,
+    daemon_sets: Vec<DaemonSet>,
+}
+
+fn load(files: &[&str]) -> Manifests {
+    let mut m = Manifests::default();
+    for file in files {
+        for doc in documents(file) {
+            match doc["kind"].as_str().unwrap_or_default() {
+                "Namespace" => m.namespaces.push(typed(file, &doc)),
+                "ServiceAccount" => m.service_accounts.push(typed(file, &doc)),
+                "ClusterRole" => m.roles.push(typed(file, &doc)),
+                "ClusterRoleBinding" => m.bindings.push(typed(file, &doc)),
+                "ConfigMap" => m.config_maps.push(typed(file, &doc)),
+                "DaemonSet" => m.daemon_sets.push(typed(file, &doc)),
+                other => panic!("{file}: unexpected kind {other:?}"),
+            }
+        }
+    }
+    m
+}
+
+fn kustomization_resources() -> Vec<String> {
+    let k: serde_json::Value = documents("kustomization.yaml").remove(0);
+    k["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn manifests() -> Manifests {
+    let files = kustomization_resources();
+    load(&files.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// (apiGroup, resource) → verbs, merged over rules.
+fn grants(role: &ClusterRole) -> BTreeMap<(String, String), Vec<String>> {
+    let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for rule in role.rules.as_deref().unwrap_or_default() {
+        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+        for group in rule.api_groups.as_deref().unwrap_or_default() {
+            for resource in rule.resources.as_deref().unwrap_or_default() {
+                let verbs = out.entry((group.clone(), resource.clone())).or_default();
+                verbs.extend(rule.verbs.iter().cloned());
+                verbs.sort();
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn kustomization_lists_every_default_manifest() {
+    let resources = kustomization_resources();
+    assert_eq!(
+        resources,
+        [
+            "namespace.yaml",
+            "serviceaccount.yaml",
+            "rbac.yaml",
+            "configmap.yaml",
+            "daemonset.yaml"
+        ]
+    );
+    let m = manifests();
+    assert_eq!(m.namespaces[0].metadata.name.as_deref(), Some("node-agent"));
+    assert_eq!(
+        m.service_accounts[0].metadata.name.as_deref(),
+        Some("node-agent")
+    );
+}
+
+#[test]
+fn rbac_grants_exactly_the_intended_verbs() {
+    let m = manifests();
+    assert_eq!(m.roles.len(), 1);
+    let want: BTreeMap<(String, String), Vec<String>> = [
+        ("", "pods", &["delete", "get", "list", "watch"][..]),
+        ("", "pods/eviction", &["create"]),
+        ("", "pods/status", &["patch"]),
+        ("", "nodes", &["get"]),
+        ("", "nodes/status", &["patch"]),
+        ("", "nodes/stats", &["get"]),
+        ("", "nodes/pods", &["get"]),
+        ("events.k8s.io", "events", &["create"]),
+    ]
+    .into_iter()
+    .map(|(g, r, v)| {
+        (
+            (g.to_string(), r.to_string()),
+            v.iter().map(|s| s.to_string()).collect(),
+        )
+    })
+    .collect();
+    assert_eq!(grants(&m.roles[0]), want);
+    // Exact equality above: no secrets, no nodes/proxy, no wildcard.
+
+    let binding = &m.bindings[0];
+    assert_eq!(binding.role_ref.name, "node-agent");
+    let subject = &binding.subjects.as_ref().unwrap()[0];
+    assert_eq!(
+        (
+            subject.kind.as_str(),
+            subject.name.as_str(),
+            subject.namespace.as_deref()
+        ),
+        ("ServiceAccount", "node-agent", Some("node-agent"))
+    );
+
+    // The optional kubelet-proxy grant is exactly nodes/proxy get, and off by default.
+    let proxy = load(&["rbac-kubelet-proxy.yaml"]);
+    let want: BTreeMap<_, _> = [(
+        ("".to_string(), "nodes/proxy".to_string()),
+        vec!["get".to_string()],
+    )]
+    .into_iter()
+    .collect();
+    assert_eq!(grants(&proxy.roles[0]), want);
+}
+
+#[test]
+fn daemonset_is_privileged_with_host_access_probes_and_fixed_resources() {
+    let m = manifests();
+    let ds = &m.daemon_sets[0];
+    let spec = ds.spec.as_ref().unwrap();
+    let strategy = spec.update_strategy.as_ref().unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    assert!(strategy
+        .rolling_update
+        .as_ref()
+        .unwrap()
+        .max_unavailable
+        .is_some());
+
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.host_pid, Some(true));
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    assert_eq!(pod.service_account_name.as_deref(), Some("node-agent"));
+    let c = &pod.containers[0];
+    assert_eq!(c.security_context.as_ref().unwrap().privileged, Some(true));
+    assert_eq!(
+        c.command.as_deref().unwrap(),
+        [
+            "node-agent",
+            "run",
+            "--config",
+            "/etc/node-agent/config.yaml"
+        ]
+    );
+
+    let res = c.resources.as_ref().unwrap();
+    assert_eq!(res.requests, res.limits);
+    let requests = res.requests.as_ref().unwrap();
+    assert!(requests.contains_key("cpu") && requests.contains_key("memory"));
+
+    let env: BTreeMap<_, _> = c
+        .env
+        .as_deref()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e.name.as_str(),
+                e.value_from
+                    .as_ref()
+                    .unwrap()
+                    .field_ref
+                    .as_ref()
+                    .unwrap()
+                    .field_path
+                    .as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(env["NODE_NAME"], "spec.nodeName");
+    assert_eq!(env["POD_NAME"], "metadata.name");
+    assert_eq!(env["POD_NAMESPACE"], "metadata.namespace");
+
+    let port = &c.ports.as_deref().unwrap()[0];
+    assert_eq!(
+        (port.name.as_deref(), port.container_port),
+        (Some("http"), 9464)
+    );
+    for (probe, path) in [
+        (&c.liveness_probe, "/healthz"),
+        (&c.readiness_probe, "/readyz"),
+    ] {
+        let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(
+            get.port,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into())
+        );
+    }
+
+    // Every host path the agent needs, mounted where it expects it.
+    let host_paths: BTreeMap<&str, &str> = pod
+        .volumes
+        .as_deref()
+        .unwrap()
+        .iter()
+        .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
+        .collect();
+    let mounts: BTreeMap<&str, &str> = c
+        .volume_mounts
+        .as_deref()
+        .unwrap()
+        .iter()
+        .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+        .collect();
+    for (host, in_container) in [
+        ("/sys/fs/bpf", "/sys/fs/bpf"),
+        ("/sys/kernel/tracing", "/sys/kernel/tracing"),
+        ("/sys/kernel/btf", "/sys/kernel/btf"),
+        ("/sys/fs/cgroup", "/sys/fs/cgroup"),
+        ("/proc", "/host/proc"),
+    ] {
+        let (volume, _) = host_paths
+            .iter()
+            .find(|(_, p)| **p == host)
+            .unwrap_or_else(|| panic!("no hostPath {host}"));
+        assert_eq!(mounts.get(volume), Some(&in_container), "{host}");
+    }
+    let config_volume = pod
+        .volumes
+        .as_deref()
+        .unwrap()
+        .iter()
+        .find(|v| v.config_map.is_some())
+        .unwrap();
+    assert_eq!(
+        config_volume.config_map.as_ref().unwrap().name,
+        "node-agent-config"
+    );
+    assert_eq!(mounts[config_volume.name.as_str()], "/etc/node-agent");
+}
+
+#[test]
+fn configmap_config_parses_with_the_agent_loader() {
+    let m = manifests();
+    let cm = &m.config_maps[0];
+    assert_eq!(cm.metadata.name.as_deref(), Some("node-agent-config"));
+    let text = &cm.data.as_ref().unwrap()["config.yaml"];
+    let config = KubeConfig::from_agent_yaml(text, Some("worker-1")).unwrap();
+    assert_eq!(config.pod_source, PodSourceKind::Kubelet);
+    assert_eq!(config.node_name, "worker-1");
+    assert!(!config.dry_run);
+    assert_eq!(config.exclusions.namespaces, ["kube-system", "node-agent"]);
+
+    // The eviction section carries the kubelet's field names.
+    let whole: serde_json::Value = serde_yaml_ng::from_str(text).unwrap();
+    let eviction = whole["eviction"].as_object().unwrap();
+    for field in [
+        "evictionHard",
+        "evictionSoft",
+        "evictionSoftGracePeriod",
+        "evictionMaxPodGracePeriod",
+        "evictionMinimumReclaim",
+        "evictionPressureTransitionPeriod",
+    ] {
+        assert!(eviction.contains_key(field), "{field}");
+    }
+}
+
+#[test]
+fn containerfile_builds_with_xtask_and_ships_the_agent() {
+    let text = std::fs::read_to_string(deploy_dir().join("Containerfile")).unwrap();
+    for needle in [
+        "FROM debian:bookworm AS builder",
+        "cargo xtask setup",
+        "cargo xtask build --release",
+        "FROM debian:bookworm-slim",
+        "COPY --from=builder /src/target/release/node-agent /usr/local/bin/node-agent",
+    ] {
+        assert!(text.contains(needle), "{needle}");
+    }
+}
