@@ -105,7 +105,7 @@ fn is_met(threshold: &Threshold, observations: &Observations, enforce_min_reclai
     let mut quantity = threshold.value.resolve(observed.capacity).nanos();
     if enforce_min_reclaim {
         if let Some(min_reclaim) = &threshold.min_reclaim {
-            quantity += min_reclaim.resolve(observed.capacity).nanos();
+            quantity = quantity.saturating_add(min_reclaim.resolve(observed.capacity).nanos());
         }
     }
     quantity > i128::from(observed.available) * NANOS

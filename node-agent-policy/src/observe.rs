@@ -126,7 +126,6 @@ impl PodInfo {
                 Resource::EphemeralStorage => c.requests.ephemeral_storage,
                 Resource::Inodes | Resource::Pids => None,
             })
-            .map(|q| q.nanos())
-            .sum()
+            .fold(0i128, |sum, q| sum.saturating_add(q.nanos()))
     }
 }

@@ -27,8 +27,8 @@ fn memory_key(pod: &PodInfo) -> (bool, bool, i32, Reverse<i128>) {
     match &pod.usage {
         None => (false, false, pod.priority, Reverse(0)),
         Some(usage) => {
-            let above_request = i128::from(usage.memory_working_set_bytes) * NANOS
-                - pod.request_nanos(Resource::Memory);
+            let above_request = (i128::from(usage.memory_working_set_bytes) * NANOS)
+                .saturating_sub(pod.request_nanos(Resource::Memory));
             (
                 true,
                 above_request <= 0,
@@ -73,6 +73,6 @@ fn disk_key(pod: &PodInfo, signal: Signal, has_imagefs: bool) -> (bool, bool, i3
     };
     let measured = i128::from(measured) * NANOS;
     let exceeds = measured > own_request;
-    let above_request = measured - pod.request_nanos(Resource::EphemeralStorage);
+    let above_request = measured.saturating_sub(pod.request_nanos(Resource::EphemeralStorage));
     (true, !exceeds, pod.priority, Reverse(above_request))
 }
