@@ -388,6 +388,55 @@ impl KubeConfig {
         }
     }
 
+    /// How to reach the kubelet.
+    pub fn kubelet_endpoint(&self) -> crate::transport::Endpoint {
+        crate::transport::Endpoint {
+            name: "kubelet",
+            url: self.kubelet_url(),
+            ca_file: self.kubelet.ca_file.clone(),
+            insecure_skip_tls_verify: self.kubelet.insecure_skip_tls_verify,
+            token_path: Some(self.token_path.clone()),
+            timeout: self.request_timeout(),
+        }
+    }
+
+    /// How to reach the API server: the configured URL, else the in-cluster service from
+    /// `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT` (passed in by the caller).
+    pub fn api_server_endpoint(
+        &self,
+        service_host: Option<&str>,
+        service_port: Option<&str>,
+    ) -> Result<crate::transport::Endpoint, ConfigError> {
+        let url = if !self.api_server.url.is_empty() {
+            self.api_server.url.clone()
+        } else {
+            match (service_host, service_port) {
+                (Some(h), Some(p)) if !h.is_empty() && !p.is_empty() => {
+                    // An IPv6 service address needs brackets in a URL.
+                    if h.contains(':') {
+                        format!("https://[{h}]:{p}")
+                    } else {
+                        format!("https://{h}:{p}")
+                    }
+                }
+                _ => {
+                    return Err(invalid(
+                        "api_server.url",
+                        "empty, and KUBERNETES_SERVICE_HOST/PORT are not set (not in a pod?)",
+                    ))
+                }
+            }
+        };
+        Ok(crate::transport::Endpoint {
+            name: "api server",
+            url,
+            ca_file: Some(self.api_server.ca_file.clone()),
+            insecure_skip_tls_verify: false,
+            token_path: Some(self.token_path.clone()),
+            timeout: self.request_timeout(),
+        })
+    }
+
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout_seconds)
     }
@@ -445,6 +494,24 @@ mod tests {
         for (yaml, field) in rows {
             let err = KubeConfig::from_yaml(yaml, None).unwrap_err().to_string();
             assert!(err.starts_with(field), "{yaml:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn api_server_url_from_the_service_environment() {
+        let c = KubeConfig::from_yaml("{}", Some("n")).unwrap();
+        let rows = [
+            (
+                Some("10.96.0.1"),
+                Some("443"),
+                Some("https://10.96.0.1:443"),
+            ),
+            (Some("fd00::1"), Some("443"), Some("https://[fd00::1]:443")),
+            (None, Some("443"), None),
+        ];
+        for (host, port, want) in rows {
+            let got = c.api_server_endpoint(host, port).ok().map(|e| e.url);
+            assert_eq!(got.as_deref(), want, "{host:?}");
         }
     }
 
