@@ -106,3 +106,74 @@ fn a_fork_burst_over_the_rate_yields_one_fork_storm_event() -> anyhow::Result<()
     assert_eq!(programs.task_counts(id)?.expect("tracked").forks, 200);
     Ok(())
 }
+
+/// Live PIDs as the kernel counts them right now (the running/total field of /proc/loadavg
+/// counts tasks, which is close to allocated PIDs; the test leaves a wide margin either way).
+fn live_tasks() -> anyhow::Result<i64> {
+    let text = std::fs::read_to_string("/proc/loadavg")?;
+    let field = text
+        .split_whitespace()
+        .nth(3)
+        .ok_or_else(|| anyhow::anyhow!("loadavg: {text}"))?;
+    let total = field
+        .split('/')
+        .nth(1)
+        .ok_or_else(|| anyhow::anyhow!("loadavg: {text}"))?;
+    Ok(total.parse()?)
+}
+
+#[test]
+fn pid_available_crossing_its_threshold_yields_one_event_each_way() -> anyhow::Result<()> {
+    require_root();
+    let cgroup = TestCgroup::new("pids")?;
+    let rt = runtime();
+    let mut programs = KernelPrograms::load()?;
+    // pid.available starts about 200 above the threshold of 1000; holding 400 more tasks takes
+    // it about 200 below, and releasing them brings it back above threshold + hysteresis.
+    let (threshold, hysteresis) = (1000u64, 50u64);
+    let limit = live_tasks()? as u64 + threshold + 200;
+    programs.set_pid_threshold(limit, threshold, hysteresis)?;
+    let mut events = rt.block_on(async { programs.events() })?;
+    let is_pid = |e: &KernelEvent| matches!(e, KernelEvent::PidThreshold(_));
+
+    let mut helper = Helper::spawn(FORK_HELPER, &["400".to_string(), "hold".to_string()])?;
+    cgroup.add(helper.pid())?;
+    helper.go()?;
+    assert_eq!(helper.read_line()?, "forked");
+    let down = rt.block_on(collect_events(
+        &mut events,
+        Duration::from_millis(300),
+        is_pid,
+        |_| false,
+    ))?;
+    helper.go()?;
+    helper.wait(Duration::from_secs(10))?;
+    let up = rt.block_on(collect_events(
+        &mut events,
+        Duration::from_millis(300),
+        is_pid,
+        |_| false,
+    ))?;
+
+    assert_eq!(
+        down.len(),
+        1,
+        "one event when pid.available fell below the threshold: {down:?}"
+    );
+    let KernelEvent::PidThreshold(d) = down[0].0 else {
+        unreachable!()
+    };
+    assert_eq!(
+        d.direction,
+        node_agent_common::DIRECTION_UP,
+        "threshold crossed (pressure up)"
+    );
+    assert!((d.limit as i64 - d.live) < threshold as i64);
+    assert_eq!(up.len(), 1, "one event when it recovered: {up:?}");
+    let KernelEvent::PidThreshold(u) = up[0].0 else {
+        unreachable!()
+    };
+    assert_eq!(u.direction, node_agent_common::DIRECTION_DOWN);
+    assert!((u.limit as i64 - u.live) > (threshold + hysteresis) as i64);
+    Ok(())
+}

@@ -54,8 +54,11 @@ pub fn cargo_with_object(object: &Path, subcommand: &str) -> Command {
 
 /// Builds the eBPF object, then `node-agent`. Returns the agent binary's path.
 pub fn agent(tc: &EbpfToolchain, release: bool) -> anyhow::Result<PathBuf> {
-    let object = ebpf(tc)?;
-    let mut cmd = cargo_with_object(&object, "build");
+    agent_with(&ebpf(tc)?, release)
+}
+
+fn agent_with(object: &Path, release: bool) -> anyhow::Result<PathBuf> {
+    let mut cmd = cargo_with_object(object, "build");
     cmd.args(["--package", "node-agent", "--locked"]);
     if release {
         cmd.arg("--release");
@@ -109,10 +112,13 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
     run_cmd(&mut unit).context("unit tests failed")?;
 
     eprintln!("xtask: kernel tests (root, real kernel)");
+    // The end-to-end tests run the agent binary itself, built with the same object.
+    let agent_bin = agent_with(&object, false)?;
     let mut kernel = cargo_with_object(&object, "test");
     kernel
         .args(["--package", "node-agent-tests", "--locked", "--"])
-        .args(extra);
+        .args(extra)
+        .env("NODE_AGENT_BIN", agent_bin);
     run_cmd(&mut kernel).context("kernel tests failed")?;
     Ok(())
 }

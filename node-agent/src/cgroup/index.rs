@@ -104,6 +104,11 @@ impl CgroupIndex {
         self.vanished
     }
 
+    /// Every cgroup in the index: `(id, entry)`.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, &CgroupEntry)> {
+        self.entries.iter().map(|(id, entry)| (*id, entry))
+    }
+
     /// Every cgroup that belongs to a pod: `(id, path, pod)`.
     pub fn pods(&self) -> impl Iterator<Item = (u64, &Path, &PodCgroup)> {
         self.entries.iter().filter_map(|(id, entry)| {
@@ -336,9 +341,11 @@ mod tests {
         assert_eq!(index.refresh().expect("idle refresh"), Changes::default());
 
         let removed = [id(&dirs[2]), id(&dirs[3])];
+        // Create before removing: the filesystem under the temp dir may hand a freed inode
+        // number straight to the next directory, which would be a changed path, not a new id.
+        let new_pod = mkdirs(root, &format!("kubepods/besteffort/pod{UID}"));
         fs::remove_dir(&dirs[2]).expect("rm crio");
         fs::remove_dir(&dirs[3]).expect("rm conmon");
-        let new_pod = mkdirs(root, &format!("kubepods/besteffort/pod{UID}"));
         let mut added = vec![id(&root.join("kubepods/besteffort")), id(&new_pod)];
         added.sort_unstable();
         let changes = index.refresh().expect("refresh");

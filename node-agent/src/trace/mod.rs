@@ -1,60 +1,341 @@
-//! `node-agent trace`: what the kernel reports, live.
+//! `node-agent trace`: what the kernel reports, live — OOM kills, memory and PID threshold
+//! crossings, fork storms and lost events — attributed to cgroups and pods.
 
-use std::{path::PathBuf, time::Duration};
+mod filter;
+mod record;
+
+use std::{collections::HashSet, io::Write as _, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
+pub use filter::{Filter, OutputFormat};
+pub use record::{CgroupRef, PodRef, Record};
 
-use crate::{cgroup, ebpf::KernelPrograms};
+use crate::{
+    cgroup::{self, CgroupIndex},
+    ebpf::{KernelPrograms, LoadOptions},
+};
 
 #[derive(Debug, clap::Args)]
 pub struct TraceArgs {
-    /// Stop after this many seconds (default: run until Ctrl-C).
-    #[arg(long, value_name = "SECONDS")]
-    pub duration: Option<u64>,
+    /// Output format: a readable table, or JSON Lines (one object per event, with `kind`).
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// Only these kinds (repeatable or comma-separated): oom_kill, memory_threshold,
+    /// pid_threshold, fork_storm, events_lost.
+    #[arg(long, value_delimiter = ',')]
+    pub kind: Vec<String>,
+    /// Only events of cgroups whose path contains this text (or whose id is this number).
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// Only events of this pod (UID, or a prefix of it).
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Stop after this long (e.g. `30s`, `5m`); default: until Ctrl-C or SIGTERM.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Memory threshold on a cgroup, `PATH=QUANTITY` with PATH below the memory hierarchy's
+    /// root (e.g. `/kubepods=6Gi`); repeatable.
+    #[arg(long = "memory-threshold", value_name = "PATH=QUANTITY")]
+    pub memory_thresholds: Vec<String>,
+    /// Hysteresis of memory thresholds: a down-crossing needs usage this far below the line.
+    #[arg(long, default_value = "16Mi")]
+    pub memory_hysteresis: String,
+    /// Fork-storm limit per cgroup: more than N forks within `--fork-window`; 0 disables.
+    #[arg(long, default_value_t = 1000)]
+    pub fork_limit: u64,
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub fork_window: Duration,
+    /// Report `pid.available` (min(pid_max, threads-max) minus live PIDs) dropping below this;
+    /// 0 disables.
+    #[arg(long, default_value_t = 1000)]
+    pub pid_available_below: u64,
+    /// Ring buffer size in bytes (a power of two).
+    #[arg(long, default_value_t = node_agent_common::DEFAULT_RING_BYTES)]
+    pub ring_bytes: u32,
 }
 
-/// Tracks every top-level cgroup v2 directory and prints their forks and exits each second.
-pub fn run(args: TraceArgs) -> anyhow::Result<()> {
-    let root = cgroup::cgroup2_mount()?;
-    let mut programs = KernelPrograms::load()?;
-    let mut tracked: Vec<(PathBuf, u64)> = Vec::new();
-    for entry in std::fs::read_dir(&root).with_context(|| format!("listing {}", root.display()))? {
-        let path = entry?.path();
-        if path.is_dir() {
-            let id = cgroup::cgroup_id(&path)?;
-            programs.track_cgroup(id)?;
-            tracked.push((path, id));
+/// A positive Go-style duration (`30s`, `1m30s`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let ns = node_agent_policy::parse_go_duration(s).map_err(|e| e.to_string())?;
+    match u64::try_from(ns) {
+        Ok(ns) if ns > 0 => Ok(Duration::from_nanos(ns)),
+        _ => Err(format!("{s:?} must be a positive duration")),
+    }
+}
+
+/// A memory threshold from the command line, validated before anything is loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MemoryThresholdArg {
+    path: PathBuf,
+    bytes: u64,
+}
+
+fn parse_threshold(spec: &str, root: &std::path::Path) -> anyhow::Result<MemoryThresholdArg> {
+    let (path, quantity) = spec.split_once('=').with_context(|| {
+        format!("--memory-threshold {spec:?}: expected PATH=QUANTITY, e.g. /kubepods=6Gi")
+    })?;
+    let bytes = quantity_bytes(quantity).with_context(|| format!("--memory-threshold {spec:?}"))?;
+    let path = root.join(path.trim_start_matches('/'));
+    anyhow::ensure!(
+        path.is_dir(),
+        "--memory-threshold {spec:?}: no cgroup at {}",
+        path.display()
+    );
+    Ok(MemoryThresholdArg { path, bytes })
+}
+
+fn quantity_bytes(text: &str) -> anyhow::Result<u64> {
+    let q: node_agent_policy::Quantity = text
+        .parse()
+        .with_context(|| format!("{text:?} is not a quantity such as 512Mi"))?;
+    u64::try_from(q.value())
+        .ok()
+        .filter(|v| *v > 0)
+        .with_context(|| format!("{text:?} must be positive"))
+}
+
+/// Wall-clock rendering of kernel (CLOCK_MONOTONIC) timestamps.
+struct Clock {
+    realtime_minus_monotonic_ns: i128,
+}
+
+impl Clock {
+    fn new() -> Self {
+        let now = |clock| {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: clock_gettime writes only `ts`.
+            unsafe { libc::clock_gettime(clock, &mut ts) };
+            i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+        };
+        Self {
+            realtime_minus_monotonic_ns: now(libc::CLOCK_REALTIME) - now(libc::CLOCK_MONOTONIC),
         }
     }
+
+    fn format(&self, ktime_ns: u64) -> String {
+        let ns = i128::from(ktime_ns) + self.realtime_minus_monotonic_ns;
+        format_rfc3339(ns)
+    }
+
+    fn now(&self) -> String {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes only `ts`.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        format_rfc3339(i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec))
+    }
+}
+
+/// `2026-11-22T00:21:48.123456Z` from nanoseconds since the epoch (UTC, proleptic Gregorian).
+fn format_rfc3339(ns: i128) -> String {
+    let secs = ns.div_euclid(1_000_000_000) as i64;
+    let micros = (ns.rem_euclid(1_000_000_000) / 1000) as i64;
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Howard Hinnant's days-from-civil inverse.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
+}
+
+/// How often the cgroup index is rescanned (new pods tracked, gone ones dropped) and losses
+/// are checked.
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
+
+pub fn run(args: TraceArgs) -> anyhow::Result<()> {
+    // Everything from the command line is validated before any program is loaded.
+    let filter = Filter::new(&args.kind, args.cgroup.clone(), args.pod.clone())?;
+    let hysteresis = quantity_bytes(&args.memory_hysteresis).context("--memory-hysteresis")?;
+    let layout = cgroup::detect()?;
+    let root = layout.memory.mount().to_path_buf();
+    let thresholds: Vec<MemoryThresholdArg> = args
+        .memory_thresholds
+        .iter()
+        .map(|spec| parse_threshold(spec, &root))
+        .collect::<anyhow::Result<_>>()?;
+    let pid_limit = pid_limit()?;
+
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        let deadline = args.duration.map(Duration::from_secs);
-        let started = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        println!("{:<40} {:>8} {:>8}", "CGROUP", "FORKS/s", "EXITS/s");
-        let mut last = vec![Default::default(); tracked.len()];
+    runtime.block_on(async move {
+        let mut programs = KernelPrograms::load_with(&LoadOptions { ring_bytes: args.ring_bytes })?;
+        tracing::info!(%layout, memory = %programs.memory_mechanism(), "tracing");
+        if !thresholds.is_empty() && programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable {
+            tracing::warn!("this kernel has no memcg tracepoints: --memory-threshold is not evaluated");
+        }
+        let mut index = CgroupIndex::scan(&root)?;
+        let mut tracked = HashSet::new();
+        track(&mut programs, &index, index.entries().map(|(id, _)| id).collect(), &mut tracked, &args)?;
+        for t in &thresholds {
+            let id = cgroup::cgroup_id(&t.path)?;
+            programs.set_memory_threshold(id, t.bytes, hysteresis)?;
+        }
+        programs.set_pid_threshold(pid_limit, args.pid_available_below, args.pid_available_below / 10)?;
+        let mut events = programs.events()?;
+
+        let clock = Clock::new();
+        let page_size = 1u64 << page_shift();
+        let mut out = std::io::stdout().lock();
+        if args.output == OutputFormat::Table {
+            writeln!(out, "{}", Record::TABLE_HEADER)?;
+        }
+        let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
+        let mut lost_before: u64 = programs.lost_events()?.iter().sum();
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = tokio::signal::ctrl_c() => return anyhow::Ok(()),
-            }
-            for ((path, id), last) in tracked.iter().zip(last.iter_mut()) {
-                let Some(now) = programs.task_counts(*id)? else {
-                    continue;
-                };
-                let last_counts: &node_agent_common::TaskCounts = last;
-                let (forks, exits) = (now.forks - last_counts.forks, now.exits - last_counts.exits);
-                if forks + exits > 0 {
-                    let rel = path.strip_prefix(&root).unwrap_or(path);
-                    println!("{:<40} {:>8} {:>8}", rel.display(), forks, exits);
+            let until_deadline = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
                 }
-                *last = now;
-            }
-            if deadline.is_some_and(|d| started.elapsed() >= d) {
-                return Ok(());
+            };
+            tokio::select! {
+                batch = events.next_batch() => {
+                    for record in batch? {
+                        match record {
+                            Ok(event) => {
+                                let rec = Record::from_event(&event, &index, clock.format(event.header().ktime_ns), page_size);
+                                if filter.matches(&rec) {
+                                    writeln!(out, "{}", filter.render(&rec, args.output))?;
+                                }
+                            }
+                            Err(e) => tracing::warn!(error = %e, "undecodable kernel record"),
+                        }
+                    }
+                    out.flush()?;
+                }
+                _ = housekeeping.tick() => {
+                    let per_cpu = programs.lost_events()?;
+                    let total: u64 = per_cpu.iter().sum();
+                    if total > lost_before {
+                        let rec = Record::EventsLost { time: clock.now(), lost: total - lost_before, total_per_cpu: per_cpu };
+                        lost_before = total;
+                        if filter.matches(&rec) {
+                            writeln!(out, "{}", filter.render(&rec, args.output))?;
+                            out.flush()?;
+                        }
+                    }
+                    match index.refresh() {
+                        Ok(changes) => {
+                            for id in &changes.removed {
+                                programs.untrack_cgroup(*id)?;
+                                tracked.remove(id);
+                            }
+                            track(&mut programs, &index, changes.added, &mut tracked, &args)?;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "rescanning cgroups"),
+                    }
+                }
+                _ = until_deadline => break,
+                _ = tokio::signal::ctrl_c() => break,
+                _ = sigterm.recv() => break,
             }
         }
+        // Dropping `programs` detaches every program.
+        anyhow::Ok(())
     })
+}
+
+/// Starts counting forks in these cgroups (and watching their fork rate), up to the map's size.
+fn track(
+    programs: &mut KernelPrograms,
+    index: &CgroupIndex,
+    ids: Vec<u64>,
+    tracked: &mut HashSet<u64>,
+    args: &TraceArgs,
+) -> anyhow::Result<()> {
+    for id in ids {
+        if tracked.len() >= node_agent_common::MAX_TRACKED_CGROUPS as usize {
+            tracing::warn!(
+                tracked = tracked.len(),
+                "tracking no more cgroups: the kernel maps are full"
+            );
+            return Ok(());
+        }
+        // The root's fork rate is the whole node's; storms are about one workload.
+        let is_root = index
+            .lookup(id)
+            .is_some_and(|e| e.path.as_os_str().is_empty());
+        programs.track_cgroup(id)?;
+        if args.fork_limit > 0 && !is_root {
+            programs.set_fork_limit(id, args.fork_limit, args.fork_window)?;
+        }
+        tracked.insert(id);
+    }
+    Ok(())
+}
+
+/// min(pid_max, threads-max): the kubelet's PID limit.
+fn pid_limit() -> anyhow::Result<u64> {
+    let read = |path: &str| -> anyhow::Result<u64> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        text.trim()
+            .parse()
+            .with_context(|| format!("{path}: expected a number, found {:?}", text.trim()))
+    };
+    Ok(read("/proc/sys/kernel/pid_max")?.min(read("/proc/sys/kernel/threads-max")?))
+}
+
+fn page_shift() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        (size as u64).trailing_zeros()
+    } else {
+        12
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn formats_timestamps_as_rfc3339_utc() {
+        let cases = [
+            (0i128, "1970-01-01T00:00:00.000000Z"),
+            (1_795_307_308_123_456_789, "2026-11-22T00:28:28.123456Z"),
+            (951_782_400_000_000_000, "2000-02-29T00:00:00.000000Z"),
+        ];
+        for (ns, want) in cases {
+            assert_eq!(super::format_rfc3339(ns), want);
+        }
+    }
+
+    #[test]
+    fn refuses_bad_threshold_specs_before_loading_anything() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("kubepods")).unwrap();
+        let ok = super::parse_threshold("/kubepods=6Gi", root.path()).unwrap();
+        assert_eq!(ok.bytes, 6 << 30);
+        for (spec, needle) in [
+            ("kubepods", "expected PATH=QUANTITY"),
+            ("/kubepods=lots", "not a quantity"),
+            ("/kubepods=0", "must be positive"),
+            ("/missing=1Gi", "no cgroup at"),
+        ] {
+            let err = format!(
+                "{:#}",
+                super::parse_threshold(spec, root.path()).unwrap_err()
+            );
+            assert!(err.contains(needle), "{spec}: {err}");
+        }
+    }
 }

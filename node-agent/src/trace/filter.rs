@@ -1,0 +1,197 @@
+//! `trace`'s filters (`--kind`, `--cgroup`, `--pod`) and output formats.
+
+use super::record::Record;
+
+const KINDS: &[&str] = &[
+    "oom_kill",
+    "memory_threshold",
+    "pid_threshold",
+    "fork_storm",
+    "events_lost",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FilterError {
+    #[error("--kind {0:?} is not one of {KINDS:?}")]
+    UnknownKind(String),
+}
+
+#[derive(Debug, Default)]
+pub struct Filter {
+    kinds: Vec<String>,
+    cgroup: Option<String>,
+    pod: Option<String>,
+}
+
+impl Filter {
+    pub fn new(
+        kinds: &[String],
+        cgroup: Option<String>,
+        pod: Option<String>,
+    ) -> Result<Self, FilterError> {
+        for k in kinds {
+            if !KINDS.contains(&k.as_str()) {
+                return Err(FilterError::UnknownKind(k.clone()));
+            }
+        }
+        Ok(Self {
+            kinds: kinds.to_vec(),
+            cgroup,
+            pod,
+        })
+    }
+
+    /// Kind filters select kinds; cgroup and pod filters keep only events of matching cgroups
+    /// (events about the whole node, like `pid_threshold` and `events_lost`, always pass them:
+    /// a loss may hide an event of the filtered pod).
+    pub fn matches(&self, record: &Record) -> bool {
+        if !self.kinds.is_empty() && !self.kinds.iter().any(|k| k == record.kind()) {
+            return false;
+        }
+        let Some(cgroup) = record.cgroup() else {
+            return true;
+        };
+        if let Some(want) = &self.cgroup {
+            let by_path = cgroup
+                .path
+                .as_deref()
+                .is_some_and(|p| p.contains(want.as_str()));
+            let by_id = want.parse::<u64>().is_ok_and(|id| id == cgroup.id);
+            if !by_path && !by_id {
+                return false;
+            }
+        }
+        if let Some(want) = &self.pod {
+            if !cgroup
+                .pod
+                .as_ref()
+                .is_some_and(|p| p.uid.starts_with(want.as_str()))
+            {
+                return false;
+            }
+        }
+        true
+    }
+
+    pub fn render(&self, record: &Record, format: OutputFormat) -> String {
+        match format {
+            OutputFormat::Table => record.table_row(),
+            OutputFormat::Json => record.json(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::record::{CgroupRef, PodRef};
+
+    fn storm(path: &str, pod: Option<&str>) -> Record {
+        Record::ForkStorm {
+            time: "t".into(),
+            ktime_ns: 0,
+            cgroup: CgroupRef {
+                id: 42,
+                path: Some(path.into()),
+                pod: pod.map(|uid| PodRef {
+                    uid: uid.into(),
+                    qos: "Burstable".into(),
+                    container_id: None,
+                }),
+            },
+            pid: 1,
+            comm: "sh".into(),
+            forks_in_window: 10,
+            window_ms: 1000,
+            max_forks: 5,
+        }
+    }
+
+    #[test]
+    fn filters_by_kind_cgroup_and_pod() {
+        let lost = Record::EventsLost {
+            time: "t".into(),
+            lost: 1,
+            total_per_cpu: vec![1],
+        };
+        let pod_storm = storm("/kubepods/burstable/podabc/123", Some("abc-def"));
+        let plain_storm = storm("/system.slice", None);
+        let f = |kinds: &[&str], cgroup: Option<&str>, pod: Option<&str>| {
+            Filter::new(
+                &kinds.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                cgroup.map(String::from),
+                pod.map(String::from),
+            )
+            .unwrap()
+        };
+        let cases: &[(&str, Filter, &Record, bool)] = &[
+            (
+                "no filter keeps everything",
+                f(&[], None, None),
+                &plain_storm,
+                true,
+            ),
+            (
+                "kind filter drops other kinds",
+                f(&["oom_kill"], None, None),
+                &plain_storm,
+                false,
+            ),
+            (
+                "kind filter keeps its kind",
+                f(&["fork_storm"], None, None),
+                &plain_storm,
+                true,
+            ),
+            (
+                "cgroup text matches the path",
+                f(&[], Some("kubepods"), None),
+                &pod_storm,
+                true,
+            ),
+            (
+                "cgroup text that does not match",
+                f(&[], Some("kubepods"), None),
+                &plain_storm,
+                false,
+            ),
+            (
+                "cgroup id matches",
+                f(&[], Some("42"), None),
+                &plain_storm,
+                true,
+            ),
+            (
+                "pod prefix matches the uid",
+                f(&[], None, Some("abc")),
+                &pod_storm,
+                true,
+            ),
+            (
+                "pod filter drops non-pod cgroups",
+                f(&[], None, Some("abc")),
+                &plain_storm,
+                false,
+            ),
+            (
+                "node-wide records pass cgroup filters",
+                f(&[], Some("kubepods"), Some("abc")),
+                &lost,
+                true,
+            ),
+        ];
+        for (name, filter, record, want) in cases {
+            assert_eq!(filter.matches(record), *want, "{name}");
+        }
+        assert_eq!(
+            Filter::new(&["bogus".into()], None, None).unwrap_err(),
+            FilterError::UnknownKind("bogus".into())
+        );
+    }
+}
