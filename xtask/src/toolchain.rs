@@ -71,13 +71,14 @@ impl EbpfToolchain {
             cmd.env("RUSTC", "/usr/bin/rustc")
                 .env("RUSTC_BOOTSTRAP", "1");
         }
-        // bpf-linker first, then (Debian route) /usr/bin so cargo finds Debian's cargo-clippy
-        // rather than rustup's proxy.
+        // Debian route: /usr/bin first, so cargo runs Debian's cargo-clippy/clippy-driver rather
+        // than rustup's proxies (which sit next to bpf-linker in ~/.cargo/bin); then bpf-linker.
         let linker_dir = self.bpf_linker.parent().unwrap_or(Path::new("/"));
-        let mut path = vec![linker_dir.to_path_buf()];
+        let mut path = Vec::new();
         if matches!(self.route, Route::Debian) {
             path.push(PathBuf::from("/usr/bin"));
         }
+        path.push(linker_dir.to_path_buf());
         path.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
         cmd.env(
             "PATH",

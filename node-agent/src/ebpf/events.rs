@@ -98,8 +98,10 @@ mod tests {
         let mut mem = MemoryThresholdEvent::default();
         mem.header.kind = KIND_MEMORY_THRESHOLD;
         mem.usage_bytes = 1 << 20;
-        let mut unknown = EventHeader::default();
-        unknown.kind = 99;
+        let unknown = EventHeader {
+            kind: 99,
+            ..EventHeader::default()
+        };
 
         assert_eq!(decode(&bytes_of(&oom)), Ok(KernelEvent::OomKill(oom)));
         assert_eq!(
