@@ -11,6 +11,8 @@ pub mod condition;
 pub mod config;
 pub mod events;
 pub mod evict;
+#[cfg(feature = "fake")]
+pub mod fake;
 pub mod pacing;
 pub mod pods;
 mod time;

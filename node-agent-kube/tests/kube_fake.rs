@@ -1,11 +1,10 @@
 //! The crate against an in-process HTTPS fake of the kubelet and the API server, asserting the
 //! exact requests made.
 
-mod common;
 
 use std::time::{Duration, SystemTime};
 
-use common::{counters, fast_backoff, fixture, Fake, Reply, TEST_BOUND};
+use node_agent_kube::fake::{counters, fast_backoff, fixture, Fake, Reply, TEST_BOUND};
 use node_agent_kube::{
     api::ApiError,
     condition::{NodeConditionReporter, CONDITION_TYPE},
@@ -29,7 +28,7 @@ async fn bounded<T>(fut: impl std::future::Future<Output = T>) -> T {
         .expect("test ran past its time bound")
 }
 
-fn kubelet_fake_routes(seen: &common::Seen, _: usize) -> Reply {
+fn kubelet_fake_routes(seen: &node_agent_kube::fake::Seen, _: usize) -> Reply {
     match seen.path.as_str() {
         "/pods" => Reply::json(200, fixture("pods.json")),
         "/stats/summary" => Reply::json(200, fixture("summary.json")),
@@ -183,7 +182,7 @@ async fn connection_refused_is_unreachable() {
 async fn a_server_signed_by_an_unknown_ca_is_a_tls_error() {
     bounded(async {
         let fake = Fake::start(kubelet_fake_routes).await;
-        let other = common::Pki::new();
+        let other = node_agent_kube::fake::Pki::new();
         let mut endpoint = fake.endpoint("kubelet");
         endpoint.ca_file = Some(other.ca_file.clone());
         let client = KubeletClient::new(
@@ -361,7 +360,7 @@ fn executor(fake: &Fake, policy: PdbPolicy, dry_run: bool) -> Executor {
 }
 
 /// The API server's answers: 201 for an eviction unless `pdb_blocks`, then 429.
-fn api_server(pdb_blocks: bool) -> impl Fn(&common::Seen, usize) -> Reply + Send + Sync + 'static {
+fn api_server(pdb_blocks: bool) -> impl Fn(&node_agent_kube::fake::Seen, usize) -> Reply + Send + Sync + 'static {
     move |s, _| {
         match (s.method.as_str(), s.path.as_str()) {
         ("POST", p) if p.ends_with("/eviction") && pdb_blocks => Reply::status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."),
@@ -379,7 +378,7 @@ fn fixture_pod() -> String {
     list["items"][0].to_string()
 }
 
-fn assert_evicted_event(seen: &common::Seen, req: &EvictionRequest) {
+fn assert_evicted_event(seen: &node_agent_kube::fake::Seen, req: &EvictionRequest) {
     assert_eq!(seen.method, "POST");
     assert_eq!(seen.path, "/apis/events.k8s.io/v1/namespaces/shop/events");
     let e = &seen.body;

@@ -1,6 +1,7 @@
-//! An in-process fake of the kubelet and the API server: real HTTPS (a CA made for each test
-//! with rcgen), HTTP/1.1, and answers scripted per test. Every request is recorded so tests
-//! assert exactly what was sent.
+//! An in-process fake of the kubelet and the API server for tests (feature `fake`): real HTTPS
+//! (a CA made for each test with rcgen), HTTP/1.1, and answers scripted per test. Every request
+//! is recorded so tests assert exactly what was sent. Used by this crate's tests and by the
+//! end-to-end tests of the daemon.
 
 use std::{
     convert::Infallible,
@@ -13,7 +14,7 @@ use std::{
 use http_body_util::{BodyExt as _, Full};
 use hyper::{body::Bytes, service::service_fn, Request, Response};
 use hyper_util::rt::TokioIo;
-use node_agent_kube::{
+use crate::{
     api::{Backoff, Counters},
     transport::{Endpoint, Transport},
 };
