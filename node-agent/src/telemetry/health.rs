@@ -1,0 +1,145 @@
+//! Liveness (the main loop still beats) and readiness (programs attached, first evaluation
+//! done), kept in atomics so the loop records them without locks or I/O.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+#[derive(Debug)]
+pub struct Health {
+    /// Origin of `last_beat_nanos`; creation counts as the first beat, so start-up (loading
+    /// programs, the first evaluation) has `stall_after` before `/healthz` fails.
+    started: Instant,
+    stall_after: Duration,
+    last_beat_nanos: AtomicU64,
+    ready: AtomicBool,
+}
+
+/// What `/healthz` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    Alive {
+        since_beat: Duration,
+    },
+    Stalled {
+        since_beat: Duration,
+        limit: Duration,
+    },
+}
+
+impl Health {
+    pub fn new(stall_after: Duration) -> Arc<Health> {
+        Arc::new(Health {
+            started: Instant::now(),
+            stall_after,
+            last_beat_nanos: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+        })
+    }
+
+    /// The main loop calls this every iteration or tick; `/healthz` fails (503) when it has
+    /// not been called within `stall_after`.
+    pub fn beat(&self) {
+        self.beat_at(Instant::now());
+    }
+
+    /// `/readyz` is 503 until this is set: programs attached, first evaluation done.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    fn beat_at(&self, now: Instant) {
+        // `fetch_max`: two threads beating at once never move the last beat backwards.
+        self.last_beat_nanos
+            .fetch_max(self.nanos_since_start(now), Ordering::Relaxed);
+    }
+
+    pub(crate) fn liveness(&self, now: Instant) -> Liveness {
+        let last_beat = Duration::from_nanos(self.last_beat_nanos.load(Ordering::Relaxed));
+        let since_beat =
+            Duration::from_nanos(self.nanos_since_start(now)).saturating_sub(last_beat);
+        if since_beat > self.stall_after {
+            Liveness::Stalled {
+                since_beat,
+                limit: self.stall_after,
+            }
+        } else {
+            Liveness::Alive { since_beat }
+        }
+    }
+
+    fn nanos_since_start(&self, now: Instant) -> u64 {
+        // u64 nanoseconds last 584 years; saturate rather than wrap past that.
+        u64::try_from(now.saturating_duration_since(self.started).as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
+    #[test]
+    fn liveness_follows_the_last_beat() {
+        struct Row {
+            name: &'static str,
+            stall_after_ms: u64,
+            beats_ms: &'static [u64],
+            check_ms: u64,
+            alive: bool,
+            since_beat_ms: u64,
+        }
+        #[rustfmt::skip]
+        let rows = [
+            Row { name: "creation counts as a beat", stall_after_ms: 1000, beats_ms: &[], check_ms: 500, alive: true, since_beat_ms: 500 },
+            Row { name: "no beat since creation past the bound", stall_after_ms: 1000, beats_ms: &[], check_ms: 1500, alive: false, since_beat_ms: 1500 },
+            Row { name: "a recent beat keeps it alive", stall_after_ms: 1000, beats_ms: &[800], check_ms: 1500, alive: true, since_beat_ms: 700 },
+            Row { name: "exactly at the bound is still alive", stall_after_ms: 1000, beats_ms: &[200], check_ms: 1200, alive: true, since_beat_ms: 1000 },
+            Row { name: "just past the bound is stalled", stall_after_ms: 1000, beats_ms: &[200], check_ms: 1201, alive: false, since_beat_ms: 1001 },
+            Row { name: "a late-arriving older beat does not move the last beat back", stall_after_ms: 1000, beats_ms: &[900, 100], check_ms: 1500, alive: true, since_beat_ms: 600 },
+            Row { name: "a clock reading before the last beat counts as zero", stall_after_ms: 1000, beats_ms: &[900], check_ms: 800, alive: true, since_beat_ms: 0 },
+        ];
+        for row in rows {
+            let health = Health::new(ms(row.stall_after_ms));
+            for &beat in row.beats_ms {
+                health.beat_at(health.started + ms(beat));
+            }
+            let since_beat = ms(row.since_beat_ms);
+            let expected = if row.alive {
+                Liveness::Alive { since_beat }
+            } else {
+                Liveness::Stalled {
+                    since_beat,
+                    limit: ms(row.stall_after_ms),
+                }
+            };
+            assert_eq!(
+                health.liveness(health.started + ms(row.check_ms)),
+                expected,
+                "{}",
+                row.name
+            );
+        }
+    }
+
+    #[test]
+    fn readiness_starts_false_and_follows_set_ready() {
+        let health = Health::new(ms(1000));
+        assert!(!health.is_ready(), "not ready before set_ready");
+        health.set_ready(true);
+        assert!(health.is_ready(), "ready after set_ready(true)");
+        health.set_ready(false);
+        assert!(!health.is_ready(), "not ready after set_ready(false)");
+    }
+}

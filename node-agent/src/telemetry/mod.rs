@@ -1,0 +1,34 @@
+//! What the daemon shows operators over HTTP: `/metrics` (OpenMetrics text from
+//! `prometheus-client`), `/healthz` (the main loop is still beating) and `/readyz` (programs
+//! attached, first evaluation done).
+//!
+//! The daemon records into [`Metrics`] and [`Health`] (plain atomics, no I/O) and runs the
+//! [`Server`] from [`bind`]; the listener is the only I/O in this module.
+
+mod health;
+mod metrics;
+mod server;
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+
+pub use health::Health;
+pub use metrics::{Metrics, DECISION_LATENCY_BUCKETS, METRICS_CONTENT_TYPE};
+pub use server::{bind, Server};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("cannot listen for metrics and health on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read the local address of the metrics listener bound to {addr}")]
+    LocalAddr {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
