@@ -11,13 +11,13 @@ use std::{
     time::Duration,
 };
 
-use http_body_util::{BodyExt as _, Full};
-use hyper::{body::Bytes, service::service_fn, Request, Response};
-use hyper_util::rt::TokioIo;
 use crate::{
     api::{Backoff, Counters},
     transport::{Endpoint, Transport},
 };
+use http_body_util::{BodyExt as _, Full};
+use hyper::{body::Bytes, service::service_fn, Request, Response};
+use hyper_util::rt::TokioIo;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::TcpListener;

@@ -1,7 +1,6 @@
 //! The crate against an in-process HTTPS fake of the kubelet and the API server, asserting the
 //! exact requests made.
 
-
 use std::time::{Duration, SystemTime};
 
 use node_agent_kube::fake::{counters, fast_backoff, fixture, Fake, Reply, TEST_BOUND};
@@ -360,7 +359,9 @@ fn executor(fake: &Fake, policy: PdbPolicy, dry_run: bool) -> Executor {
 }
 
 /// The API server's answers: 201 for an eviction unless `pdb_blocks`, then 429.
-fn api_server(pdb_blocks: bool) -> impl Fn(&node_agent_kube::fake::Seen, usize) -> Reply + Send + Sync + 'static {
+fn api_server(
+    pdb_blocks: bool,
+) -> impl Fn(&node_agent_kube::fake::Seen, usize) -> Reply + Send + Sync + 'static {
     move |s, _| {
         match (s.method.as_str(), s.path.as_str()) {
         ("POST", p) if p.ends_with("/eviction") && pdb_blocks => Reply::status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."),

@@ -3,6 +3,8 @@
 
 pub mod btf;
 pub mod cgroup;
+pub mod daemon;
 pub mod ebpf;
 pub mod simulate;
+pub mod telemetry;
 pub mod trace;

@@ -12,6 +12,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the agent: kernel events → policy → evictions, with metrics and health endpoints.
+    Run(node_agent::daemon::RunArgs),
     /// Show what the kernel reports, live.
     Trace(node_agent::trace::TraceArgs),
     /// Replay a scenario through the eviction policy and print one JSON line per step.
@@ -25,9 +27,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => node_agent::daemon::run(args),
         Command::Trace(args) => node_agent::trace::run(args),
         // Its own exit codes: 2 for an invalid scenario, as for any other bad input.
         Command::Simulate(args) => {

@@ -74,39 +74,74 @@ impl TestCgroup {
         Ok(std::fs::read_to_string(&file)?.trim().parse()?)
     }
 
-    /// Moves a process into this cgroup.
-    pub fn add(&self, pid: u32) -> anyhow::Result<()> {
-        let procs = self.path.join("cgroup.procs");
-        std::fs::write(&procs, pid.to_string())
-            .with_context(|| format!("moving pid {pid} into {}", procs.display()))
+    /// Creates a cgroup below this one (`rel` may have several components); removed with it.
+    pub fn child(&self, rel: &str) -> anyhow::Result<PathBuf> {
+        let dir = self.path.join(rel);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(dir)
     }
 
-    fn pids(&self) -> Vec<i32> {
-        std::fs::read_to_string(self.path.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
+    /// The path below the hierarchy's root, as `agent.node_cgroup` wants it.
+    pub fn cgroup_path(&self) -> String {
+        format!(
+            "/{}",
+            self.path
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default()
+        )
     }
+
+    /// Moves a process into this cgroup.
+    pub fn add(&self, pid: u32) -> anyhow::Result<()> {
+        move_into(&self.path, pid)
+    }
+}
+
+/// Moves a process into the cgroup at `dir`.
+pub fn move_into(dir: &Path, pid: u32) -> anyhow::Result<()> {
+    let procs = dir.join("cgroup.procs");
+    std::fs::write(&procs, pid.to_string())
+        .with_context(|| format!("moving pid {pid} into {}", procs.display()))
 }
 
 impl Drop for TestCgroup {
     fn drop(&mut self) {
-        // cgroup.kill (5.14+) kills everything at once; otherwise signal each process.
-        if std::fs::write(self.path.join("cgroup.kill"), "1").is_err() {
-            for pid in self.pids() {
-                // SAFETY: sending a signal has no memory-safety preconditions.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+        remove_tree(&self.path);
+    }
+}
+
+/// Kills whatever runs in a cgroup tree and removes it, deepest directories first.
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&entry.path());
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while let Err(e) = std::fs::remove_dir(&self.path) {
-            if Instant::now() > deadline {
-                eprintln!("could not remove test cgroup {}: {e}", self.path.display());
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    }
+    // cgroup.kill (v2, 5.14+) kills everything at once; otherwise signal each process.
+    if std::fs::write(dir.join("cgroup.kill"), "1").is_err() {
+        let pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        for pid in pids {
+            // SAFETY: sending a signal has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(e) = std::fs::remove_dir(dir) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return;
+        }
+        if Instant::now() > deadline {
+            eprintln!("could not remove test cgroup {}: {e}", dir.display());
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -21,7 +21,7 @@ pub struct TraceArgs {
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
     /// Only these kinds (repeatable or comma-separated): oom_kill, memory_threshold,
-    /// pid_threshold, fork_storm, events_lost.
+    /// pid_threshold, fork_storm, eviction (from a running daemon), events_lost.
     #[arg(long, value_delimiter = ',')]
     pub kind: Vec<String>,
     /// Only events of cgroups whose path contains this text (or whose id is this number).
@@ -52,6 +52,13 @@ pub struct TraceArgs {
     /// Ring buffer size in bytes (a power of two).
     #[arg(long, default_value_t = node_agent_common::DEFAULT_RING_BYTES)]
     pub ring_bytes: u32,
+    /// The running daemon's trace socket: when a daemon listens there, `trace` shows its
+    /// stream (including evictions) instead of loading the programs a second time.
+    #[arg(long, default_value = "/run/node-agent/trace.sock")]
+    pub socket: PathBuf,
+    /// Load the programs even if a daemon is running.
+    #[arg(long)]
+    pub no_attach: bool,
 }
 
 /// A positive Go-style duration (`30s`, `1m30s`).
@@ -132,7 +139,7 @@ impl Clock {
 }
 
 /// `2026-11-22T00:21:48.123456Z` from nanoseconds since the epoch (UTC, proleptic Gregorian).
-fn format_rfc3339(ns: i128) -> String {
+pub fn format_rfc3339(ns: i128) -> String {
     let secs = ns.div_euclid(1_000_000_000) as i64;
     let micros = (ns.rem_euclid(1_000_000_000) / 1000) as i64;
     let days = secs.div_euclid(86_400);
@@ -175,6 +182,11 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    if !args.no_attach {
+        if let Some(stream) = runtime.block_on(connect(&args.socket)) {
+            return runtime.block_on(attach(stream, &args, &filter));
+        }
+    }
     runtime.block_on(async move {
         let mut programs = KernelPrograms::load_with(&LoadOptions { ring_bytes: args.ring_bytes })?;
         tracing::info!(%layout, memory = %programs.memory_mechanism(), "tracing");
@@ -253,6 +265,58 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         // Dropping `programs` detaches every program.
         anyhow::Ok(())
     })
+}
+
+async fn connect(path: &std::path::Path) -> Option<tokio::net::UnixStream> {
+    tokio::net::UnixStream::connect(path).await.ok()
+}
+
+/// Shows the running daemon's stream: the same records, evictions included.
+async fn attach(
+    stream: tokio::net::UnixStream,
+    args: &TraceArgs,
+    filter: &Filter,
+) -> anyhow::Result<()> {
+    use tokio::io::AsyncBufReadExt as _;
+    tracing::info!(socket = %args.socket.display(), "tracing: attached to the running node-agent");
+    if !args.memory_thresholds.is_empty() {
+        tracing::warn!(
+            "--memory-threshold applies only when trace loads its own programs (--no-attach)"
+        );
+    }
+    let mut lines = tokio::io::BufReader::new(stream).lines();
+    let mut out = std::io::stdout().lock();
+    if args.output == OutputFormat::Table {
+        writeln!(out, "{}", Record::TABLE_HEADER)?;
+    }
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        let until_deadline = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            line = lines.next_line() => {
+                let Some(line) = line? else {
+                    anyhow::bail!("the node-agent daemon closed the trace stream (it stopped)");
+                };
+                match serde_json::from_str::<Record>(&line) {
+                    Ok(rec) if filter.matches(&rec) => {
+                        writeln!(out, "{}", filter.render(&rec, args.output))?;
+                        out.flush()?;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "unreadable line from the daemon"),
+                }
+            }
+            _ = until_deadline => return Ok(()),
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = sigterm.recv() => return Ok(()),
+        }
+    }
 }
 
 /// Starts counting forks in these cgroups (and watching their fork rate), up to the map's size.

@@ -1,7 +1,7 @@
 //! What `trace` prints: one record per kernel event (or loss), attributed to a cgroup and pod,
 //! rendered as a table row or a JSON line.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use node_agent_common::{DIRECTION_UP, OOM_CGROUP_LIMIT, OOM_SYSTEM};
 
@@ -11,20 +11,20 @@ use crate::{
 };
 
 /// The cgroup an event concerns, resolved through the cgroup index.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CgroupRef {
     pub id: u64,
     /// Path below the memory hierarchy's root; `None` if the cgroup is already gone.
     pub path: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodRef>,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PodRef {
     pub uid: String,
     pub qos: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
 }
 
@@ -57,8 +57,9 @@ impl From<&PodCgroup> for PodRef {
     }
 }
 
-/// One line of `trace` output. `kind` is the JSON tag.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+/// One line of `trace` output. `kind` is the JSON tag. The daemon sends these same JSON lines
+/// to attached `trace` clients, which parse them back.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Record {
     OomKill {
@@ -71,8 +72,8 @@ pub enum Record {
         uid: u32,
         oom_score_adj: i32,
         /// `cgroup_limit`, `system` or `unknown`.
-        constraint: &'static str,
-        #[serde(skip_serializing_if = "Option::is_none")]
+        constraint: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         limit_cgroup: Option<CgroupRef>,
         total_vm_bytes: u64,
         anon_rss_bytes: u64,
@@ -83,14 +84,14 @@ pub enum Record {
         time: String,
         ktime_ns: u64,
         cgroup: CgroupRef,
-        direction: &'static str,
+        direction: String,
         usage_bytes: u64,
         threshold_bytes: u64,
     },
     PidThreshold {
         time: String,
         ktime_ns: u64,
-        direction: &'static str,
+        direction: String,
         available: i64,
         threshold: u64,
         live: i64,
@@ -106,6 +107,26 @@ pub enum Record {
         window_ms: u64,
         max_forks: u64,
     },
+    /// A pod chosen for eviction, and what became of it (`evicted`, `dry_run`,
+    /// `blocked_by_pdb`, `pdb_overridden`, `already_gone`, `refused`, `failed`).
+    Eviction {
+        time: String,
+        /// Kernel timestamp of the event that triggered the evaluation, if one did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trigger_ktime_ns: Option<u64>,
+        namespace: String,
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uid: Option<String>,
+        signal: String,
+        hard: bool,
+        /// The signal's observed value (available bytes, inodes or PIDs) and its threshold.
+        observed: i64,
+        threshold: i64,
+        grace_period_seconds: i64,
+        result: String,
+        message: String,
+    },
     EventsLost {
         time: String,
         /// Records lost since the previous `events_lost` line.
@@ -115,12 +136,8 @@ pub enum Record {
     },
 }
 
-fn direction(d: u32) -> &'static str {
-    if d == DIRECTION_UP {
-        "up"
-    } else {
-        "down"
-    }
+fn direction(d: u32) -> String {
+    if d == DIRECTION_UP { "up" } else { "down" }.to_string()
 }
 
 impl Record {
@@ -147,7 +164,8 @@ impl Record {
                     OOM_CGROUP_LIMIT => "cgroup_limit",
                     OOM_SYSTEM => "system",
                     _ => "unknown",
-                },
+                }
+                .to_string(),
                 limit_cgroup: (e.limit_cgroup_id != 0)
                     .then(|| CgroupRef::resolve(index, e.limit_cgroup_id)),
                 total_vm_bytes: e.total_vm.saturating_mul(page_size),
@@ -192,7 +210,19 @@ impl Record {
             Record::MemoryThreshold { .. } => "memory_threshold",
             Record::PidThreshold { .. } => "pid_threshold",
             Record::ForkStorm { .. } => "fork_storm",
+            Record::Eviction { .. } => "eviction",
             Record::EventsLost { .. } => "events_lost",
+        }
+    }
+
+    /// The pod UID the record concerns, if any.
+    pub fn pod_uid(&self) -> Option<&str> {
+        match self {
+            Record::Eviction { uid, .. } => uid.as_deref(),
+            other => other
+                .cgroup()
+                .and_then(|c| c.pod.as_ref())
+                .map(|p| p.uid.as_str()),
         }
     }
 
@@ -201,7 +231,9 @@ impl Record {
             Record::OomKill { cgroup, .. }
             | Record::MemoryThreshold { cgroup, .. }
             | Record::ForkStorm { cgroup, .. } => Some(cgroup),
-            Record::PidThreshold { .. } | Record::EventsLost { .. } => None,
+            Record::PidThreshold { .. } | Record::Eviction { .. } | Record::EventsLost { .. } => {
+                None
+            }
         }
     }
 
@@ -246,6 +278,13 @@ impl Record {
                 pid.to_string(),
                 comm.clone(),
                 format!("{forks_in_window} forks within {window_ms} ms (limit {max_forks})"),
+            ),
+            Record::Eviction { time, namespace, name, signal, observed, threshold, result, grace_period_seconds, .. } => (
+                time,
+                format!("{namespace}/{name}"),
+                "-".into(),
+                "-".into(),
+                format!("{result}: {signal} {observed} < {threshold}; grace period {grace_period_seconds}s"),
             ),
             Record::EventsLost { time, lost, total_per_cpu, .. } => (
                 time,

@@ -1,0 +1,318 @@
+//! The agent's one config file: the kubelet's eviction fields, the Kubernetes section and the
+//! agent's own settings, validated completely before anything is loaded.
+//!
+//! ```yaml
+//! eviction: {evictionHard: {memory.available: 500Mi}}   # KubeletConfiguration fields
+//! kubernetes: {pod_source: kubelet}                     # absent: standalone mode
+//! agent: {dry_run: false, listen: "0.0.0.0:9464"}       # below, every field with its default
+//! ```
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use node_agent_kube::config::KubeConfig;
+use node_agent_policy::EvictionConfig;
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config is not YAML")]
+    Yaml(#[source] serde_yaml_ng::Error),
+    #[error("config: unknown top-level key {0:?}; expected eviction, kubernetes or agent")]
+    UnknownSection(String),
+    #[error("config: eviction")]
+    Eviction(#[source] node_agent_policy::ConfigError),
+    #[error("config: kubernetes")]
+    Kubernetes(#[source] node_agent_kube::config::ConfigError),
+    #[error("config: agent")]
+    Agent(#[source] serde_yaml_ng::Error),
+    #[error("config: agent.{field}: {problem}")]
+    AgentField {
+        field: &'static str,
+        problem: String,
+    },
+}
+
+/// The agent's own settings (`agent:`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentSettings {
+    /// Decide and report everything, change nothing in the cluster.
+    pub dry_run: bool,
+    /// `/metrics`, `/healthz`, `/readyz`.
+    pub listen: String,
+    /// Unix socket where the daemon publishes its event stream for `node-agent trace`.
+    pub trace_socket: PathBuf,
+    /// The cgroup (in the memory hierarchy) whose usage is the node's: `/` for the whole
+    /// machine; another path scopes the agent to a subtree (nested nodes, tests).
+    pub node_cgroup: String,
+    /// Node memory capacity (a quantity); default: MemTotal from /proc/meminfo.
+    pub memory_capacity: Option<String>,
+    /// Filesystem of `nodefs.*` (the kubelet's root dir); `/` when it does not exist.
+    pub nodefs_path: PathBuf,
+    /// Filesystem of `imagefs.*` when the runtime keeps images on a dedicated one.
+    pub imagefs_path: Option<PathBuf>,
+    /// Slow re-evaluation that only guards against drift and missed events (Go duration).
+    pub resync_interval: String,
+    /// Re-evaluation while a memory trigger is armed or a threshold is met.
+    pub pressure_poll_interval: String,
+    /// How often the pod list and stats are refreshed from Kubernetes.
+    pub pod_refresh_interval: String,
+    /// Fork-storm limit per workload cgroup: more than this many forks per `fork_window`.
+    pub fork_limit: u64,
+    pub fork_window: String,
+    /// Kernel ring buffer size in bytes (a power of two).
+    pub ring_bytes: u32,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        Self {
+            dry_run: false,
+            listen: "0.0.0.0:9464".into(),
+            trace_socket: PathBuf::from("/run/node-agent/trace.sock"),
+            node_cgroup: "/".into(),
+            memory_capacity: None,
+            nodefs_path: PathBuf::from("/var/lib/kubelet"),
+            imagefs_path: None,
+            resync_interval: "10s".into(),
+            pressure_poll_interval: "100ms".into(),
+            pod_refresh_interval: "2s".into(),
+            fork_limit: 1000,
+            fork_window: "1s".into(),
+            ring_bytes: node_agent_common::DEFAULT_RING_BYTES,
+        }
+    }
+}
+
+/// Validated settings with parsed values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub dry_run: bool,
+    pub listen: SocketAddr,
+    pub trace_socket: PathBuf,
+    pub node_cgroup: PathBuf,
+    pub memory_capacity: Option<i64>,
+    pub nodefs_path: PathBuf,
+    pub imagefs_path: Option<PathBuf>,
+    pub resync_interval: Duration,
+    pub pressure_poll_interval: Duration,
+    pub pod_refresh_interval: Duration,
+    pub fork_limit: u64,
+    pub fork_window: Duration,
+    pub ring_bytes: u32,
+}
+
+/// Everything the daemon runs on.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub eviction: EvictionConfig,
+    /// `None`: standalone mode (no cluster; decisions are reported, never carried out).
+    pub kubernetes: Option<KubeConfig>,
+    pub settings: Settings,
+}
+
+/// Command-line and environment overrides, applied after the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub dry_run: bool,
+    pub listen: Option<String>,
+    pub trace_socket: Option<PathBuf>,
+    pub node_name: Option<String>,
+}
+
+impl AgentConfig {
+    pub fn load(path: &std::path::Path, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, overrides)
+    }
+
+    /// Parses and validates the whole file; nothing partial is ever returned.
+    pub fn parse(text: &str, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let whole: Value = serde_yaml_ng::from_str(text).map_err(ConfigError::Yaml)?;
+        let empty = Value::Mapping(Default::default());
+        let whole = if whole.is_null() { &empty } else { &whole };
+        let Some(map) = whole.as_mapping() else {
+            return Err(ConfigError::UnknownSection(
+                "(the file is not a mapping)".into(),
+            ));
+        };
+        for key in map.keys() {
+            let key = key.as_str().unwrap_or("(not a string)");
+            if !matches!(key, "eviction" | "kubernetes" | "agent") {
+                return Err(ConfigError::UnknownSection(key.into()));
+            }
+        }
+        let eviction = EvictionConfig::from_yaml_value(
+            whole.get("eviction").unwrap_or(&Value::Null),
+            "eviction.",
+        )
+        .map_err(ConfigError::Eviction)?;
+        let kubernetes = match whole.get("kubernetes") {
+            None => None,
+            Some(_) => {
+                let mut kube = KubeConfig::from_agent_yaml(text, overrides.node_name.as_deref())
+                    .map_err(ConfigError::Kubernetes)?;
+                kube.dry_run |= overrides.dry_run;
+                Some(kube)
+            }
+        };
+        let agent: AgentSettings = match whole.get("agent") {
+            None => AgentSettings::default(),
+            Some(v) => serde_yaml_ng::from_value(v.clone()).map_err(ConfigError::Agent)?,
+        };
+        let settings = validate(agent, overrides)?;
+        Ok(Self {
+            eviction,
+            kubernetes,
+            settings,
+        })
+    }
+
+    /// True when nothing may be changed in the cluster.
+    pub fn dry_run(&self) -> bool {
+        self.settings.dry_run || self.kubernetes.as_ref().is_none_or(|k| k.dry_run)
+    }
+}
+
+fn duration(field: &'static str, text: &str) -> Result<Duration, ConfigError> {
+    let ns = node_agent_policy::parse_go_duration(text).map_err(|e| ConfigError::AgentField {
+        field,
+        problem: format!("{text:?}: {e}"),
+    })?;
+    match u64::try_from(ns) {
+        Ok(ns) if ns > 0 => Ok(Duration::from_nanos(ns)),
+        _ => Err(ConfigError::AgentField {
+            field,
+            problem: format!("{text:?} must be positive"),
+        }),
+    }
+}
+
+fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
+    let listen_text = o.listen.clone().unwrap_or(a.listen);
+    let listen = listen_text.parse().map_err(|e| ConfigError::AgentField {
+        field: "listen",
+        problem: format!("{listen_text:?} is not an address such as 0.0.0.0:9464 ({e})"),
+    })?;
+    let memory_capacity = match &a.memory_capacity {
+        None => None,
+        Some(text) => {
+            let q: node_agent_policy::Quantity =
+                text.parse().map_err(|e| ConfigError::AgentField {
+                    field: "memory_capacity",
+                    problem: format!("{text:?}: {e}"),
+                })?;
+            if q.value() <= 0 {
+                return Err(ConfigError::AgentField {
+                    field: "memory_capacity",
+                    problem: format!("{text:?} must be positive"),
+                });
+            }
+            Some(q.value())
+        }
+    };
+    if !a.node_cgroup.starts_with('/') || a.node_cgroup.split('/').any(|c| c == "..") {
+        return Err(ConfigError::AgentField {
+            field: "node_cgroup",
+            problem: format!(
+                "{:?} must be an absolute cgroup path without `..`",
+                a.node_cgroup
+            ),
+        });
+    }
+    if !a.ring_bytes.is_power_of_two() || a.ring_bytes < 4096 {
+        return Err(ConfigError::AgentField {
+            field: "ring_bytes",
+            problem: format!("{} must be a power of two of at least 4096", a.ring_bytes),
+        });
+    }
+    Ok(Settings {
+        dry_run: a.dry_run || o.dry_run,
+        listen,
+        trace_socket: o.trace_socket.clone().unwrap_or(a.trace_socket),
+        node_cgroup: PathBuf::from(a.node_cgroup),
+        memory_capacity,
+        nodefs_path: a.nodefs_path,
+        imagefs_path: a.imagefs_path,
+        resync_interval: duration("resync_interval", &a.resync_interval)?,
+        pressure_poll_interval: duration("pressure_poll_interval", &a.pressure_poll_interval)?,
+        pod_refresh_interval: duration("pod_refresh_interval", &a.pod_refresh_interval)?,
+        fork_limit: a.fork_limit,
+        fork_window: duration("fork_window", &a.fork_window)?,
+        ring_bytes: a.ring_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_whole_file_or_names_what_is_wrong() {
+        let none = Overrides::default();
+        let ok = AgentConfig::parse(
+            "eviction: {evictionHard: {memory.available: 500Mi}}\nagent: {listen: '127.0.0.1:9999', resync_interval: 30s}\n",
+            &none,
+        )
+        .unwrap();
+        assert!(ok.kubernetes.is_none(), "no kubernetes section: standalone");
+        assert!(ok.dry_run(), "standalone never acts");
+        assert_eq!(ok.settings.listen.port(), 9999);
+        assert_eq!(ok.settings.resync_interval, Duration::from_secs(30));
+        assert_eq!(ok.eviction.thresholds().len(), 1);
+
+        let defaults = AgentConfig::parse("", &none).unwrap();
+        assert_eq!(
+            defaults.eviction.thresholds().len(),
+            4,
+            "the kubelet's default hard thresholds"
+        );
+
+        let cases: &[(&str, &str)] = &[
+            ("surprise: 1", "unknown top-level key \"surprise\""),
+            (
+                "eviction: {evictionHard: {memory.available: '<500Mi'}}",
+                "eviction",
+            ),
+            ("agent: {listen: nowhere}", "agent.listen"),
+            ("agent: {resync_interval: soon}", "agent.resync_interval"),
+            ("agent: {pressure_poll_interval: 0s}", "must be positive"),
+            ("agent: {memory_capacity: lots}", "agent.memory_capacity"),
+            ("agent: {node_cgroup: relative}", "agent.node_cgroup"),
+            ("agent: {ring_bytes: 1000}", "agent.ring_bytes"),
+            ("agent: {no_such_field: 1}", "no_such_field"),
+            ("kubernetes: {pod_source: carrier-pigeon}", "kubernetes"),
+            (": : :", "not YAML"),
+        ];
+        for (text, needle) in cases {
+            let err = AgentConfig::parse(text, &none).unwrap_err();
+            let chain = std::iter::successors(Some(&err as &dyn std::error::Error), |e| e.source())
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(": ");
+            assert!(chain.contains(needle), "{text}: {chain}");
+        }
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let o = Overrides {
+            dry_run: true,
+            listen: Some("127.0.0.1:1".into()),
+            ..Default::default()
+        };
+        let c = AgentConfig::parse("agent: {dry_run: false}", &o).unwrap();
+        assert!(c.settings.dry_run);
+        assert_eq!(c.settings.listen.port(), 1);
+    }
+}

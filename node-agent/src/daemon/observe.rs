@@ -1,0 +1,270 @@
+//! Reading the node's signals as the kubelet computes them: `memory.available` = capacity −
+//! working set of the node's cgroup (usage − inactive_file), `nodefs.*`/`imagefs.*` from
+//! statvfs, `pid.available` = min(pid_max, threads-max) − live tasks (sysinfo's `procs`).
+//! Readings are taken at the moment of each evaluation, never cached.
+
+use std::path::{Path, PathBuf};
+
+use node_agent_policy::{NodeCapacity, Observation, Observations, Signal};
+
+use crate::cgroup::{paths, CgroupVersion, Hierarchy};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    #[error("reading {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {problem}")]
+    Malformed { path: PathBuf, problem: String },
+    #[error("reading the node cgroup")]
+    Cgroup(#[source] paths::ReadError),
+}
+
+/// One reading of the node.
+#[derive(Debug, Clone)]
+pub struct NodeReading {
+    pub observations: Observations,
+    pub capacity: NodeCapacity,
+}
+
+/// Where the node's figures come from.
+#[derive(Debug, Clone)]
+pub struct NodeSources {
+    pub memory: Hierarchy,
+    /// The node cgroup's directory in the memory hierarchy.
+    pub node_dir: PathBuf,
+    pub is_root: bool,
+    pub memory_capacity: Option<i64>,
+    pub nodefs: PathBuf,
+    pub imagefs: Option<PathBuf>,
+}
+
+pub fn read_node(src: &NodeSources) -> Result<NodeReading, ObserveError> {
+    let meminfo_path = Path::new("/proc/meminfo");
+    let meminfo = std::fs::read_to_string(meminfo_path).map_err(|source| ObserveError::Io {
+        path: meminfo_path.into(),
+        source,
+    })?;
+    let mem = parse_meminfo(&meminfo).map_err(|problem| ObserveError::Malformed {
+        path: meminfo_path.into(),
+        problem,
+    })?;
+    let capacity_bytes = src.memory_capacity.unwrap_or(mem.total as i64);
+    // The v2 root has no memory.current: there the machine's figures stand in, as cAdvisor does.
+    let working_set = if src.is_root && src.memory.version() == CgroupVersion::V2 {
+        mem.total
+            .saturating_sub(mem.free)
+            .saturating_sub(mem.inactive_file)
+    } else {
+        paths::read_memory(&src.node_dir, src.memory.version())
+            .map_err(ObserveError::Cgroup)?
+            .working_set()
+    };
+
+    let mut observations = Observations::new();
+    observations.insert(
+        Signal::MemoryAvailable,
+        Observation {
+            available: capacity_bytes - working_set as i64,
+            capacity: capacity_bytes,
+        },
+    );
+    let mut capacity = NodeCapacity {
+        memory_bytes: Some(capacity_bytes),
+        ..NodeCapacity::default()
+    };
+
+    let nodefs = if src.nodefs.exists() {
+        src.nodefs.clone()
+    } else {
+        PathBuf::from("/")
+    };
+    let fs = statvfs(&nodefs)?;
+    observations.insert(
+        Signal::NodeFsAvailable,
+        Observation {
+            available: fs.avail_bytes,
+            capacity: fs.total_bytes,
+        },
+    );
+    observations.insert(
+        Signal::NodeFsInodesFree,
+        Observation {
+            available: fs.avail_inodes,
+            capacity: fs.total_inodes,
+        },
+    );
+    capacity.ephemeral_storage_bytes = Some(fs.total_bytes);
+    capacity.inodes = Some(fs.total_inodes);
+    if let Some(imagefs) = &src.imagefs {
+        let fs = statvfs(imagefs)?;
+        observations.insert(
+            Signal::ImageFsAvailable,
+            Observation {
+                available: fs.avail_bytes,
+                capacity: fs.total_bytes,
+            },
+        );
+        observations.insert(
+            Signal::ImageFsInodesFree,
+            Observation {
+                available: fs.avail_inodes,
+                capacity: fs.total_inodes,
+            },
+        );
+        capacity.has_imagefs = true;
+    }
+
+    let (limit, live) = pids()?;
+    observations.insert(
+        Signal::PidAvailable,
+        Observation {
+            available: limit - live,
+            capacity: limit,
+        },
+    );
+    capacity.pids = Some(limit);
+    Ok(NodeReading {
+        observations,
+        capacity,
+    })
+}
+
+/// The fields of /proc/meminfo the agent uses, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemInfo {
+    pub total: u64,
+    pub free: u64,
+    pub inactive_file: u64,
+}
+
+pub fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
+    let field = |name: &str| -> Result<u64, String> {
+        let line = text
+            .lines()
+            .find(|l| l.split(':').next() == Some(name))
+            .ok_or_else(|| format!("no {name} line"))?;
+        let value = line.split(':').nth(1).unwrap_or("").trim();
+        let kib = value
+            .strip_suffix("kB")
+            .map(str::trim)
+            .ok_or_else(|| format!("{name}: expected \"<n> kB\", found {value:?}"))?;
+        kib.parse::<u64>()
+            .map(|k| k.saturating_mul(1024))
+            .map_err(|_| format!("{name}: expected \"<n> kB\", found {value:?}"))
+    };
+    Ok(MemInfo {
+        total: field("MemTotal")?,
+        free: field("MemFree")?,
+        inactive_file: field("Inactive(file)")?,
+    })
+}
+
+struct FsStats {
+    avail_bytes: i64,
+    total_bytes: i64,
+    avail_inodes: i64,
+    total_inodes: i64,
+}
+
+fn statvfs(path: &Path) -> Result<FsStats, ObserveError> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        ObserveError::Malformed {
+            path: path.into(),
+            problem: "path contains a NUL byte".into(),
+        }
+    })?;
+    // SAFETY: statvfs writes only into `st`; `c` is a valid NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(ObserveError::Io {
+            path: path.into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let frsize = st.f_frsize as i64;
+    Ok(FsStats {
+        avail_bytes: (st.f_bavail as i64).saturating_mul(frsize),
+        total_bytes: (st.f_blocks as i64).saturating_mul(frsize),
+        avail_inodes: st.f_favail as i64,
+        total_inodes: st.f_files as i64,
+    })
+}
+
+/// (min(pid_max, threads-max), live tasks) — the kubelet's PID figures.
+fn pids() -> Result<(i64, i64), ObserveError> {
+    let read = |path: &str| -> Result<i64, ObserveError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ObserveError::Io {
+            path: path.into(),
+            source,
+        })?;
+        text.trim().parse().map_err(|_| ObserveError::Malformed {
+            path: path.into(),
+            problem: format!("expected a number, found {:?}", text.trim()),
+        })
+    };
+    let limit = read("/proc/sys/kernel/pid_max")?.min(read("/proc/sys/kernel/threads-max")?);
+    // SAFETY: sysinfo writes only into `info`.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return Err(ObserveError::Io {
+            path: "sysinfo(2)".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok((limit, i64::from(info.procs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_meminfo_or_names_the_bad_field() {
+        let good = "MemTotal:       24684084 kB\nMemFree:        1000 kB\nInactive(file):   4 kB\n";
+        assert_eq!(
+            parse_meminfo(good),
+            Ok(MemInfo {
+                total: 24684084 * 1024,
+                free: 1000 * 1024,
+                inactive_file: 4096
+            })
+        );
+        for (text, needle) in [
+            ("MemFree: 1 kB\nInactive(file): 1 kB\n", "no MemTotal"),
+            (
+                "MemTotal: lots\nMemFree: 1 kB\nInactive(file): 1 kB\n",
+                "MemTotal: expected",
+            ),
+            (
+                "MemTotal: 1 MB\nMemFree: 1 kB\nInactive(file): 1 kB\n",
+                "MemTotal: expected",
+            ),
+        ] {
+            assert!(parse_meminfo(text).unwrap_err().contains(needle), "{text}");
+        }
+    }
+
+    #[test]
+    fn reads_this_machine() {
+        let layout = crate::cgroup::detect().expect("cgroups");
+        let src = NodeSources {
+            node_dir: layout.memory.mount().to_path_buf(),
+            memory: layout.memory.clone(),
+            is_root: true,
+            memory_capacity: None,
+            nodefs: PathBuf::from("/"),
+            imagefs: None,
+        };
+        let r = read_node(&src).expect("node reading");
+        let mem = r.observations[&Signal::MemoryAvailable];
+        assert!(mem.capacity > 0 && mem.available <= mem.capacity);
+        let pid = r.observations[&Signal::PidAvailable];
+        assert!(pid.available > 0 && pid.available < pid.capacity);
+        assert!(r.observations.contains_key(&Signal::NodeFsAvailable));
+    }
+}

@@ -1,0 +1,174 @@
+//! The kernel side of `memory.available`: a usage line on the workload cgroups such that the
+//! kernel reports, the moment it happens, any growth that would take the node across its
+//! most lenient memory threshold.
+//!
+//! The node's working set is not a kernel counter, but growth is: with headroom
+//! `H = available − threshold` at the last reading, the node crosses once its cgroups grow by
+//! `H`. So each target cgroup gets the line `usage + H`. Targets: the kubepods cgroup below the
+//! node cgroup when the kubelet layout is present; else the node cgroup itself when it is not
+//! the hierarchy's root (the root's counter does not include tasks living in it); else each
+//! top-level cgroup, which catches one workload running away (growth spread over several is
+//! caught by the next poll or re-sync). While the headroom is gone the lines stay where they
+//! are, and the daemon re-reads the node every `pressure_poll_interval` instead.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use node_agent_policy::{EvictionConfig, Signal};
+
+use super::observe::NodeReading;
+use crate::{
+    cgroup::{paths, CgroupIndex, CgroupVersion},
+    ebpf::{ControlError, KernelPrograms},
+};
+
+/// A line is rewritten only when it moves by more than this, to keep map writes rare.
+const MOVE_AT_LEAST: u64 = 4 << 20;
+const MAX_HYSTERESIS: u64 = 16 << 20;
+
+/// The largest threshold quantity configured for `signal` (hard or soft), resolved against
+/// `capacity`: the earliest point at which the policy may act.
+pub fn most_lenient(config: &EvictionConfig, signal: Signal, capacity: i64) -> Option<i64> {
+    config
+        .thresholds()
+        .iter()
+        .filter(|t| t.signal == signal)
+        .map(|t| t.value.resolve(capacity).value())
+        .filter(|v| *v > 0)
+        .max()
+}
+
+pub struct Triggers {
+    node_dir: PathBuf,
+    is_root: bool,
+    targets: Vec<(u64, PathBuf)>,
+    lines: HashMap<u64, u64>,
+    fired: bool,
+}
+
+impl Triggers {
+    pub fn new(node_dir: &Path, mount: &Path) -> Self {
+        Self {
+            node_dir: node_dir.to_path_buf(),
+            is_root: node_dir == mount,
+            targets: Vec::new(),
+            lines: HashMap::new(),
+            fired: false,
+        }
+    }
+
+    /// True while the memory headroom is gone (the daemon polls instead of waiting).
+    pub fn memory_fired(&self) -> bool {
+        self.fired
+    }
+
+    /// Lines are recomputed from scratch at the next reading (after a config change).
+    pub fn forget(&mut self) {
+        self.lines.clear();
+    }
+
+    /// Picks the target cgroups again (pods and cgroups come and go).
+    pub fn refresh_targets(&mut self, index: &CgroupIndex) {
+        let kubepods = ["kubepods", "kubepods.slice"]
+            .iter()
+            .map(|k| self.node_dir.join(k))
+            .find(|d| d.is_dir());
+        let dirs: Vec<PathBuf> = match kubepods {
+            Some(k) => vec![k],
+            None if !self.is_root => vec![self.node_dir.clone()],
+            None => {
+                let below = self
+                    .node_dir
+                    .strip_prefix(index.root())
+                    .unwrap_or(Path::new(""))
+                    .to_path_buf();
+                index
+                    .entries()
+                    .filter(|(_, e)| {
+                        e.path.parent() == Some(below.as_path()) && !e.path.as_os_str().is_empty()
+                    })
+                    .map(|(_, e)| index.root().join(&e.path))
+                    .collect()
+            }
+        };
+        self.targets = dirs
+            .into_iter()
+            .filter_map(|d| crate::cgroup::cgroup_id(&d).ok().map(|id| (id, d)))
+            .collect();
+        self.lines
+            .retain(|id, _| self.targets.iter().any(|(t, _)| t == id));
+    }
+
+    /// Sets each target's line from this reading.
+    pub fn rearm(
+        &mut self,
+        programs: &mut KernelPrograms,
+        config: &EvictionConfig,
+        reading: &NodeReading,
+        version: CgroupVersion,
+    ) -> Result<(), ControlError> {
+        let Some(mem) = reading.observations.get(&Signal::MemoryAvailable) else {
+            return Ok(());
+        };
+        let Some(threshold) = most_lenient(config, Signal::MemoryAvailable, mem.capacity) else {
+            self.fired = false;
+            return Ok(());
+        };
+        let headroom = mem.available - threshold;
+        if headroom <= 0 {
+            self.fired = true;
+            return Ok(());
+        }
+        self.fired = false;
+        let headroom = headroom as u64;
+        for (id, dir) in &self.targets {
+            let Ok(reading) = paths::read_memory(dir, version) else {
+                continue;
+            };
+            let line = reading.usage.saturating_add(headroom);
+            let moved = self
+                .lines
+                .get(id)
+                .is_none_or(|old| old.abs_diff(line) > MOVE_AT_LEAST);
+            if moved {
+                programs.set_memory_threshold(*id, line, (headroom / 2).min(MAX_HYSTERESIS))?;
+                self.lines.insert(*id, line);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_most_lenient_threshold_is_the_earliest_trigger() {
+        let config = EvictionConfig::from_kubelet_yaml(
+            "evictionHard: {memory.available: 100Mi, pid.available: 5%}\nevictionSoft: {memory.available: 10%}\nevictionSoftGracePeriod: {memory.available: 1m}\n",
+        )
+        .unwrap();
+        let gib = 1i64 << 30;
+        assert_eq!(
+            most_lenient(&config, Signal::MemoryAvailable, 10 * gib),
+            Some(gib),
+            "10% of 10Gi beats 100Mi"
+        );
+        assert_eq!(
+            most_lenient(&config, Signal::MemoryAvailable, 512 << 20),
+            Some(100 << 20),
+            "100Mi beats 10% of 512Mi"
+        );
+        assert_eq!(
+            most_lenient(&config, Signal::PidAvailable, 32768),
+            Some(1638)
+        );
+        assert_eq!(
+            most_lenient(&config, Signal::NodeFsAvailable, 1 << 40),
+            None
+        );
+    }
+}
