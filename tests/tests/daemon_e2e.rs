@@ -440,3 +440,75 @@ fn an_invalid_reload_keeps_the_agent_on_its_old_config() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&s.dir);
     Ok(())
 }
+
+#[test]
+fn standalone_mode_decides_in_dry_run_and_shows_it_on_stdout() -> anyhow::Result<()> {
+    require_root();
+    // No cluster: the node cgroup's children are the workloads.
+    let node = TestCgroup::new("e2e-standalone")?;
+    let big = node.child("big")?;
+    let _small = node.child("small")?;
+    let dir =
+        std::env::temp_dir().join(format!("node-agent-e2e-standalone-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "eviction:\n  evictionHard: {{memory.available: 900Mi}}\nagent:\n  listen: '127.0.0.1:{}'\n  \
+             trace_socket: '{}'\n  node_cgroup: '{}'\n  memory_capacity: 1Gi\n  resync_interval: 60s\n",
+            free_port(),
+            dir.join("trace.sock").display(),
+            node.cgroup_path()
+        ),
+    )?;
+    let mut child = Command::new(agent_bin())
+        .args(["run", "--trace", "json", "--config"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _agent = Kill(child);
+    std::thread::sleep(Duration::from_secs(2));
+
+    let mut hog = Helper::spawn(MEM_HELPER, &["hold".into(), "150".into()])?;
+    move_into(&big, hog.pid())?;
+    hog.go()?;
+    assert_eq!(hog.read_line()?, "held");
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut decision = None;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let Ok(v) = rx.recv_timeout(left) else { break };
+        if v["kind"] == "eviction" {
+            decision = Some(v);
+            break;
+        }
+    }
+    let decision = decision.expect("a dry-run eviction decision on stdout");
+    assert_eq!(decision["result"], "dry_run", "standalone never acts");
+    assert_eq!(
+        decision["name"].as_str(),
+        Some(format!("{}/big", node.cgroup_path()).as_str()),
+        "the workload using the memory"
+    );
+    assert!(hog.go().is_ok() && big.exists(), "nothing was killed");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -68,6 +68,44 @@ impl Live {
         Ok((live, task))
     }
 
+    /// Prints every record on stdout as well (`node-agent run --trace`).
+    pub fn print(&self, format: crate::trace::OutputFormat) {
+        let mut rx = self.tx.subscribe();
+        tokio::spawn(async move {
+            use std::io::Write as _;
+            if format == crate::trace::OutputFormat::Table {
+                println!("{}", Record::TABLE_HEADER);
+            }
+            loop {
+                let line = match rx.recv().await {
+                    Ok(line) => line,
+                    Err(broadcast::error::RecvError::Lagged(n)) => Arc::from(
+                        Record::EventsLost {
+                            time: String::new(),
+                            lost: n,
+                            total_per_cpu: Vec::new(),
+                        }
+                        .json(),
+                    ),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let text = match format {
+                    crate::trace::OutputFormat::Json => line.to_string(),
+                    crate::trace::OutputFormat::Table => {
+                        match serde_json::from_str::<Record>(&line) {
+                            Ok(rec) => rec.table_row(),
+                            Err(_) => line.to_string(),
+                        }
+                    }
+                };
+                let mut out = std::io::stdout().lock();
+                if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
     pub fn publish(&self, record: &Record) {
         // No receivers is fine: nobody is watching.
         let _ = self.tx.send(Arc::from(record.json()));

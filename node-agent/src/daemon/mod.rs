@@ -41,12 +41,10 @@ use crate::{
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// The config file: eviction fields, `kubernetes:` (absent: standalone) and `agent:`.
-    #[arg(
-        long,
-        env = "NODE_AGENT_CONFIG",
-        default_value = "/etc/node-agent/config.yaml"
-    )]
-    pub config: PathBuf,
+    /// Without this flag, /etc/node-agent/config.yaml if it exists, else standalone mode with
+    /// the kubelet's default thresholds.
+    #[arg(long, env = "NODE_AGENT_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Decide and report everything, change nothing in the cluster.
     #[arg(long)]
     pub dry_run: bool,
@@ -56,7 +54,13 @@ pub struct RunArgs {
     /// Unix socket for `node-agent trace` (overrides `agent.trace_socket`).
     #[arg(long)]
     pub trace_socket: Option<PathBuf>,
+    /// Also print the live stream (kernel events and eviction decisions) on stdout.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "table")]
+    pub trace: Option<crate::trace::OutputFormat>,
 }
+
+/// Where the config is read from when `--config` is not given.
+pub const DEFAULT_CONFIG: &str = "/etc/node-agent/config.yaml";
 
 /// What triggered an evaluation: the kernel event's timestamp feeds the latency histogram.
 #[derive(Debug, Clone, Copy)]
@@ -83,7 +87,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         node_name: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
     };
     // The whole config is validated before anything is loaded or bound.
-    let config = AgentConfig::load(&args.config, &overrides)?;
+    let config_path = match args.config {
+        Some(path) => Some(path),
+        None => Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.exists()),
+    };
+    let config = match &config_path {
+        Some(path) => AgentConfig::load(path, &overrides)?,
+        None => {
+            tracing::info!("no config file ({DEFAULT_CONFIG} does not exist): standalone mode with the kubelet's default thresholds");
+            AgentConfig::parse("", &overrides)?
+        }
+    };
     let layout = cgroup::detect()?;
     let node_dir = layout.memory.mount().join(
         config
@@ -103,16 +117,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(Daemon::start(
         config,
-        args.config,
+        config_path,
         overrides,
         layout,
         node_dir,
+        args.trace,
     ))
 }
 
 struct Daemon {
     config: AgentConfig,
-    config_path: PathBuf,
+    config_path: Option<PathBuf>,
     config_mtime: Option<SystemTime>,
     overrides: Overrides,
     layout: Layout,
@@ -142,16 +157,20 @@ struct Daemon {
 impl Daemon {
     async fn start(
         config: AgentConfig,
-        config_path: PathBuf,
+        config_path: Option<PathBuf>,
         overrides: Overrides,
         layout: Layout,
         node_dir: PathBuf,
+        print: Option<crate::trace::OutputFormat>,
     ) -> anyhow::Result<()> {
         let metrics = Metrics::new();
         let health = Health::new(Duration::from_secs(30));
         let server =
             telemetry::bind(config.settings.listen, metrics.clone(), health.clone()).await?;
         let (live, _accept) = Live::bind(&config.settings.trace_socket).await?;
+        if let Some(format) = print {
+            live.print(format);
+        }
         let socket_path = config.settings.trace_socket.clone();
 
         let mut programs = KernelPrograms::load_with(&LoadOptions {
@@ -199,9 +218,9 @@ impl Daemon {
             "node-agent running"
         );
         let (finished_tx, finished_rx) = mpsc::channel(4);
-        let config_mtime = std::fs::metadata(&config_path)
-            .and_then(|m| m.modified())
-            .ok();
+        let config_mtime = config_path
+            .as_ref()
+            .and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
         let mut daemon = Daemon {
             triggers: Triggers::new(&node_dir, layout.memory.mount()),
             config,
@@ -421,7 +440,11 @@ impl Daemon {
         }
         self.report(&reading, &decision);
         self.rearm_memory_trigger(&reading);
-        self.pressure = !decision.thresholds_met.is_empty() || self.triggers.memory_fired();
+        // Without the memcg tracepoints the kernel cannot report memory growth: the node is
+        // then re-read every pressure_poll_interval all the time (cheap: a few cgroupfs reads).
+        self.pressure = !decision.thresholds_met.is_empty()
+            || self.triggers.memory_fired()
+            || self.programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable;
         if let Some(eviction) = decision.evict.clone() {
             if !usable {
                 self.metrics.stale_data("pods");
@@ -768,9 +791,10 @@ impl Daemon {
     }
 
     fn config_changed(&mut self) -> bool {
-        let mtime = std::fs::metadata(&self.config_path)
-            .and_then(|m| m.modified())
-            .ok();
+        let Some(path) = &self.config_path else {
+            return false;
+        };
+        let mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
         if mtime != self.config_mtime {
             self.config_mtime = mtime;
             return true;
@@ -780,7 +804,14 @@ impl Daemon {
 
     /// Re-reads the config; an invalid one is refused whole and the old one stays.
     fn reload(&mut self, why: &str) {
-        match AgentConfig::load(&self.config_path, &self.overrides) {
+        let Some(path) = self.config_path.clone() else {
+            tracing::info!(
+                reason = why,
+                "no config file to reload (standalone defaults)"
+            );
+            return;
+        };
+        match AgentConfig::load(&path, &self.overrides) {
             Ok(new) => {
                 let restart_needed = new.settings.listen != self.config.settings.listen
                     || new.settings.trace_socket != self.config.settings.trace_socket

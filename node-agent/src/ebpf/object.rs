@@ -59,8 +59,9 @@ pub enum MemoryMechanism {
     /// `memcg:mod_memcg_state`/`mod_memcg_lruvec_state` BTF tracepoints (6.16+): evaluated in
     /// the kernel on every charge.
     MemcgTracepoints,
-    /// The kernel lacks the memcg tracepoints: memory thresholds are not evaluated by the
-    /// kernel programs; user space must watch cgroupfs instead.
+    /// The kernel lacks the memcg tracepoints (before 6.16): memory thresholds are not
+    /// evaluated by the kernel programs; the daemon re-reads cgroupfs every
+    /// `pressure_poll_interval` instead.
     Unavailable,
 }
 
@@ -68,7 +69,7 @@ impl std::fmt::Display for MemoryMechanism {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::MemcgTracepoints => "memcg BTF tracepoints (in-kernel thresholds)",
-            Self::Unavailable => "none (the kernel has no memcg tracepoints)",
+            Self::Unavailable => "cgroupfs polling (the kernel has no memcg tracepoints)",
         })
     }
 }
