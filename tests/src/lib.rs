@@ -273,3 +273,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("tokio runtime")
 }
+
+/// `cargo xtask bench`: detection latency, probe overhead, event throughput and footprint,
+/// measured on the real kernel by the `node-agent-bench` binary (see `docs/benchmarks.md`).
+pub mod bench;

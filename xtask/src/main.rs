@@ -1,6 +1,7 @@
 //! `cargo xtask`: the one entry point for building, testing, linting and running the agent.
 
 mod agent;
+mod bench;
 mod lint;
 mod toolchain;
 
@@ -44,6 +45,14 @@ enum Command {
     },
     /// rustfmt check and clippy with warnings denied, for every crate including the eBPF one.
     Lint,
+    /// Benchmarks (root): detection latency against polling, eventfd and PSI, probe overhead,
+    /// event throughput, footprint. Prints a table, writes target/bench/latest.json and
+    /// updates docs/benchmarks.md.
+    Bench {
+        /// Fewer samples: a smoke run of about a minute that leaves docs/benchmarks.md alone.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -58,6 +67,7 @@ fn main() -> ExitCode {
         }
         Command::Test { args } => toolchain::setup().and_then(|tc| agent::test(&tc, &args)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
+        Command::Bench { quick } => toolchain::setup().and_then(|tc| bench::bench(&tc, quick)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

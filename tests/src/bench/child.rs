@@ -1,0 +1,295 @@
+//! The bench's helper processes: the bench binary re-executes itself with `child ...` so the
+//! work runs in a cgroup of its own. Each waits for a line on stdin before each phase (the
+//! tests' [`crate::Helper::go`]) and answers with one line on stdout.
+//!
+//! - `child ramp-anon USAGE_FILE LOW_MIB HIGH_MIB OFFSET`: touches LOW MiB and answers
+//!   `low USAGE LINE` with LINE = USAGE + OFFSET bytes. Then, alternately: *up* touches pages one at
+//!   a time up to HIGH MiB, reading USAGE_FILE after each, and answers `cross T USAGE` (T:
+//!   CLOCK_MONOTONIC ns just before touching the page whose charge took usage to LINE or more)
+//!   or `nocross USAGE`; *down* unmaps back to LOW and answers `low USAGE LINE`.
+//! - `child ramp-file USAGE_FILE FILE LINE`: answers `low USAGE LINE`; then *up* reads FILE 4 KiB
+//!   at a time, round and round, until the next line arrives (at most 60 s), and answers as
+//!   above; *down* drops the file's pages from the page cache.
+//! - `child fork N`: forks and reaps N children one after the other; answers `ns ELAPSED`.
+//! - `child fault MIB ROUNDS`: maps, touches and unmaps MIB MiB ROUNDS times; answers `ns ELAPSED`.
+
+use std::{
+    io::{BufRead as _, Write as _},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+
+use super::mono_ns;
+
+const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+
+/// Runs the child mode named by `args` (after `child`).
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    let arg = |i: usize, what: &str| -> anyhow::Result<&str> {
+        args.get(i)
+            .map(String::as_str)
+            .with_context(|| format!("child {}: missing {what}", args.join(" ")))
+    };
+    let num = |i: usize, what: &str| -> anyhow::Result<usize> {
+        let text = arg(i, what)?;
+        text.parse()
+            .with_context(|| format!("child: {what} must be a number, found {text:?}"))
+    };
+    match arg(0, "mode")? {
+        "ramp-anon" => ramp_anon(
+            Path::new(arg(1, "USAGE_FILE")?),
+            num(2, "LOW_MIB")?,
+            num(3, "HIGH_MIB")?,
+            num(4, "OFFSET")? as u64,
+        ),
+        "ramp-file" => ramp_file(
+            Path::new(arg(1, "USAGE_FILE")?),
+            Path::new(arg(2, "FILE")?),
+            num(3, "LINE")? as u64,
+        ),
+        "fork" => {
+            let n = num(1, "N")?;
+            wait_line()?;
+            let start = Instant::now();
+            fork_loop(n)?;
+            say(&format!("ns {}", start.elapsed().as_nanos()));
+            Ok(())
+        }
+        "fault" => {
+            let (mib, rounds) = (num(1, "MIB")?, num(2, "ROUNDS")?);
+            wait_line()?;
+            let start = Instant::now();
+            for _ in 0..rounds {
+                let region = Region::map(mib * MIB)?;
+                region.touch(0, region.len);
+            }
+            say(&format!("ns {}", start.elapsed().as_nanos()));
+            Ok(())
+        }
+        other => {
+            bail!("unknown child mode {other:?}: expected ramp-anon, ramp-file, fork or fault")
+        }
+    }
+}
+
+fn wait_line() -> anyhow::Result<String> {
+    let mut line = String::new();
+    let n = std::io::stdin().lock().read_line(&mut line)?;
+    anyhow::ensure!(n > 0, "stdin closed");
+    Ok(line.trim().to_string())
+}
+
+fn say(what: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{what}");
+    let _ = out.flush();
+}
+
+/// Reads a cgroup usage file with one `pread` per call (no allocation, no reopen).
+struct Usage(std::fs::File);
+
+impl Usage {
+    fn open(path: &Path) -> anyhow::Result<Self> {
+        Ok(Self(
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
+        ))
+    }
+
+    fn read(&self) -> u64 {
+        use std::os::unix::fs::FileExt as _;
+        let mut buf = [0u8; 32];
+        let n = self.0.read_at(&mut buf, 0).unwrap_or(0);
+        std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// An anonymous private mapping, unmapped on drop.
+struct Region {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Region {
+    fn map(len: usize) -> anyhow::Result<Self> {
+        // SAFETY: anonymous private mapping; checked for failure before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            bail!("mmap of {len} bytes: {}", std::io::Error::last_os_error());
+        }
+        Ok(Self { ptr: p.cast(), len })
+    }
+
+    /// Writes one byte in each page of `[from, to)`: one page fault and charge per page.
+    fn touch(&self, from: usize, to: usize) {
+        for off in (from..to.min(self.len)).step_by(PAGE) {
+            // SAFETY: `off` lies inside the writable mapping.
+            unsafe { self.ptr.add(off).write_volatile(0x5a) };
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `map`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+fn ramp_anon(
+    usage_file: &Path,
+    low_mib: usize,
+    high_mib: usize,
+    offset: u64,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(high_mib > low_mib, "HIGH_MIB must exceed LOW_MIB");
+    let usage = Usage::open(usage_file)?;
+    wait_line()?;
+    let base = Region::map(low_mib * MIB)?;
+    base.touch(0, base.len);
+    let low = usage.read();
+    let line = low + offset;
+    say(&format!("low {low} {line}"));
+    loop {
+        if wait_line().is_err() {
+            return Ok(());
+        }
+        let region = Region::map((high_mib - low_mib) * MIB)?;
+        let mut crossed = None;
+        for off in (0..region.len).step_by(PAGE) {
+            let t = mono_ns();
+            region.touch(off, off + 1);
+            if crossed.is_none() {
+                let u = usage.read();
+                if u >= line {
+                    crossed = Some((t, u));
+                }
+            }
+        }
+        match crossed {
+            Some((t, u)) => say(&format!("cross {t} {u}")),
+            None => say(&format!("nocross {}", usage.read())),
+        }
+        if wait_line().is_err() {
+            return Ok(());
+        }
+        drop(region);
+        say(&format!("low {} {line}", usage.read()));
+    }
+}
+
+fn ramp_file(usage_file: &Path, file: &Path, line: u64) -> anyhow::Result<()> {
+    use std::os::unix::io::AsRawFd as _;
+    let usage = Usage::open(usage_file)?;
+    let f = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+    let len = f.metadata()?.len() as usize;
+    anyhow::ensure!(len >= 16 * MIB, "{} is too small", file.display());
+    let fd = f.as_raw_fd();
+    // No read-ahead: one page charged per read, as in the anonymous ramp.
+    // SAFETY: advisory call on our own fd.
+    unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_RANDOM) };
+    wait_line()?;
+    say(&format!("low {} {line}", usage.read()));
+    let mut buf = vec![0u8; PAGE];
+    loop {
+        if wait_line().is_err() {
+            return Ok(());
+        }
+        let mut crossed = None;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut off = 0usize;
+        let mut n = 0u64;
+        loop {
+            let t = mono_ns();
+            // SAFETY: reads into our own buffer of PAGE bytes.
+            let r = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), PAGE, off as libc::off_t) };
+            if r < 0 {
+                bail!(
+                    "reading {}: {}",
+                    file.display(),
+                    std::io::Error::last_os_error()
+                );
+            }
+            if crossed.is_none() {
+                let u = usage.read();
+                if u >= line {
+                    crossed = Some((t, u));
+                }
+            }
+            off = (off + PAGE) % len;
+            n += 1;
+            if n.is_multiple_of(64) && (stdin_ready() || Instant::now() > deadline) {
+                break;
+            }
+        }
+        let _ = wait_line();
+        match crossed {
+            Some((t, u)) => say(&format!("cross {t} {u}")),
+            None => say(&format!("nocross {}", usage.read())),
+        }
+        if wait_line().is_err() {
+            return Ok(());
+        }
+        // SAFETY: advisory call on our own fd.
+        unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+        say(&format!("low {} {line}", usage.read()));
+    }
+}
+
+fn stdin_ready() -> bool {
+    let mut pfd = libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polls one pollfd we own, without waiting.
+    unsafe { libc::poll(&mut pfd, 1, 0) > 0 }
+}
+
+fn fork_loop(n: usize) -> anyhow::Result<()> {
+    for _ in 0..n {
+        // SAFETY: the child only calls _exit.
+        match unsafe { libc::fork() } {
+            0 => unsafe { libc::_exit(0) },
+            pid if pid < 0 => bail!("fork: {}", std::io::Error::last_os_error()),
+            pid => {
+                let mut status = 0;
+                // SAFETY: waits for our own child, writing only `status`.
+                if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+                    bail!("waitpid: {}", std::io::Error::last_os_error());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Creates `path` with `len` bytes written and flushed to disk, then drops it from the page
+/// cache, so the file ramp charges every page it reads.
+pub fn make_ramp_file(path: &Path, len: usize) -> anyhow::Result<()> {
+    use std::os::unix::io::AsRawFd as _;
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let chunk = vec![0xa5u8; MIB];
+    for _ in 0..len / MIB {
+        f.write_all(&chunk)?;
+    }
+    f.sync_all()?;
+    // SAFETY: advisory call on our own fd.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    Ok(())
+}

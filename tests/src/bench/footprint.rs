@@ -1,0 +1,159 @@
+//! The agent's idle footprint: `node-agent trace --output json` (the real binary) watching a
+//! node with 100 and then 1000 pod cgroups in the kubelet's cgroupfs layout, sampled from
+//! `/proc` while nothing happens.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+
+use super::{cgroups::PodTree, report::Row, Rng};
+
+const SECTION: &str = "footprint";
+
+/// The agent process; killed on drop.
+struct Agent(Child);
+
+impl Agent {
+    fn start(binary: &Path) -> anyhow::Result<Self> {
+        let mut child = Command::new(binary)
+            .args(["trace", "--output", "json"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let stderr = child.stderr.take().context("agent stderr")?;
+        let agent = Self(child);
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("tracing") {
+                    let _ = tx.send(());
+                }
+                if line.contains("WARN") || line.contains("ERROR") {
+                    eprintln!("agent: {line}");
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(30))
+            .context("the agent did not log `tracing` within 30 s")?;
+        Ok(agent)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// CPU time of all its threads, ns (schedstat's first field).
+    fn cpu_ns(&self) -> anyhow::Result<u64> {
+        let dir = format!("/proc/{}/task", self.pid());
+        let mut total = 0;
+        for task in std::fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
+            let path = task?.path().join("schedstat");
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            total += text
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        Ok(total)
+    }
+
+    /// VmRSS, bytes.
+    fn rss(&self) -> anyhow::Result<u64> {
+        let path = format!("/proc/{}/status", self.pid());
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {path}: did the agent exit?"))?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .with_context(|| format!("no VmRSS in {path}"))
+    }
+
+    fn stop(mut self) -> anyhow::Result<()> {
+        // SAFETY: signals the agent we started.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(status) = self.0.try_wait()? {
+                anyhow::ensure!(status.success(), "the agent exited with {status}");
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the agent did not exit within 5 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn run(
+    rows: &mut Vec<Row>,
+    agent: &Path,
+    sample: Duration,
+    rng: &mut Rng,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        agent.is_file(),
+        "no agent binary at {}: `cargo xtask bench` builds it and passes --agent",
+        agent.display()
+    );
+    for pods in [100usize, 1000] {
+        let tree = PodTree::create(pods, rng)?;
+        let proc = Agent::start(agent)?;
+        // Let the first scan, the tracking of every cgroup and the first housekeeping settle.
+        std::thread::sleep(Duration::from_secs(2));
+        let (cpu0, t0) = (proc.cpu_ns()?, Instant::now());
+        let mut rss_max = proc.rss()?;
+        while t0.elapsed() < sample {
+            std::thread::sleep(Duration::from_millis(500));
+            rss_max = rss_max.max(proc.rss()?);
+        }
+        let cpu = (proc.cpu_ns()? - cpu0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
+        proc.stop()?;
+        drop(tree);
+        let cgroups = 2 * pods + 3;
+        rows.push(
+            Row::info(
+                SECTION,
+                format!("agent idle CPU, {pods} pods"),
+                format!("{cpu:.3} % of one core"),
+            )
+            .value(cpu, "%")
+            .target("< 0.5 %", cpu < 0.5)
+            .note(format!(
+                "`node-agent trace --output json`, {} s sampled; {cgroups} bench cgroups \
+                 (pod + container each) in the memory hierarchy",
+                sample.as_secs()
+            )),
+        );
+        let mib = rss_max as f64 / (1 << 20) as f64;
+        rows.push(
+            Row::info(
+                SECTION,
+                format!("agent RSS, {pods} pods"),
+                format!("{mib:.1} MiB"),
+            )
+            .value(mib, "MiB")
+            .target("< 50 MiB", mib < 50.0)
+            .note("largest VmRSS sampled"),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! The benchmark behind `cargo xtask bench`. Each module measures one thing on the real kernel
+//! and returns [`Row`]s; [`report`] turns them into the markdown table and the JSON record.
+//!
+//! - [`latency`]: a controlled memory ramp crosses a line; the eBPF path, the cgroup v1 eventfd
+//!   threshold and 1 s / 10 s pollers detect it ([`ramp`] drives the allocator).
+//! - [`psi`]: a PSI trigger on the same kind of ramp, pushed into reclaim.
+//! - [`overhead`]: fork+exit and page-fault loops with and without the programs attached.
+//! - [`throughput`]: events drained without loss, an overflowed ring, a bounded fork storm.
+//! - [`footprint`]: the agent's idle CPU and RSS with 100 and 1000 pod cgroups.
+//! - [`policy`]: `evaluate()` time for 110 and 1000 pods.
+//!
+//! Every cgroup it creates is named `node-agent-bench-<pid>-...` and removed on drop; stale
+//! ones from a killed run are removed at start ([`cgroups::remove_stale`]).
+
+pub mod cgroups;
+pub mod child;
+pub mod footprint;
+pub mod latency;
+pub mod overhead;
+pub mod policy;
+pub mod psi;
+pub mod ramp;
+pub mod report;
+pub mod throughput;
+
+pub use report::{Report, Row, Verdict};
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns()`, so kernel event
+/// timestamps and user-space times compare directly.
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// The value at quantile `q` (0..=1) of `values`, nearest rank; `None` when empty.
+pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+pub fn median(values: &[f64]) -> Option<f64> {
+    quantile(values, 0.5)
+}
+
+/// A small xorshift generator for random phases and names: reproducible enough, no dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn from_clock() -> Self {
+        Self(mono_ns() | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `[0, max)`.
+    pub fn duration(&mut self, max: std::time::Duration) -> std::time::Duration {
+        max.mul_f64(self.unit())
+    }
+
+    /// `n` lowercase hex digits.
+    pub fn hex(&mut self, n: usize) -> String {
+        (0..n)
+            .map(|_| char::from_digit((self.next_u64() % 16) as u32, 16).unwrap_or('0'))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_use_the_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        let cases = [(0.5, 50.0), (0.99, 99.0), (1.0, 100.0), (0.0, 1.0)];
+        for (q, want) in cases {
+            assert_eq!(quantile(&v, q), Some(want), "q = {q}");
+        }
+        assert_eq!(quantile(&[], 0.5), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+    }
+}

@@ -1,0 +1,165 @@
+//! `node-agent-bench`: the benchmark `cargo xtask bench` runs (root required). Prints a
+//! markdown table and writes the JSON record and the table to the given files.
+//!
+//! ```text
+//! node-agent-bench --agent PATH [--json FILE] [--markdown FILE] [--commit REV] [--work-dir DIR]
+//!                  [--quick] [--only SECTION]
+//! ```
+//!
+//! `--quick` takes fewer samples (a smoke run, about a minute); its figures are not for the docs.
+//! `--only TEXT` runs the sections whose name contains TEXT.
+//! The binary also runs its own helper processes (`node-agent-bench child ...`).
+
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use node_agent_tests::bench::{
+    cgroups, child, footprint, latency, overhead, policy, psi, report::Machine, throughput, Report,
+    Rng, Row,
+};
+
+struct Args {
+    agent: PathBuf,
+    json: Option<PathBuf>,
+    markdown: Option<PathBuf>,
+    commit: String,
+    work_dir: PathBuf,
+    quick: bool,
+    /// Only sections whose name contains this text.
+    only: Option<String>,
+}
+
+const USAGE: &str = "usage: node-agent-bench --agent PATH [--json FILE] [--markdown FILE] \
+                     [--commit REV] [--work-dir DIR] [--quick] [--only SECTION]";
+
+fn parse(args: &[String]) -> anyhow::Result<Args> {
+    let mut out = Args {
+        agent: PathBuf::new(),
+        json: None,
+        markdown: None,
+        commit: "unknown".into(),
+        work_dir: PathBuf::from("target/bench"),
+        quick: false,
+        only: None,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .with_context(|| format!("{flag} needs a value; {USAGE}"))
+        };
+        match flag.as_str() {
+            "--agent" => out.agent = value()?.into(),
+            "--json" => out.json = Some(value()?.into()),
+            "--markdown" => out.markdown = Some(value()?.into()),
+            "--commit" => out.commit = value()?,
+            "--work-dir" => out.work_dir = value()?.into(),
+            "--quick" => out.quick = true,
+            "--only" => out.only = Some(value()?),
+            other => anyhow::bail!("unknown argument {other:?}; {USAGE}"),
+        }
+    }
+    anyhow::ensure!(
+        !out.agent.as_os_str().is_empty(),
+        "--agent is required (the node-agent binary built with its kernel programs); {USAGE}"
+    );
+    Ok(out)
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let result = if argv.first().map(String::as_str) == Some("child") {
+        child::run(&argv[1..])
+    } else {
+        parse(&argv).and_then(|args| bench(&args))
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("node-agent-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn bench(args: &Args) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    anyhow::ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "the bench loads eBPF programs and creates cgroups: run it as root (`sudo -E cargo xtask bench`)"
+    );
+    let started = Instant::now();
+    std::fs::create_dir_all(&args.work_dir)
+        .with_context(|| format!("creating {}", args.work_dir.display()))?;
+    let stale = cgroups::remove_stale()?;
+    if stale > 0 {
+        eprintln!("bench: removed {stale} stale node-agent-bench-* cgroups");
+    }
+    let mut rng = Rng::from_clock();
+    let q = args.quick;
+    let opts = latency::Options {
+        fast: if q { 20 } else { 100 },
+        poll_1s: if q { 3 } else { 20 },
+        poll_10s: if q { 1 } else { 3 },
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    let mut failed: Vec<&str> = Vec::new();
+    let only = args.only.clone();
+    let mut section =
+        |name: &'static str, run: &mut dyn FnMut(&mut Vec<Row>) -> anyhow::Result<()>| {
+            if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+                return;
+            }
+            eprintln!("bench: {name} …");
+            let t = Instant::now();
+            if let Err(e) = run(&mut rows) {
+                eprintln!("bench: {name} failed: {e:#}");
+                rows.push(Row::not_measured(
+                    "failed",
+                    name,
+                    format!("the section failed: {e:#}"),
+                ));
+                failed.push(name);
+            }
+            eprintln!("bench: {name} took {:.1} s", t.elapsed().as_secs_f64());
+        };
+    section("latency: eBPF, eventfd, pollers", &mut |rows| {
+        latency::run(rows, &opts, &mut rng)
+    });
+    section("latency: PSI trigger", &mut |rows| {
+        psi::run(rows, if q { 2 } else { 6 }, &args.work_dir, &mut rng)
+    });
+    section("probe overhead", &mut |rows| {
+        overhead::run(rows, if q { 2 } else { 7 })
+    });
+    section("event throughput", &mut throughput::run);
+    section("footprint", &mut |rows| {
+        let sample = Duration::from_secs(if q { 3 } else { 10 });
+        footprint::run(rows, &args.agent, sample, &mut rng)
+    });
+    section("policy evaluation", &mut |rows| {
+        policy::run(rows, if q { 200 } else { 2000 })
+    });
+
+    let report = Report {
+        machine: Machine::detect(args.commit.clone()),
+        rows,
+        duration_s: started.elapsed().as_secs_f64(),
+    };
+    let table = report.markdown();
+    println!("{table}");
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &table).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report.json())?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    anyhow::ensure!(failed.is_empty(), "sections failed: {}", failed.join(", "));
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! `cargo xtask bench`: builds the agent and the bench (release), runs the bench as root,
+//! keeps its JSON record per commit and writes the table into `docs/benchmarks.md`.
+
+use std::{path::Path, process::Command};
+
+use anyhow::Context as _;
+
+use crate::{
+    agent::{agent, cargo_with_object, ebpf, workspace_root},
+    toolchain::{describe, is_root, run as run_cmd, EbpfToolchain},
+};
+
+/// Where the results go, relative to the workspace root.
+const OUT_DIR: &str = "target/bench";
+const DOC: &str = "docs/benchmarks.md";
+const BEGIN: &str = "<!-- bench:results:begin -->";
+const END: &str = "<!-- bench:results:end -->";
+
+pub fn bench(tc: &EbpfToolchain, quick: bool) -> anyhow::Result<()> {
+    let root = workspace_root();
+    let agent_bin = agent(tc, true)?;
+    let object = ebpf(tc)?;
+    let mut build = cargo_with_object(&object, "build");
+    build.args([
+        "--release",
+        "--package",
+        "node-agent-tests",
+        "--bins",
+        "--locked",
+    ]);
+    run_cmd(&mut build).context("building the bench")?;
+    let bench_bin = root.join("target/release/node-agent-bench");
+
+    let out = root.join(OUT_DIR);
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let commit = commit(&root)?;
+    let (json, table) = (out.join("latest.json"), out.join("latest.md"));
+    let mut cmd = if is_root() {
+        Command::new(&bench_bin)
+    } else {
+        eprintln!(
+            "xtask: the bench loads kernel programs and creates cgroups; running it through sudo"
+        );
+        let mut c = Command::new("sudo");
+        c.arg(&bench_bin);
+        c
+    };
+    cmd.arg("--agent")
+        .arg(&agent_bin)
+        .arg("--json")
+        .arg(&json)
+        .arg("--markdown")
+        .arg(&table)
+        .args(["--commit", &commit])
+        .arg("--work-dir")
+        .arg(&out)
+        .current_dir(&root);
+    if quick {
+        cmd.arg("--quick");
+    }
+    let status = cmd
+        .status()
+        .with_context(|| format!("starting {}", describe(&cmd)))?;
+    anyhow::ensure!(
+        status.success(),
+        "the bench failed ({status}); partial results in {}",
+        json.display()
+    );
+    let kept = out.join(format!("bench-{commit}.json"));
+    std::fs::copy(&json, &kept).with_context(|| format!("copying to {}", kept.display()))?;
+    eprintln!(
+        "xtask: results in {} and {}",
+        json.display(),
+        kept.display()
+    );
+    if quick {
+        eprintln!("xtask: --quick run: {DOC} left as it was");
+        return Ok(());
+    }
+    let table =
+        std::fs::read_to_string(&table).with_context(|| format!("reading {}", table.display()))?;
+    update_doc(&root.join(DOC), &table)?;
+    eprintln!("xtask: updated {DOC}");
+    Ok(())
+}
+
+/// `git rev-parse --short HEAD`, with `-dirty` when tracked files have uncommitted changes.
+fn commit(root: &Path) -> anyhow::Result<String> {
+    let git = |args: &[&str]| -> anyhow::Result<String> {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .with_context(|| format!("running git {}", args.join(" ")))?;
+        anyhow::ensure!(out.status.success(), "git {} failed", args.join(" "));
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"])?;
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
+    Ok(if dirty { format!("{head}-dirty") } else { head })
+}
+
+/// Replaces what lies between the result markers of the doc with `table`.
+fn update_doc(doc: &Path, table: &str) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(doc).with_context(|| format!("reading {}", doc.display()))?;
+    let (Some(begin), Some(end)) = (text.find(BEGIN), text.find(END)) else {
+        anyhow::bail!("{} lacks the markers {BEGIN} and {END}", doc.display());
+    };
+    anyhow::ensure!(
+        begin < end,
+        "{}: {BEGIN} must come before {END}",
+        doc.display()
+    );
+    let updated = format!(
+        "{}{BEGIN}\n{}\n{}",
+        &text[..begin],
+        table.trim_end(),
+        &text[end..]
+    );
+    std::fs::write(doc, updated).with_context(|| format!("writing {}", doc.display()))
+}
