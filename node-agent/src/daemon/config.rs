@@ -269,13 +269,32 @@ mod tests {
         assert!(ok.dry_run(), "standalone never acts");
         assert_eq!(ok.settings.listen.port(), 9999);
         assert_eq!(ok.settings.resync_interval, Duration::from_secs(30));
-        assert_eq!(ok.eviction.thresholds().len(), 1);
-
-        let defaults = AgentConfig::parse("", &none).unwrap();
+        let signals = |c: &AgentConfig| {
+            let mut v: Vec<_> = c
+                .eviction
+                .thresholds()
+                .iter()
+                .map(|t| t.signal.as_str())
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        // The kubelet copies hard memory.available onto allocatableMemory.available.
         assert_eq!(
-            defaults.eviction.thresholds().len(),
-            4,
-            "the kubelet's default hard thresholds"
+            signals(&ok),
+            ["allocatableMemory.available", "memory.available"]
+        );
+        let defaults = AgentConfig::parse("", &none).unwrap();
+        let want = [
+            "imagefs.available",
+            "memory.available",
+            "nodefs.available",
+            "nodefs.inodesFree",
+        ];
+        assert!(
+            want.iter().all(|s| signals(&defaults).contains(s)),
+            "the kubelet's default hard thresholds: {:?}",
+            signals(&defaults)
         );
 
         let cases: &[(&str, &str)] = &[
@@ -302,6 +321,35 @@ mod tests {
                 .join(": ");
             assert!(chain.contains(needle), "{text}: {chain}");
         }
+    }
+
+    #[test]
+    fn the_shipped_configmap_is_a_valid_agent_config() {
+        let manifest = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/configmap.yaml"
+        ))
+        .unwrap();
+        let cm: Value = serde_yaml_ng::from_str(&manifest).unwrap();
+        let text = cm["data"]["config.yaml"]
+            .as_str()
+            .expect("data.config.yaml");
+        let o = Overrides {
+            node_name: Some("worker-1".into()),
+            ..Default::default()
+        };
+        let c = AgentConfig::parse(text, &o).unwrap_or_else(|e| panic!("{e:?}"));
+        let kube = c
+            .kubernetes
+            .as_ref()
+            .expect("the DaemonSet talks to the cluster");
+        assert_eq!(kube.node_name, "worker-1");
+        assert!(!c.dry_run(), "the shipped config acts");
+        assert!(c
+            .eviction
+            .thresholds()
+            .iter()
+            .any(|t| t.signal == node_agent_policy::Signal::PidAvailable));
     }
 
     #[test]

@@ -152,11 +152,9 @@ mod tests {
         )
         .unwrap();
         let gib = 1i64 << 30;
-        assert_eq!(
-            most_lenient(&config, Signal::MemoryAvailable, 10 * gib),
-            Some(gib),
-            "10% of 10Gi beats 100Mi"
-        );
+        // 10% of 10Gi beats 100Mi (resolved with the kubelet's float32 arithmetic: not exact).
+        let ten_percent = most_lenient(&config, Signal::MemoryAvailable, 10 * gib).unwrap();
+        assert!(ten_percent.abs_diff(gib) < 1024, "{ten_percent}");
         assert_eq!(
             most_lenient(&config, Signal::MemoryAvailable, 512 << 20),
             Some(100 << 20),
