@@ -103,6 +103,12 @@ impl Pki {
     }
 }
 
+impl Default for Pki {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 pub struct Fake {
     pub addr: SocketAddr,
     pub pki: Pki,

@@ -128,15 +128,16 @@ fn pid_available_crossing_its_threshold_yields_one_event_each_way() -> anyhow::R
     let cgroup = TestCgroup::new("pids")?;
     let rt = runtime();
     let mut programs = KernelPrograms::load()?;
-    // pid.available starts about 200 above the threshold of 1000; holding 400 more tasks takes
-    // it about 200 below, and releasing them brings it back above threshold + hysteresis.
+    // pid.available starts about 600 above the threshold of 1000; holding 1200 more tasks
+    // takes it about 600 below, and releasing them brings it back above threshold +
+    // hysteresis. The margins exceed what the other tests running in parallel fork (200).
     let (threshold, hysteresis) = (1000u64, 50u64);
-    let limit = live_tasks()? as u64 + threshold + 200;
+    let limit = live_tasks()? as u64 + threshold + 600;
     programs.set_pid_threshold(limit, threshold, hysteresis)?;
     let mut events = rt.block_on(async { programs.events() })?;
     let is_pid = |e: &KernelEvent| matches!(e, KernelEvent::PidThreshold(_));
 
-    let mut helper = Helper::spawn(FORK_HELPER, &["400".to_string(), "hold".to_string()])?;
+    let mut helper = Helper::spawn(FORK_HELPER, &["1200".to_string(), "hold".to_string()])?;
     cgroup.add(helper.pid())?;
     helper.go()?;
     assert_eq!(helper.read_line()?, "forked");
