@@ -178,3 +178,15 @@ fn pid_available_crossing_its_threshold_yields_one_event_each_way() -> anyhow::R
     assert!((u.limit as i64 - u.live) > (threshold + hysteresis) as i64);
     Ok(())
 }
+
+#[test]
+fn untracking_a_cgroup_without_limits_or_thresholds_is_not_an_error() -> anyhow::Result<()> {
+    require_root();
+    let cgroup = TestCgroup::new("untrack")?;
+    let mut programs = KernelPrograms::load()?;
+    programs.track_cgroup(cgroup.id())?;
+    programs.untrack_cgroup(cgroup.id())?;
+    programs.untrack_cgroup(cgroup.id())?;
+    assert_eq!(programs.task_counts(cgroup.id())?, None);
+    Ok(())
+}

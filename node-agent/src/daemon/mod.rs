@@ -346,10 +346,15 @@ impl Daemon {
         self.metrics.kernel_event(record.kind());
         self.live.publish(&record);
         match event {
-            KernelEvent::MemoryThreshold(_) => Some(Trigger {
-                name: "memory_threshold",
-                ktime_ns: Some(ktime_ns),
-            }),
+            KernelEvent::MemoryThreshold(m) => {
+                if m.direction == node_agent_common::DIRECTION_UP {
+                    self.triggers.crossed(m.cgroup_id);
+                }
+                Some(Trigger {
+                    name: "memory_threshold",
+                    ktime_ns: Some(ktime_ns),
+                })
+            }
             KernelEvent::PidThreshold(_) => Some(Trigger {
                 name: "pid_threshold",
                 ktime_ns: Some(ktime_ns),
@@ -811,6 +816,8 @@ impl Daemon {
             );
             return;
         };
+        // This reading covers the file as it is now: the change watcher need not read it again.
+        self.config_mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
         match AgentConfig::load(&path, &self.overrides) {
             Ok(new) => {
                 let restart_needed = new.settings.listen != self.config.settings.listen

@@ -24,8 +24,11 @@ use crate::{
     ebpf::{ControlError, KernelPrograms},
 };
 
-/// A line is rewritten only when it moves by more than this, to keep map writes rare.
+/// A line is rewritten only when it moves by more than this, to keep map writes rare (a line
+/// the kernel reported crossed is always rewritten: the kernel stays quiet until re-armed).
 const MOVE_AT_LEAST: u64 = 4 << 20;
+/// With less headroom than this the daemon polls as well: the node is about to cross.
+const NEAR: u64 = 2 * MOVE_AT_LEAST;
 const MAX_HYSTERESIS: u64 = 16 << 20;
 
 /// The largest threshold quantity configured for `signal` (hard or soft), resolved against
@@ -67,6 +70,12 @@ impl Triggers {
     /// Lines are recomputed from scratch at the next reading (after a config change).
     pub fn forget(&mut self) {
         self.lines.clear();
+    }
+
+    /// The kernel reported this cgroup's line crossed: it stays silent until the line is
+    /// written again, so the next reading re-arms it whatever it moved.
+    pub fn crossed(&mut self, cgroup: u64) {
+        self.lines.remove(&cgroup);
     }
 
     /// Picks the target cgroups again (pods and cgroups come and go).
@@ -121,8 +130,8 @@ impl Triggers {
             self.fired = true;
             return Ok(());
         }
-        self.fired = false;
         let headroom = headroom as u64;
+        self.fired = headroom < NEAR;
         for (id, dir) in &self.targets {
             let Ok(reading) = paths::read_memory(dir, version) else {
                 continue;

@@ -55,9 +55,15 @@ impl KernelPrograms {
 
     /// Stops counting a cgroup and drops its thresholds.
     pub fn untrack_cgroup(&mut self, cgroup: u64) -> Result<(), ControlError> {
+        // A key that is not there is already untracked (deletion reports ENOENT).
         fn gone(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
             match r {
                 Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+                {
+                    Ok(())
+                }
                 other => other,
             }
         }
