@@ -341,6 +341,18 @@ impl Daemon {
     /// Records and publishes a kernel event; returns a trigger when it touches a signal.
     async fn on_kernel_event(&mut self, event: &KernelEvent) -> Option<Trigger> {
         let ktime_ns = event.header().ktime_ns;
+        // A cgroup newer than the last rescan (a pod that just started): rescan before
+        // attributing, so the event names its pod.
+        let cgroup = match event {
+            KernelEvent::OomKill(e) => Some(e.cgroup_id),
+            KernelEvent::ForkStorm(e) => Some(e.cgroup_id),
+            KernelEvent::MemoryThreshold(_) | KernelEvent::PidThreshold(_) => None,
+        };
+        if cgroup.is_some_and(|id| self.index.lookup(id).is_none()) {
+            if let Err(e) = self.track_new_cgroups() {
+                tracing::warn!(error = %e, "rescanning cgroups");
+            }
+        }
         let record =
             Record::from_event(event, &self.index, rfc3339_of_ktime(ktime_ns), page_size());
         self.metrics.kernel_event(record.kind());
@@ -621,6 +633,7 @@ impl Daemon {
             tracing::info!(pod = %key, ?wait, "eviction rate limit reached; waiting");
             return;
         }
+        self.recently_decided.retain(|_, at| at.elapsed() < wait);
         self.recently_decided.insert(key.clone(), Instant::now());
         let observed = self.state_observed(&e);
         let base = Record::Eviction {
