@@ -6,5 +6,6 @@ pub mod cgroup;
 pub mod daemon;
 pub mod ebpf;
 pub mod simulate;
+pub mod sys;
 pub mod telemetry;
 pub mod trace;

@@ -317,7 +317,7 @@ impl Daemon {
                     let total: u64 = per_cpu.iter().sum();
                     if total > lost_before {
                         self.metrics.ring_lost(total - lost_before);
-                        let rec = Record::EventsLost { time: now_rfc3339(), lost: total - lost_before, total_per_cpu: per_cpu };
+                        let rec = Record::EventsLost { time: crate::sys::now_rfc3339(), lost: total - lost_before, total_per_cpu: per_cpu };
                         tracing::warn!(lost = total - lost_before, "kernel events lost: ring buffer full");
                         self.live.publish(&rec);
                         lost_before = total;
@@ -353,8 +353,12 @@ impl Daemon {
                 tracing::warn!(error = %e, "rescanning cgroups");
             }
         }
-        let record =
-            Record::from_event(event, &self.index, rfc3339_of_ktime(ktime_ns), page_size());
+        let record = Record::from_event(
+            event,
+            &self.index,
+            crate::sys::ktime_rfc3339(ktime_ns),
+            crate::sys::page_size(),
+        );
         self.metrics.kernel_event(record.kind());
         self.live.publish(&record);
         match event {
@@ -452,7 +456,7 @@ impl Daemon {
         }
         self.state = state;
         if let Some(k) = trigger.ktime_ns {
-            let latency = monotonic_ns().saturating_sub(k) as f64 / 1e9;
+            let latency = crate::sys::monotonic_ns().saturating_sub(k) as f64 / 1e9;
             self.metrics.decision_latency(trigger.name, latency);
         }
         self.report(&reading, &decision);
@@ -637,7 +641,7 @@ impl Daemon {
         self.recently_decided.insert(key.clone(), Instant::now());
         let observed = self.state_observed(&e);
         let base = Record::Eviction {
-            time: now_rfc3339(),
+            time: crate::sys::now_rfc3339(),
             trigger_ktime_ns: trigger.ktime_ns,
             namespace: e.namespace.clone(),
             name: e.name.clone(),
@@ -701,7 +705,7 @@ impl Daemon {
             } = &mut record
             {
                 *r = result.to_string();
-                *time = now_rfc3339();
+                *time = crate::sys::now_rfc3339();
             }
             live.publish(&record);
             // As the kubelet does: wait for the pod's cgroup to go before the next eviction.
@@ -871,38 +875,4 @@ impl Daemon {
             }
         }
     }
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        size as u64
-    } else {
-        4096
-    }
-}
-
-fn clock_ns(clock: libc::clockid_t) -> i128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes only `ts`.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
-}
-
-/// CLOCK_MONOTONIC now, the clock of the kernel's event timestamps.
-fn monotonic_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC) as u64
-}
-
-fn rfc3339_of_ktime(ktime_ns: u64) -> String {
-    let offset = clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC);
-    crate::trace::format_rfc3339(i128::from(ktime_ns) + offset)
-}
-
-fn now_rfc3339() -> String {
-    crate::trace::format_rfc3339(clock_ns(libc::CLOCK_REALTIME))
 }

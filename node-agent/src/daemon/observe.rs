@@ -21,6 +21,8 @@ pub enum ObserveError {
     Malformed { path: PathBuf, problem: String },
     #[error("reading the node cgroup")]
     Cgroup(#[source] paths::ReadError),
+    #[error(transparent)]
+    Sys(#[from] crate::sys::SysError),
 }
 
 /// One reading of the node.
@@ -197,17 +199,7 @@ fn statvfs(path: &Path) -> Result<FsStats, ObserveError> {
 
 /// (min(pid_max, threads-max), live tasks) — the kubelet's PID figures.
 fn pids() -> Result<(i64, i64), ObserveError> {
-    let read = |path: &str| -> Result<i64, ObserveError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ObserveError::Io {
-            path: path.into(),
-            source,
-        })?;
-        text.trim().parse().map_err(|_| ObserveError::Malformed {
-            path: path.into(),
-            problem: format!("expected a number, found {:?}", text.trim()),
-        })
-    };
-    let limit = read("/proc/sys/kernel/pid_max")?.min(read("/proc/sys/kernel/threads-max")?);
+    let limit = crate::sys::pid_limit().map_err(ObserveError::Sys)?;
     // SAFETY: sysinfo writes only into `info`.
     let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
     if unsafe { libc::sysinfo(&mut info) } != 0 {

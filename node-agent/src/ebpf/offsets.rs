@@ -39,7 +39,7 @@ pub fn from_btf(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         page_counter_max: btf.member_offset("page_counter", "max")?,
         page_counter_parent: btf.member_offset("page_counter", "parent")?,
         mark_victim_has_uid: u32::from(btf.tracepoint_args("mark_victim") == Some(2)),
-        page_shift: page_shift(),
+        page_shift: crate::sys::page_size().trailing_zeros(),
         task_thread_pid: btf.member_offset("task_struct", "thread_pid")?,
         pid_numbers: btf.member_offset("pid", "numbers")?,
         upid_ns: btf.member_offset("upid", "ns")?,
@@ -62,16 +62,6 @@ fn rss_layout(btf: &Btf) -> Result<(u32, u32), BtfError> {
             strukt: "mm_struct".into(),
             member: "rss_stat (of a known layout)".into(),
         }),
-    }
-}
-
-fn page_shift() -> u32 {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        (size as u64).trailing_zeros()
-    } else {
-        12
     }
 }
 

@@ -101,67 +101,6 @@ fn quantity_bytes(text: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("{text:?} must be positive"))
 }
 
-/// Wall-clock rendering of kernel (CLOCK_MONOTONIC) timestamps.
-struct Clock {
-    realtime_minus_monotonic_ns: i128,
-}
-
-impl Clock {
-    fn new() -> Self {
-        let now = |clock| {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: clock_gettime writes only `ts`.
-            unsafe { libc::clock_gettime(clock, &mut ts) };
-            i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
-        };
-        Self {
-            realtime_minus_monotonic_ns: now(libc::CLOCK_REALTIME) - now(libc::CLOCK_MONOTONIC),
-        }
-    }
-
-    fn format(&self, ktime_ns: u64) -> String {
-        let ns = i128::from(ktime_ns) + self.realtime_minus_monotonic_ns;
-        format_rfc3339(ns)
-    }
-
-    fn now(&self) -> String {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes only `ts`.
-        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-        format_rfc3339(i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec))
-    }
-}
-
-/// `2026-11-22T00:21:48.123456Z` from nanoseconds since the epoch (UTC, proleptic Gregorian).
-pub fn format_rfc3339(ns: i128) -> String {
-    let secs = ns.div_euclid(1_000_000_000) as i64;
-    let micros = (ns.rem_euclid(1_000_000_000) / 1000) as i64;
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    // Howard Hinnant's days-from-civil inverse.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
-}
-
 /// How often the cgroup index is rescanned (new pods tracked, gone ones dropped) and losses
 /// are checked.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
@@ -177,7 +116,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         .iter()
         .map(|spec| parse_threshold(spec, &root))
         .collect::<anyhow::Result<_>>()?;
-    let pid_limit = pid_limit()?;
+    let pid_limit = crate::sys::pid_limit()? as u64;
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -203,8 +142,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         programs.set_pid_threshold(pid_limit, args.pid_available_below, args.pid_available_below / 10)?;
         let mut events = programs.events()?;
 
-        let clock = Clock::new();
-        let page_size = 1u64 << page_shift();
+        let page_size = crate::sys::page_size();
         let mut out = std::io::stdout().lock();
         if args.output == OutputFormat::Table {
             writeln!(out, "{}", Record::TABLE_HEADER)?;
@@ -225,7 +163,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                     for record in batch? {
                         match record {
                             Ok(event) => {
-                                let rec = Record::from_event(&event, &index, clock.format(event.header().ktime_ns), page_size);
+                                let rec = Record::from_event(&event, &index, crate::sys::ktime_rfc3339(event.header().ktime_ns), page_size);
                                 if filter.matches(&rec) {
                                     writeln!(out, "{}", filter.render(&rec, args.output))?;
                                 }
@@ -239,7 +177,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                     let per_cpu = programs.lost_events()?;
                     let total: u64 = per_cpu.iter().sum();
                     if total > lost_before {
-                        let rec = Record::EventsLost { time: clock.now(), lost: total - lost_before, total_per_cpu: per_cpu };
+                        let rec = Record::EventsLost { time: crate::sys::now_rfc3339(), lost: total - lost_before, total_per_cpu: per_cpu };
                         lost_before = total;
                         if filter.matches(&rec) {
                             writeln!(out, "{}", filter.render(&rec, args.output))?;
@@ -348,41 +286,8 @@ fn track(
     Ok(())
 }
 
-/// min(pid_max, threads-max): the kubelet's PID limit.
-fn pid_limit() -> anyhow::Result<u64> {
-    let read = |path: &str| -> anyhow::Result<u64> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-        text.trim()
-            .parse()
-            .with_context(|| format!("{path}: expected a number, found {:?}", text.trim()))
-    };
-    Ok(read("/proc/sys/kernel/pid_max")?.min(read("/proc/sys/kernel/threads-max")?))
-}
-
-fn page_shift() -> u32 {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        (size as u64).trailing_zeros()
-    } else {
-        12
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn formats_timestamps_as_rfc3339_utc() {
-        let cases = [
-            (0i128, "1970-01-01T00:00:00.000000Z"),
-            (1_795_307_308_123_456_789, "2026-11-22T00:28:28.123456Z"),
-            (951_782_400_000_000_000, "2000-02-29T00:00:00.000000Z"),
-        ];
-        for (ns, want) in cases {
-            assert_eq!(super::format_rfc3339(ns), want);
-        }
-    }
-
     #[test]
     fn refuses_bad_threshold_specs_before_loading_anything() {
         let root = tempfile::tempdir().unwrap();

@@ -1,0 +1,113 @@
+//! Small facts about the running system shared by `trace` and the daemon: clocks (kernel event
+//! timestamps are CLOCK_MONOTONIC), the page size, and the kernel's PID limit.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SysError {
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: expected a number, found {found:?}")]
+    NotANumber { path: PathBuf, found: String },
+}
+
+fn clock_ns(clock: libc::clockid_t) -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only `ts`; both clocks always exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+}
+
+/// CLOCK_MONOTONIC now: the clock of `bpf_ktime_get_ns()`.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC) as u64
+}
+
+/// Wall-clock time of a kernel timestamp, as RFC 3339.
+pub fn ktime_rfc3339(ktime_ns: u64) -> String {
+    let offset = clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC);
+    format_rfc3339(i128::from(ktime_ns) + offset)
+}
+
+/// Now, as RFC 3339.
+pub fn now_rfc3339() -> String {
+    format_rfc3339(clock_ns(libc::CLOCK_REALTIME))
+}
+
+/// `2026-11-22T00:21:48.123456Z` from nanoseconds since the epoch (UTC, proleptic Gregorian).
+pub fn format_rfc3339(ns: i128) -> String {
+    let secs = ns.div_euclid(1_000_000_000) as i64;
+    let micros = (ns.rem_euclid(1_000_000_000) / 1000) as i64;
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Howard Hinnant's civil-from-days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
+}
+
+/// The page size in bytes (page counters and RSS figures count pages).
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        size as u64
+    } else {
+        4096
+    }
+}
+
+/// min(pid_max, threads-max): the PID limit the kubelet's `pid.available` is measured against.
+pub fn pid_limit() -> Result<i64, SysError> {
+    let read = |path: &str| -> Result<i64, SysError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SysError::Read {
+            path: path.into(),
+            source,
+        })?;
+        text.trim().parse().map_err(|_| SysError::NotANumber {
+            path: path.into(),
+            found: text.trim().to_string(),
+        })
+    };
+    Ok(read("/proc/sys/kernel/pid_max")?.min(read("/proc/sys/kernel/threads-max")?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn formats_timestamps_as_rfc3339_utc() {
+        let cases = [
+            (0i128, "1970-01-01T00:00:00.000000Z"),
+            (1_795_307_308_123_456_789, "2026-11-22T00:28:28.123456Z"),
+            (951_782_400_000_000_000, "2000-02-29T00:00:00.000000Z"),
+        ];
+        for (ns, want) in cases {
+            assert_eq!(super::format_rfc3339(ns), want);
+        }
+    }
+
+    #[test]
+    fn reads_this_machines_limits() {
+        assert!(super::pid_limit().unwrap() >= 1024);
+        assert!(super::page_size().is_power_of_two());
+    }
+}
