@@ -6,6 +6,7 @@ pub const KIND_OOM_KILL: u32 = 1;
 pub const KIND_MEMORY_THRESHOLD: u32 = 2;
 pub const KIND_PID_THRESHOLD: u32 = 3;
 pub const KIND_FORK_STORM: u32 = 4;
+pub const KIND_CGROUP_CHANGE: u32 = 5;
 
 /// Crossing directions.
 pub const DIRECTION_DOWN: u32 = 0;
@@ -104,10 +105,25 @@ pub struct ForkStormEvent {
 
 const _: () = assert!(core::mem::size_of::<ForkStormEvent>() == 72);
 
+/// A cgroup was created or removed (any hierarchy): user space rescans its cgroup index
+/// instead of walking cgroupfs on a timer. Rate-limited per CPU in the kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupChangeEvent {
+    pub header: EventHeader,
+    pub cgroup_id: u64,
+    /// 1 for mkdir, 0 for rmdir.
+    pub created: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<CgroupChangeEvent>() == 32);
+
 crate::user_pod!(
     EventHeader,
     OomKillEvent,
     MemoryThresholdEvent,
     PidThresholdEvent,
-    ForkStormEvent
+    ForkStormEvent,
+    CgroupChangeEvent
 );

@@ -5,6 +5,7 @@
 #![no_std]
 #![no_main]
 
+mod cgroups;
 mod kernel;
 mod maps;
 mod memcg;

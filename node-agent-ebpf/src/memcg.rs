@@ -28,7 +28,7 @@ use crate::{
     maps::{emit, header, OFFSETS},
 };
 
-const MIN_INTERVAL_NS: u64 = 20_000;
+const MIN_INTERVAL_NS: u64 = 100_000;
 const MAX_DEPTH: u32 = 8;
 
 /// Key: memory cgroup id.

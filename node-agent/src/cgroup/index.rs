@@ -457,3 +457,61 @@ mod tests {
         );
     }
 }
+
+/// When to walk cgroupfs again: as soon as the kernel said a cgroup came or went (marked
+/// dirty), and otherwise only every `safety` interval, in case such an event was lost. Walking
+/// a node's thousands of cgroups every second would cost more than everything else the agent
+/// does while idle.
+#[derive(Debug, Clone)]
+pub struct RescanSchedule {
+    dirty: bool,
+    last: std::time::Instant,
+    safety: std::time::Duration,
+}
+
+impl RescanSchedule {
+    pub fn new(safety: std::time::Duration, now: std::time::Instant) -> Self {
+        Self {
+            dirty: false,
+            last: now,
+            safety,
+        }
+    }
+
+    /// The kernel reported a cgroup created or removed.
+    pub fn mark(&mut self) {
+        self.dirty = true;
+    }
+
+    /// True when a rescan is due now; the caller then rescans.
+    pub fn due(&mut self, now: std::time::Instant) -> bool {
+        if self.dirty || now.duration_since(self.last) >= self.safety {
+            self.dirty = false;
+            self.last = now;
+            return true;
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use std::time::{Duration, Instant};
+
+    use super::RescanSchedule;
+
+    #[test]
+    fn rescans_when_marked_or_when_the_safety_interval_passed() {
+        let t0 = Instant::now();
+        let mut s = RescanSchedule::new(Duration::from_secs(60), t0);
+        assert!(!s.due(t0 + Duration::from_secs(1)), "idle: no walk");
+        s.mark();
+        assert!(s.due(t0 + Duration::from_secs(2)), "a cgroup came or went");
+        assert!(!s.due(t0 + Duration::from_secs(3)), "once per mark");
+        assert!(
+            s.due(t0 + Duration::from_secs(62)),
+            "safety interval from the last walk"
+        );
+        assert!(!s.due(t0 + Duration::from_secs(63)));
+    }
+}

@@ -13,7 +13,7 @@ mod mounts;
 pub mod paths;
 
 pub use hierarchy::{detect, CgroupVersion, Hierarchy, HierarchyError, HostMode, Layout};
-pub use index::{CgroupEntry, CgroupIndex, Changes, IndexError};
+pub use index::{CgroupEntry, CgroupIndex, Changes, IndexError, RescanSchedule};
 pub use kubepods::{PodCgroup, PodScope, QosClass};
 pub use mounts::{cgroup2_mount, parse_cgroup2_mount, MountError};
 

@@ -135,6 +135,7 @@ struct Daemon {
     programs: KernelPrograms,
     index: CgroupIndex,
     tracked: HashSet<u64>,
+    rescan: crate::cgroup::RescanSchedule,
     triggers: Triggers,
     state: PolicyState,
     started: Instant,
@@ -232,6 +233,7 @@ impl Daemon {
             programs,
             index,
             tracked: HashSet::new(),
+            rescan: crate::cgroup::RescanSchedule::new(Duration::from_secs(60), Instant::now()),
             state: PolicyState::default(),
             started: Instant::now(),
             metrics,
@@ -322,8 +324,10 @@ impl Daemon {
                         self.live.publish(&rec);
                         lost_before = total;
                     }
-                    if let Err(e) = self.track_new_cgroups() {
-                        tracing::warn!(error = %e, "rescanning cgroups");
+                    if self.rescan.due(Instant::now()) {
+                        if let Err(e) = self.track_new_cgroups() {
+                            tracing::warn!(error = %e, "rescanning cgroups");
+                        }
                     }
                     if self.config_changed() {
                         self.reload("config file changed");
@@ -346,19 +350,25 @@ impl Daemon {
         let cgroup = match event {
             KernelEvent::OomKill(e) => Some(e.cgroup_id),
             KernelEvent::ForkStorm(e) => Some(e.cgroup_id),
-            KernelEvent::MemoryThreshold(_) | KernelEvent::PidThreshold(_) => None,
+            KernelEvent::MemoryThreshold(_)
+            | KernelEvent::PidThreshold(_)
+            | KernelEvent::CgroupChange(_) => None,
         };
         if cgroup.is_some_and(|id| self.index.lookup(id).is_none()) {
             if let Err(e) = self.track_new_cgroups() {
                 tracing::warn!(error = %e, "rescanning cgroups");
             }
         }
-        let record = Record::from_event(
+        let Some(record) = Record::from_event(
             event,
             &self.index,
             crate::sys::ktime_rfc3339(ktime_ns),
             crate::sys::page_size(),
-        );
+        ) else {
+            // A cgroup came or went: rescan at the next housekeeping tick.
+            self.rescan.mark();
+            return None;
+        };
         self.metrics.kernel_event(record.kind());
         self.live.publish(&record);
         match event {
@@ -382,7 +392,7 @@ impl Daemon {
                     ktime_ns: Some(ktime_ns),
                 })
             }
-            KernelEvent::ForkStorm(_) => None,
+            KernelEvent::ForkStorm(_) | KernelEvent::CgroupChange(_) => None,
         }
     }
 

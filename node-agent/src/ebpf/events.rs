@@ -2,8 +2,9 @@
 //! unknown kind is an error naming what was wrong, never a panic or a silent skip.
 
 use node_agent_common::{
-    EventHeader, ForkStormEvent, MemoryThresholdEvent, OomKillEvent, PidThresholdEvent,
-    KIND_FORK_STORM, KIND_MEMORY_THRESHOLD, KIND_OOM_KILL, KIND_PID_THRESHOLD,
+    CgroupChangeEvent, EventHeader, ForkStormEvent, MemoryThresholdEvent, OomKillEvent,
+    PidThresholdEvent, KIND_CGROUP_CHANGE, KIND_FORK_STORM, KIND_MEMORY_THRESHOLD, KIND_OOM_KILL,
+    KIND_PID_THRESHOLD,
 };
 
 /// One event from the kernel programs.
@@ -13,6 +14,8 @@ pub enum KernelEvent {
     MemoryThreshold(MemoryThresholdEvent),
     PidThreshold(PidThresholdEvent),
     ForkStorm(ForkStormEvent),
+    /// A cgroup was created or removed somewhere: the cgroup index is out of date.
+    CgroupChange(CgroupChangeEvent),
 }
 
 impl KernelEvent {
@@ -22,6 +25,7 @@ impl KernelEvent {
             Self::MemoryThreshold(e) => &e.header,
             Self::PidThreshold(e) => &e.header,
             Self::ForkStorm(e) => &e.header,
+            Self::CgroupChange(e) => &e.header,
         }
     }
 }
@@ -56,6 +60,7 @@ pub fn decode(record: &[u8]) -> Result<KernelEvent, DecodeError> {
         KIND_MEMORY_THRESHOLD => KernelEvent::MemoryThreshold(body(record, kind)?),
         KIND_PID_THRESHOLD => KernelEvent::PidThreshold(body(record, kind)?),
         KIND_FORK_STORM => KernelEvent::ForkStorm(body(record, kind)?),
+        KIND_CGROUP_CHANGE => KernelEvent::CgroupChange(body(record, kind)?),
         kind => return Err(DecodeError::UnknownKind { kind }),
     })
 }

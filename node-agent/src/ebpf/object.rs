@@ -90,7 +90,13 @@ impl Default for LoadOptions {
 }
 
 /// Programs always attached: (program name in the object, BTF tracepoint).
-const ALWAYS: &[&str] = &["mark_victim", "sched_process_fork", "sched_process_exit"];
+const ALWAYS: &[&str] = &[
+    "mark_victim",
+    "sched_process_fork",
+    "sched_process_exit",
+    "cgroup_mkdir",
+    "cgroup_rmdir",
+];
 /// Programs attached when the kernel has the memcg tracepoints.
 const MEMCG: &[&str] = &[
     "mod_memcg_state",

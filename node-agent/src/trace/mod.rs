@@ -12,7 +12,7 @@ pub use record::{CgroupRef, PodRef, Record};
 
 use crate::{
     cgroup::{self, CgroupIndex},
-    ebpf::{KernelPrograms, LoadOptions},
+    ebpf::{KernelEvent, KernelPrograms, LoadOptions},
 };
 
 #[derive(Debug, clap::Args)]
@@ -101,9 +101,11 @@ fn quantity_bytes(text: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("{text:?} must be positive"))
 }
 
-/// How often the cgroup index is rescanned (new pods tracked, gone ones dropped) and losses
-/// are checked.
+/// How often losses are checked and, when the kernel reported cgroups created or removed, the
+/// cgroup index is rescanned (new pods tracked, gone ones dropped).
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
+/// Full cgroupfs walk when no cgroup change was reported for this long.
+const SAFETY_RESCAN: Duration = Duration::from_secs(60);
 
 pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     // Everything from the command line is validated before any program is loaded.
@@ -149,6 +151,8 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         }
         let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
+        let mut rescan = cgroup::RescanSchedule::new(SAFETY_RESCAN, std::time::Instant::now());
+        let mut cgroups_changed = false;
         let mut lost_before: u64 = programs.lost_events()?.iter().sum();
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         loop {
@@ -162,9 +166,10 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                 batch = events.next_batch() => {
                     for record in batch? {
                         match record {
+                            Ok(KernelEvent::CgroupChange(_)) => cgroups_changed = true,
                             Ok(event) => {
                                 let rec = Record::from_event(&event, &index, crate::sys::ktime_rfc3339(event.header().ktime_ns), page_size);
-                                if filter.matches(&rec) {
+                                if let Some(rec) = rec.filter(|r| filter.matches(r)) {
                                     writeln!(out, "{}", filter.render(&rec, args.output))?;
                                 }
                             }
@@ -184,15 +189,20 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                             out.flush()?;
                         }
                     }
-                    match index.refresh() {
-                        Ok(changes) => {
-                            for id in &changes.removed {
-                                programs.untrack_cgroup(*id)?;
-                                tracked.remove(id);
+                    if std::mem::take(&mut cgroups_changed) {
+                        rescan.mark();
+                    }
+                    if rescan.due(std::time::Instant::now()) {
+                        match index.refresh() {
+                            Ok(changes) => {
+                                for id in &changes.removed {
+                                    programs.untrack_cgroup(*id)?;
+                                    tracked.remove(id);
+                                }
+                                track(&mut programs, &index, changes.added, &mut tracked, &args)?;
                             }
-                            track(&mut programs, &index, changes.added, &mut tracked, &args)?;
+                            Err(e) => tracing::warn!(error = %e, "rescanning cgroups"),
                         }
-                        Err(e) => tracing::warn!(error = %e, "rescanning cgroups"),
                     }
                 }
                 _ = until_deadline => break,

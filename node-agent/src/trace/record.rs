@@ -141,16 +141,16 @@ fn direction(d: u32) -> String {
 }
 
 impl Record {
-    /// Builds the record for a kernel event. `time` is the wall-clock rendering of the event's
+    /// Builds the record for a kernel event (`None` for internal bookkeeping events). `time` is the wall-clock rendering of the event's
     /// kernel timestamp; `page_size` converts page counts.
     pub fn from_event(
         event: &KernelEvent,
         index: &CgroupIndex,
         time: String,
         page_size: u64,
-    ) -> Record {
+    ) -> Option<Record> {
         let ktime_ns = event.header().ktime_ns;
-        match event {
+        Some(match event {
             KernelEvent::OomKill(e) => Record::OomKill {
                 time,
                 ktime_ns,
@@ -200,7 +200,9 @@ impl Record {
                 window_ms: e.window_ns / 1_000_000,
                 max_forks: e.max_forks,
             },
-        }
+            // Bookkeeping for the cgroup index, not something to show.
+            KernelEvent::CgroupChange(_) => return None,
+        })
     }
 
     /// The JSON tag of this record's kind.
@@ -320,7 +322,8 @@ mod tests {
         ev.usage_bytes = 3 << 20;
         ev.threshold_bytes = 2 << 20;
         ev.direction = DIRECTION_UP;
-        let rec = Record::from_event(&KernelEvent::MemoryThreshold(ev), &index, "t".into(), 4096);
+        let rec = Record::from_event(&KernelEvent::MemoryThreshold(ev), &index, "t".into(), 4096)
+            .unwrap();
         let v: serde_json::Value = serde_json::from_str(&rec.json()).unwrap();
         assert_eq!(v["kind"], "memory_threshold");
         assert_eq!(v["direction"], "up");
@@ -339,7 +342,8 @@ mod tests {
             max_forks: 8,
             ..Default::default()
         };
-        let rec = Record::from_event(&KernelEvent::ForkStorm(storm), &index, "t".into(), 4096);
+        let rec =
+            Record::from_event(&KernelEvent::ForkStorm(storm), &index, "t".into(), 4096).unwrap();
         let v: serde_json::Value = serde_json::from_str(&rec.json()).unwrap();
         assert_eq!(
             (v["kind"].as_str(), v["window_ms"].as_u64()),
