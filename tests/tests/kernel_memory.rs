@@ -66,7 +66,7 @@ fn a_memory_threshold_reports_one_up_and_one_down_crossing() -> anyhow::Result<(
     assert_eq!(
         programs.memory_mechanism(),
         MemoryMechanism::MemcgTracepoints,
-        "this kernel has memcg tracepoints"
+        "this kernel has the memcg tracepoints"
     );
     let (threshold, hysteresis) = (64 * MIB, 8 * MIB);
     programs.set_memory_threshold(id, threshold, hysteresis)?;

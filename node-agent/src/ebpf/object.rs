@@ -1,6 +1,9 @@
 //! The embedded eBPF object and its life cycle: find offsets, load, attach, detach on drop.
 
-use aya::{programs::BtfTracePoint, Ebpf, EbpfLoader};
+use aya::{
+    programs::{BtfTracePoint, FExit},
+    Ebpf, EbpfLoader,
+};
 use node_agent_common::DEFAULT_RING_BYTES;
 
 use crate::btf::{Btf, BtfError};
@@ -56,20 +59,28 @@ pub enum LoadError {
 /// How memory thresholds are watched on this kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryMechanism {
-    /// `memcg:mod_memcg_state`/`mod_memcg_lruvec_state` BTF tracepoints (6.16+): evaluated in
-    /// the kernel on every charge.
+    /// fexit on the page-counter charge and uncharge functions: evaluated in the kernel once
+    /// per charge batch, on kernels with BTF and BPF trampolines but without the memcg
+    /// tracepoints (before 6.16). Not yet verified on such a kernel: the sandbox this was built
+    /// in refuses fexit programs (EPERM), and the 6.1/6.12 QEMU tests are still to come.
+    PageCounterFexit,
+    /// `memcg:*` BTF tracepoints (6.16+), throttled per CPU: used when fexit cannot attach.
     MemcgTracepoints,
-    /// The kernel lacks the memcg tracepoints (before 6.16): memory thresholds are not
-    /// evaluated by the kernel programs; the daemon re-reads cgroupfs every
-    /// `pressure_poll_interval` instead.
+    /// Neither: memory thresholds are not evaluated by the kernel programs; the daemon
+    /// re-reads cgroupfs every `pressure_poll_interval` instead.
     Unavailable,
 }
 
 impl std::fmt::Display for MemoryMechanism {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Self::MemcgTracepoints => "memcg BTF tracepoints (in-kernel thresholds)",
-            Self::Unavailable => "cgroupfs polling (the kernel has no memcg tracepoints)",
+            Self::PageCounterFexit => {
+                "fexit on page_counter charge/uncharge (in-kernel thresholds)"
+            }
+            Self::MemcgTracepoints => "memcg BTF tracepoints (in-kernel thresholds, throttled)",
+            Self::Unavailable => {
+                "cgroupfs polling (neither fexit nor memcg tracepoints attach here)"
+            }
         })
     }
 }
@@ -97,7 +108,13 @@ const ALWAYS: &[&str] = &[
     "cgroup_mkdir",
     "cgroup_rmdir",
 ];
-/// Programs attached when the kernel has the memcg tracepoints.
+/// fexit programs on the page-counter functions, named after them.
+const PAGE_COUNTER: &[&str] = &[
+    "page_counter_try_charge",
+    "page_counter_charge",
+    "page_counter_uncharge",
+];
+/// Programs attached when fexit is not possible and the kernel has the memcg tracepoints.
 const MEMCG: &[&str] = &[
     "mod_memcg_state",
     "mod_memcg_lruvec_state",
@@ -129,11 +146,7 @@ impl KernelPrograms {
         }
         let btf = Btf::from_kernel().map_err(LoadError::Btf)?;
         let offsets = super::offsets::from_btf(&btf).map_err(LoadError::Btf)?;
-        let memory = if MEMCG.iter().all(|tp| btf.tracepoint_args(tp).is_some()) {
-            MemoryMechanism::MemcgTracepoints
-        } else {
-            MemoryMechanism::Unavailable
-        };
+        let has_memcg_tracepoints = MEMCG.iter().all(|tp| btf.tracepoint_args(tp).is_some());
         let aya_btf = aya::Btf::from_sys_fs().map_err(|e| LoadError::Object(e.into()))?;
 
         raise_memlock_limit();
@@ -143,6 +156,19 @@ impl KernelPrograms {
             .map_max_entries("EVENTS", options.ring_bytes)
             .load(OBJECT)
             .map_err(classify_load_error)?;
+        // The memcg tracepoints are preferred where they exist: they are what the kernel tests
+        // prove here. fexit on the charge path is the way on older kernels.
+        let memory = if has_memcg_tracepoints {
+            MemoryMechanism::MemcgTracepoints
+        } else {
+            match attach_fexit(&mut ebpf, &aya_btf) {
+                Ok(()) => MemoryMechanism::PageCounterFexit,
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), "no memcg tracepoints and fexit on the page counter did not attach; memory is polled");
+                    MemoryMechanism::Unavailable
+                }
+            }
+        };
         let memcg: &[&'static str] = if memory == MemoryMechanism::MemcgTracepoints {
             MEMCG
         } else {
@@ -169,6 +195,43 @@ impl KernelPrograms {
     pub fn memory_mechanism(&self) -> MemoryMechanism {
         self.memory
     }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// Attaches the page-counter fexit programs, all or none.
+fn attach_fexit(ebpf: &mut Ebpf, btf: &aya::Btf) -> Result<(), LoadError> {
+    let mut attached: Vec<&'static str> = Vec::new();
+    let result = (|| {
+        for &name in PAGE_COUNTER {
+            let program: &mut FExit = ebpf
+                .program_mut(name)
+                .ok_or(LoadError::MissingProgram(name))?
+                .try_into()
+                .map_err(|source| LoadError::Program { name, source })?;
+            program
+                .load(name, btf)
+                .map_err(|source| classify_program_error(name, source))?;
+            attached.push(name);
+            program
+                .attach()
+                .map_err(|source| classify_program_error(name, source))?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        for name in attached {
+            if let Some(p) = ebpf.program_mut(name) {
+                let _ = TryInto::<&mut FExit>::try_into(p).map(|p| p.unload());
+            }
+        }
+    }
+    result
 }
 
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones to the memcg, where this
