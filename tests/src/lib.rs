@@ -236,6 +236,76 @@ impl Drop for Helper {
     }
 }
 
+/// The agent binary built with its kernel programs (`cargo xtask test` sets NODE_AGENT_BIN).
+pub fn agent_bin() -> String {
+    std::env::var("NODE_AGENT_BIN").expect(
+        "NODE_AGENT_BIN names the agent binary built with its kernel programs (set by `cargo xtask test`)",
+    )
+}
+
+/// An agent subprocess (`node-agent ARGS...`) whose stdout JSON lines arrive on a channel
+/// and whose stderr lines (logs) on another. Killed when dropped, so a failing test leaves
+/// nothing running.
+pub struct AgentProcess {
+    pub child: Child,
+    pub json: std::sync::mpsc::Receiver<serde_json::Value>,
+    pub log: std::sync::mpsc::Receiver<String>,
+}
+
+impl AgentProcess {
+    pub fn spawn(args: &[&std::ffi::OsStr]) -> anyhow::Result<Self> {
+        let mut child = Command::new(agent_bin())
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting the agent")?;
+        let json = lines(child.stdout.take().context("stdout")?, |line| {
+            serde_json::from_str::<serde_json::Value>(&line).ok()
+        });
+        let log = lines(child.stderr.take().context("stderr")?, |line| {
+            eprintln!("agent: {line}");
+            Some(line)
+        });
+        Ok(Self { child, json, log })
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signals the process we started.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Each line of `reader` that `map` keeps, on a channel fed by a thread.
+fn lines<T: Send + 'static>(
+    reader: impl std::io::Read + Send + 'static,
+    map: impl Fn(String) -> Option<T> + Send + 'static,
+) -> std::sync::mpsc::Receiver<T> {
+    use std::io::BufRead as _;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(reader)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(v) = map(line) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
 /// Collects decoded kernel events matching `keep` for at most `limit`, stopping early once
 /// `done` says the collection is complete. Undecodable records fail the test.
 pub async fn collect_events(

@@ -2,26 +2,19 @@
 //! real kernel, and a fake kubelet/API server speaking HTTPS and the real JSON.
 
 use std::{
-    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::{mpsc, Arc, Mutex},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use node_agent_kube::fake::{Fake, Reply, Seen};
-use node_agent_tests::{move_into, require_root, Helper, TestCgroup};
+use node_agent_tests::{move_into, require_root, AgentProcess, Helper, TestCgroup};
 use serde_json::{json, Value};
 
 const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
 const HOG_UID: &str = "1b4e28ba-2fa1-11d2-883f-0016d3cca427";
 const CALM_UID: &str = "6ba7b810-9dad-11d1-80b4-00c04fd430c8";
 const NODE: &str = "test-node";
-
-fn agent_bin() -> String {
-    std::env::var("NODE_AGENT_BIN")
-        .expect("NODE_AGENT_BIN names the agent binary built with its kernel programs (set by `cargo xtask test`)")
-}
 
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -144,33 +137,18 @@ fn config_text(
     )
 }
 
-/// The daemon as a subprocess; its stderr lines arrive on a channel. Killed on drop.
+/// The daemon as a subprocess, with the log lines seen so far. Killed on drop.
 struct Agent {
-    child: Child,
-    log: mpsc::Receiver<String>,
+    process: AgentProcess,
     seen_log: Vec<String>,
 }
 
 impl Agent {
     fn start(config: &Path) -> anyhow::Result<Agent> {
-        let mut child = Command::new(agent_bin())
-            .args(["run", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let stderr = child.stderr.take().expect("piped");
-        let (tx, log) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("agent: {line}");
-                let _ = tx.send(line);
-            }
-        });
+        let process =
+            AgentProcess::spawn(&["run".as_ref(), "--config".as_ref(), config.as_os_str()])?;
         let mut agent = Agent {
-            child,
-            log,
+            process,
             seen_log: Vec::new(),
         };
         agent.wait_log("node-agent running", Duration::from_secs(20))?;
@@ -183,7 +161,7 @@ impl Agent {
             return Ok(line.clone());
         }
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.log.recv_timeout(left) {
+            match self.process.log.recv_timeout(left) {
                 Ok(line) => {
                     self.seen_log.push(line.clone());
                     if line.contains(needle) {
@@ -195,38 +173,17 @@ impl Agent {
         }
         anyhow::bail!("the agent did not log {needle:?} within {limit:?}")
     }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: signals the agent process we started.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
-    }
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `node-agent trace` attached to the daemon's socket, collecting JSON lines.
-fn attach_trace(socket: &Path) -> anyhow::Result<(Child, mpsc::Receiver<Value>)> {
-    let mut child = Command::new(agent_bin())
-        .args(["trace", "--output", "json", "--socket"])
-        .arg(socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let stdout = child.stdout.take().expect("piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                let _ = tx.send(v);
-            }
-        }
-    });
-    Ok((child, rx))
+/// `node-agent trace` attached to the daemon's socket.
+fn attach_trace(socket: &Path) -> anyhow::Result<AgentProcess> {
+    AgentProcess::spawn(&[
+        "trace".as_ref(),
+        "--output".as_ref(),
+        "json".as_ref(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ])
 }
 
 fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
@@ -250,7 +207,7 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_within_100ms() -> 
     let fake = rt.block_on(Fake::start(cluster(evictions.clone())));
     let s = setup(&fake, "e2e-evict")?;
     let mut agent = Agent::start(&s.config)?;
-    let (mut trace, trace_rx) = attach_trace(&s.socket)?;
+    let trace = attach_trace(&s.socket)?;
     std::thread::sleep(Duration::from_millis(1500)); // pods fetched, trace attached
 
     // calm: 120Mi, well under its 512Mi request; hog: 100Mi, far over its 16Mi request.
@@ -283,7 +240,7 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_within_100ms() -> 
     let mut eviction = None;
     let deadline = Instant::now() + Duration::from_secs(3);
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        let Ok(v) = trace_rx.recv_timeout(left) else {
+        let Ok(v) = trace.json.recv_timeout(left) else {
             break;
         };
         match v["kind"].as_str() {
@@ -319,14 +276,13 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_within_100ms() -> 
         ),
         "evictions are counted: {metrics}"
     );
-    let _ = trace.kill();
-    let _ = trace.wait();
+    drop(trace);
     hog.go().ok();
     calm.go().ok();
-    agent.signal(libc::SIGTERM);
+    agent.process.signal(libc::SIGTERM);
     let started = Instant::now();
     let status = loop {
-        if let Some(status) = agent.child.try_wait()? {
+        if let Some(status) = agent.process.child.try_wait()? {
             break status;
         }
         assert!(
@@ -408,7 +364,7 @@ fn an_invalid_reload_keeps_the_agent_on_its_old_config() -> anyhow::Result<()> {
         &s.config,
         "eviction:\n  evictionHard: {memory.available: '<lots'}\n",
     )?;
-    agent.signal(libc::SIGHUP);
+    agent.process.signal(libc::SIGHUP);
     let line = agent.wait_log(
         "invalid config; keeping the previous one",
         Duration::from_secs(5),
@@ -418,7 +374,7 @@ fn an_invalid_reload_keeps_the_agent_on_its_old_config() -> anyhow::Result<()> {
         "says what was wrong: {line}"
     );
     std::thread::sleep(Duration::from_millis(300));
-    assert!(agent.child.try_wait()?.is_none(), "still running");
+    assert!(agent.process.child.try_wait()?.is_none(), "still running");
     let health = http_get(s.port, "/healthz")?;
     assert!(
         health.starts_with("HTTP/1.1 200"),
@@ -442,7 +398,7 @@ fn an_invalid_reload_keeps_the_agent_on_its_old_config() -> anyhow::Result<()> {
         &s.config,
         config_text(&fake, &s.node, &s.socket, s.port, "700Mi"),
     )?;
-    agent.signal(libc::SIGHUP);
+    agent.process.signal(libc::SIGHUP);
     agent.wait_log("config reloaded", Duration::from_secs(5))?;
     let _ = std::fs::remove_dir_all(&s.dir);
     Ok(())
@@ -469,29 +425,13 @@ fn standalone_mode_decides_in_dry_run_and_shows_it_on_stdout() -> anyhow::Result
             node.cgroup_path()
         ),
     )?;
-    let mut child = Command::new(agent_bin())
-        .args(["run", "--trace", "json", "--config"])
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let stdout = child.stdout.take().expect("piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                let _ = tx.send(v);
-            }
-        }
-    });
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _agent = Kill(child);
+    let agent = AgentProcess::spawn(&[
+        "run".as_ref(),
+        "--trace".as_ref(),
+        "json".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ])?;
     std::thread::sleep(Duration::from_secs(2));
 
     let mut hog = Helper::spawn(MEM_HELPER, &["hold".into(), "150".into()])?;
@@ -502,7 +442,9 @@ fn standalone_mode_decides_in_dry_run_and_shows_it_on_stdout() -> anyhow::Result
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut decision = None;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        let Ok(v) = rx.recv_timeout(left) else { break };
+        let Ok(v) = agent.json.recv_timeout(left) else {
+            break;
+        };
         if v["kind"] == "eviction" {
             decision = Some(v);
             break;

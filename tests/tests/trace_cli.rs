@@ -1,30 +1,13 @@
 //! `node-agent trace` as an operator runs it: a subprocess whose JSON Lines output is read.
 
 use std::{
-    io::{BufRead as _, BufReader},
-    process::{Command, Stdio},
-    sync::mpsc,
+    process::Command,
     time::{Duration, Instant},
 };
 
-use node_agent_tests::{require_root, Helper, TestCgroup};
+use node_agent_tests::{agent_bin, require_root, AgentProcess, Helper, TestCgroup};
 
 const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
-
-fn agent_bin() -> String {
-    std::env::var("NODE_AGENT_BIN")
-        .expect("NODE_AGENT_BIN names the agent binary built with its kernel programs (set by `cargo xtask test`)")
-}
-
-/// Kills the trace process if the test fails half-way.
-struct Reaper(std::process::Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn trace_json_shows_an_oom_kill_and_exits_cleanly_on_sigterm() -> anyhow::Result<()> {
@@ -33,44 +16,34 @@ fn trace_json_shows_an_oom_kill_and_exits_cleanly_on_sigterm() -> anyhow::Result
     cgroup.set_memory_limit(32 << 20)?;
     let id = cgroup.id();
 
-    let mut trace = Reaper(
-        Command::new(agent_bin())
-            .args([
-                "trace",
-                "--output",
-                "json",
-                "--duration",
-                "30s",
-                "--kind",
-                "oom_kill",
-            ])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?,
-    );
+    // --no-attach: a daemon running on this machine must not stand in for the programs.
+    let trace = AgentProcess::spawn(
+        &[
+            "trace",
+            "--no-attach",
+            "--output",
+            "json",
+            "--duration",
+            "30s",
+            "--kind",
+            "oom_kill",
+        ]
+        .map(std::ffi::OsStr::new),
+    )?;
     // Ready once it logs that it is tracing.
-    let stderr = trace.0.stderr.take().expect("piped");
-    let (ready_tx, ready_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("trace: {line}");
-            if line.contains("tracing") {
-                let _ = ready_tx.send(());
-            }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .expect("trace started within 20 s");
+        if trace
+            .log
+            .recv_timeout(left)
+            .is_ok_and(|l| l.contains("tracing"))
+        {
+            break;
         }
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("trace started within 20 s");
-
-    let stdout = trace.0.stdout.take().expect("piped");
-    let (line_tx, line_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = line_tx.send(line);
-        }
-    });
+    }
 
     let mut helper = Helper::spawn(MEM_HELPER, &["oom".to_string()])?;
     let pid = helper.pid();
@@ -81,13 +54,12 @@ fn trace_json_shows_an_oom_kill_and_exits_cleanly_on_sigterm() -> anyhow::Result
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut seen = None;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        let Ok(line) = line_rx.recv_timeout(left) else {
+        let Ok(v) = trace.json.recv_timeout(left) else {
             break;
         };
-        let v: serde_json::Value = serde_json::from_str(&line)?;
         assert_eq!(
             v["kind"], "oom_kill",
-            "--kind oom_kill lets nothing else through: {line}"
+            "--kind oom_kill lets nothing else through: {v}"
         );
         if v["pid"] == pid && v["cgroup"]["id"] == id {
             seen = Some(v);
@@ -101,11 +73,11 @@ fn trace_json_shows_an_oom_kill_and_exits_cleanly_on_sigterm() -> anyhow::Result
         .as_str()
         .is_some_and(|p| p.ends_with(&*cgroup.path().file_name().unwrap().to_string_lossy())));
 
-    // SAFETY: signals the trace process we started.
-    unsafe { libc::kill(trace.0.id() as i32, libc::SIGTERM) };
+    trace.signal(libc::SIGTERM);
+    let mut trace = trace;
     let started = Instant::now();
     let status = loop {
-        if let Some(status) = trace.0.try_wait()? {
+        if let Some(status) = trace.child.try_wait()? {
             break status;
         }
         assert!(
