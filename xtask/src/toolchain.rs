@@ -97,7 +97,16 @@ pub fn require() -> anyhow::Result<EbpfToolchain> {
 
 /// Installs whatever is missing, then returns the toolchain. Says what it does.
 pub fn setup() -> anyhow::Result<EbpfToolchain> {
-    if let Ok(tc) = find() {
+    // The Debian route also needs Debian's clippy, to lint the eBPF crate.
+    let debian_clippy_missing =
+        matches!(route(), Some(Route::Debian)) && !Path::new("/usr/bin/clippy-driver").exists();
+    if let Ok(tc) = find().map_err(drop).and_then(|tc| {
+        if debian_clippy_missing {
+            Err(())
+        } else {
+            Ok(tc)
+        }
+    }) {
         eprintln!(
             "xtask: eBPF toolchain ready ({:?} route, {})",
             tc.route,
@@ -105,7 +114,10 @@ pub fn setup() -> anyhow::Result<EbpfToolchain> {
         );
         return Ok(tc);
     }
-    if route().is_none() || !Path::new(LLVM_PREFIX).join("bin/llvm-config").exists() {
+    if route().is_none()
+        || debian_clippy_missing
+        || !Path::new(LLVM_PREFIX).join("bin/llvm-config").exists()
+    {
         install_debian_packages()?;
     }
     if bpf_linker().is_none() {
