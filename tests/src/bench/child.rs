@@ -7,6 +7,12 @@
 //!   a time up to HIGH MiB, reading USAGE_FILE after each, and answers `cross T USAGE` (T:
 //!   CLOCK_MONOTONIC ns just before touching the page whose charge took usage to LINE or more)
 //!   or `nocross USAGE`; *down* unmaps back to LOW and answers `low USAGE LINE`.
+//! - `child ramp-trace USAGE_FILE LOW_MIB HIGH_MIB`: touches LOW MiB and answers `low USAGE`.
+//!   Then, alternately: *up* touches pages one at a time up to HIGH MiB, reading USAGE_FILE
+//!   after each, and answers `trace T:U T:U ...`, one pair each time the usage read changed
+//!   (T: CLOCK_MONOTONIC ns just before touching the page after which U was read), so the
+//!   bench can find when a line learnt only afterwards was crossed; *down* unmaps back to LOW
+//!   and answers `low USAGE`.
 //! - `child ramp-file USAGE_FILE FILE LINE`: answers `low USAGE LINE`; then *up* reads FILE 4 KiB
 //!   at a time, round and round, until the next line arrives (at most 60 s), and answers as
 //!   above; *down* drops the file's pages from the page cache.
@@ -45,6 +51,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             num(3, "HIGH_MIB")?,
             num(4, "OFFSET")? as u64,
         ),
+        "ramp-trace" => ramp_trace(
+            Path::new(arg(1, "USAGE_FILE")?),
+            num(2, "LOW_MIB")?,
+            num(3, "HIGH_MIB")?,
+        ),
         "ramp-file" => ramp_file(
             Path::new(arg(1, "USAGE_FILE")?),
             Path::new(arg(2, "FILE")?),
@@ -70,7 +81,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             Ok(())
         }
         other => {
-            bail!("unknown child mode {other:?}: expected ramp-anon, ramp-file, fork or fault")
+            bail!("unknown child mode {other:?}: expected ramp-anon, ramp-trace, ramp-file, fork or fault")
         }
     }
 }
@@ -189,6 +200,43 @@ fn ramp_anon(
         }
         drop(region);
         say(&format!("low {} {line}", usage.read()));
+    }
+}
+
+fn ramp_trace(usage_file: &Path, low_mib: usize, high_mib: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(high_mib > low_mib, "HIGH_MIB must exceed LOW_MIB");
+    let usage = Usage::open(usage_file)?;
+    wait_line()?;
+    let base = Region::map(low_mib * MIB)?;
+    base.touch(0, base.len);
+    say(&format!("low {}", usage.read()));
+    loop {
+        if wait_line().is_err() {
+            return Ok(());
+        }
+        let region = Region::map((high_mib - low_mib) * MIB)?;
+        // Usage moves in charge batches (64 pages on most kernels): a few hundred changes.
+        let mut points: Vec<(u64, u64)> = Vec::with_capacity(1024);
+        let mut last = usage.read();
+        for off in (0..region.len).step_by(PAGE) {
+            let t = mono_ns();
+            region.touch(off, off + 1);
+            let u = usage.read();
+            if u != last {
+                points.push((t, u));
+                last = u;
+            }
+        }
+        let mut answer = String::from("trace");
+        for (t, u) in points {
+            answer.push_str(&format!(" {t}:{u}"));
+        }
+        say(&answer);
+        if wait_line().is_err() {
+            return Ok(());
+        }
+        drop(region);
+        say(&format!("low {}", usage.read()));
     }
 }
 

@@ -314,15 +314,6 @@ pub fn run(rows: &mut Vec<Row>, opts: &Options, rng: &mut Rng) -> anyhow::Result
             evfd.health()
         )),
     );
-    rows.push(Row::not_measured(
-        SECTION,
-        "end to end through the `node-agent run` daemon (crossing → eviction request)",
-        "not yet measured: the bench does not drive the daemon yet (it landed while this bench \
-         was written); the eBPF row above is the same kernel → ring buffer → evaluate() path, \
-         driven by the bench itself, without the Kubernetes eviction request"
-            .into(),
-    ));
-
     let mut poll_median_10s = f64::NAN;
     for (period, n) in [
         (Duration::from_secs(1), opts.poll_1s),

@@ -3,6 +3,8 @@
 //!
 //! - [`latency`]: a controlled memory ramp crosses a line; the eBPF path, the cgroup v1 eventfd
 //!   threshold and 1 s / 10 s pollers detect it ([`ramp`] drives the allocator).
+//! - [`e2e`]: the release daemon (`node-agent run`) against a fake kubelet/API server: a pod's
+//!   ramp crosses `memory.available` → the eviction request arrives.
 //! - [`psi`]: a PSI trigger on the same kind of ramp, pushed into reclaim.
 //! - [`overhead`]: fork+exit and page-fault loops with and without the programs attached.
 //! - [`throughput`]: events drained without loss, an overflowed ring, a bounded fork storm.
@@ -14,6 +16,7 @@
 
 pub mod cgroups;
 pub mod child;
+pub mod e2e;
 pub mod footprint;
 pub mod latency;
 pub mod overhead;

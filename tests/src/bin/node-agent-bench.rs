@@ -18,8 +18,8 @@ use std::{
 
 use anyhow::Context as _;
 use node_agent_tests::bench::{
-    cgroups, child, footprint, latency, overhead, policy, psi, report::Machine, throughput, Report,
-    Rng, Row,
+    cgroups, child, e2e, footprint, latency, overhead, policy, psi, report::Machine, throughput,
+    Report, Rng, Row,
 };
 
 struct Args {
@@ -130,6 +130,15 @@ fn bench(args: &Args) -> anyhow::Result<()> {
         };
     section("latency: eBPF, eventfd, pollers", &mut |rows| {
         latency::run(rows, &opts, &mut rng)
+    });
+    section("latency: e2e through node-agent run", &mut |rows| {
+        e2e::run(
+            rows,
+            &args.agent,
+            if q { 5 } else { 20 },
+            &args.work_dir,
+            &mut rng,
+        )
     });
     section("latency: PSI trigger", &mut |rows| {
         psi::run(rows, if q { 2 } else { 6 }, &args.work_dir, &mut rng)
