@@ -24,8 +24,8 @@ use crate::{
     ebpf::{ControlError, KernelPrograms},
 };
 
-/// A line is rewritten only when it moves by more than this, to keep map writes rare (a line
-/// the kernel reported crossed is always rewritten: the kernel stays quiet until re-armed).
+/// A line moving up is rewritten only when it moves by more than this, to keep map writes rare;
+/// a line moving down, or one the kernel reported crossed, is always rewritten.
 const MOVE_AT_LEAST: u64 = 4 << 20;
 /// With less headroom than this the daemon polls as well: the node is about to cross.
 const NEAR: u64 = 2 * MOVE_AT_LEAST;
@@ -137,10 +137,11 @@ impl Triggers {
                 continue;
             };
             let line = reading.usage.saturating_add(headroom);
+            // Down always (less headroom must never be noticed late); up only by a real step.
             let moved = self
                 .lines
                 .get(id)
-                .is_none_or(|old| old.abs_diff(line) > MOVE_AT_LEAST);
+                .is_none_or(|old| line < *old || line - old > MOVE_AT_LEAST);
             if moved {
                 programs.set_memory_threshold(*id, line, (headroom / 2).min(MAX_HYSTERESIS))?;
                 self.lines.insert(*id, line);

@@ -127,7 +127,7 @@ impl Machine {
         };
         Self {
             commit,
-            date: utc_now(),
+            date: node_agent::sys::now_rfc3339(),
             kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
             cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
             cpu_model,
@@ -209,31 +209,6 @@ impl Report {
 /// A table cell: pipes escaped, newlines flattened.
 fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace('\n', " ")
-}
-
-/// `2026-05-01T12:00:00Z`.
-pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    // Howard Hinnant's civil-from-days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
 }
 
 /// Nanoseconds as milliseconds with sensible precision.

@@ -186,7 +186,7 @@ pub fn run(rows: &mut Vec<Row>) -> anyhow::Result<()> {
         .value(unreported as f64, "crossings")
         .note(
             "not ring-buffer losses (those are counted above): crossings no walk saw. The memcg \
-             walk runs at most once per 20 µs per CPU, shared by all cgroups, so an update of one \
+             walk runs at most once per 100 µs per CPU, shared by all cgroups, so an update of one \
              cgroup can shadow another's crossing; a single oscillating cgroup loses none (below)",
         ),
     );
