@@ -15,7 +15,7 @@ use node_agent_common::{CgroupChangeEvent, KIND_CGROUP_CHANGE};
 
 use crate::{
     kernel::read,
-    maps::{OFFSETS, emit, header},
+    maps::{emit, header, OFFSETS},
 };
 
 const MIN_INTERVAL_NS: u64 = 1_000_000;
@@ -49,6 +49,11 @@ fn try_cgroup_change(cgroup: u64, created: u32) -> Result<(), i64> {
     let o = OFFSETS.load();
     let kn: u64 = read(cgroup, o.cgroup_kn)?;
     let cgroup_id = read(kn, o.kernfs_node_id)?;
-    emit(&CgroupChangeEvent { header: header(KIND_CGROUP_CHANGE), cgroup_id, created, _pad: 0 });
+    emit(&CgroupChangeEvent {
+        header: header(KIND_CGROUP_CHANGE),
+        cgroup_id,
+        created,
+        _pad: 0,
+    });
     Ok(())
 }

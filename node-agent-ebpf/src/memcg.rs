@@ -25,13 +25,13 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FExitContext},
 };
 use node_agent_common::{
-    DIRECTION_DOWN, DIRECTION_UP, KIND_MEMORY_THRESHOLD, MAX_TRACKED_CGROUPS, MemoryThreshold,
-    MemoryThresholdEvent,
+    MemoryThreshold, MemoryThresholdEvent, DIRECTION_DOWN, DIRECTION_UP, KIND_MEMORY_THRESHOLD,
+    MAX_TRACKED_CGROUPS,
 };
 
 use crate::{
     kernel::{css_cgroup_id, read},
-    maps::{OFFSETS, emit, header},
+    maps::{emit, header, OFFSETS},
 };
 
 const MIN_INTERVAL_NS: u64 = 100_000;
