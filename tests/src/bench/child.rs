@@ -18,6 +18,7 @@
 //!   above; *down* drops the file's pages from the page cache.
 //! - `child fork N`: forks and reaps N children one after the other; answers `ns ELAPSED`.
 //! - `child fault MIB ROUNDS`: maps, touches and unmaps MIB MiB ROUNDS times; answers `ns ELAPSED`.
+//! - `child oom`: touches memory until the OOM killer ends it (at most 1 GiB).
 
 use std::{
     io::{BufRead as _, Write as _},
@@ -69,6 +70,14 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             say(&format!("ns {}", start.elapsed().as_nanos()));
             Ok(())
         }
+        "oom" => {
+            // Touches memory until the OOM killer ends it; bounded so a missing kill cannot
+            // eat the machine (the bench sets a small limit first).
+            wait_line()?;
+            let region = Region::map(1024 * MIB)?;
+            region.touch(0, region.len);
+            bail!("touched 1 GiB without being OOM-killed: is the cgroup's memory limit set?")
+        }
         "fault" => {
             let (mib, rounds) = (num(1, "MIB")?, num(2, "ROUNDS")?);
             wait_line()?;
@@ -81,7 +90,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             Ok(())
         }
         other => {
-            bail!("unknown child mode {other:?}: expected ramp-anon, ramp-trace, ramp-file, fork or fault")
+            bail!("unknown child mode {other:?}: expected ramp-anon, ramp-trace, ramp-file, fork, fault or oom")
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod child;
 pub mod e2e;
 pub mod footprint;
 pub mod latency;
+pub mod oom;
 pub mod overhead;
 pub mod policy;
 pub mod psi;

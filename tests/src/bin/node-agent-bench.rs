@@ -18,8 +18,8 @@ use std::{
 
 use anyhow::Context as _;
 use node_agent_tests::bench::{
-    cgroups, child, e2e, footprint, latency, overhead, policy, psi, report::Machine, throughput,
-    Report, Rng, Row,
+    cgroups, child, e2e, footprint, latency, oom, overhead, policy, psi, report::Machine,
+    throughput, Report, Rng, Row,
 };
 
 struct Args {
@@ -139,6 +139,9 @@ fn bench(args: &Args) -> anyhow::Result<()> {
             &args.work_dir,
             &mut rng,
         )
+    });
+    section("latency: OOM kill events", &mut |rows| {
+        oom::run(rows, if q { 3 } else { 20 })
     });
     section("latency: PSI trigger", &mut |rows| {
         psi::run(rows, if q { 2 } else { 6 }, &args.work_dir, &mut rng)
