@@ -149,19 +149,12 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         if args.output == OutputFormat::Table {
             writeln!(out, "{}", Record::TABLE_HEADER)?;
         }
-        let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+        let mut stop = Stop::new(args.duration)?;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
         let mut rescan = cgroup::RescanSchedule::new(SAFETY_RESCAN, std::time::Instant::now());
         let mut cgroups_changed = false;
         let mut lost_before: u64 = programs.lost_events()?.iter().sum();
-        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         loop {
-            let until_deadline = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 batch = events.next_batch() => {
                     for record in batch? {
@@ -205,14 +198,41 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                         }
                     }
                 }
-                _ = until_deadline => break,
-                _ = tokio::signal::ctrl_c() => break,
-                _ = sigterm.recv() => break,
+                () = stop.wait() => break,
             }
         }
         // Dropping `programs` detaches every program.
         anyhow::Ok(())
     })
+}
+
+/// When `trace` stops: after `--duration`, on Ctrl-C, or on SIGTERM.
+struct Stop {
+    deadline: Option<tokio::time::Instant>,
+    sigterm: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn new(duration: Option<Duration>) -> std::io::Result<Self> {
+        Ok(Self {
+            deadline: duration.map(|d| tokio::time::Instant::now() + d),
+            sigterm: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
+        })
+    }
+
+    async fn wait(&mut self) {
+        let until_deadline = async {
+            match self.deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = until_deadline => {}
+            _ = tokio::signal::ctrl_c() => {}
+            _ = self.sigterm.recv() => {}
+        }
+    }
 }
 
 async fn connect(path: &std::path::Path) -> Option<tokio::net::UnixStream> {
@@ -237,15 +257,8 @@ async fn attach(
     if args.output == OutputFormat::Table {
         writeln!(out, "{}", Record::TABLE_HEADER)?;
     }
-    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut stop = Stop::new(args.duration)?;
     loop {
-        let until_deadline = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             line = lines.next_line() => {
                 let Some(line) = line? else {
@@ -260,9 +273,7 @@ async fn attach(
                     Err(e) => tracing::warn!(error = %e, "unreadable line from the daemon"),
                 }
             }
-            _ = until_deadline => return Ok(()),
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-            _ = sigterm.recv() => return Ok(()),
+            () = stop.wait() => return Ok(()),
         }
     }
 }

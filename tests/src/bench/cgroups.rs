@@ -169,14 +169,7 @@ impl PodTree {
         let qos = root.path().join("kubepods/burstable");
         std::fs::create_dir_all(&qos).with_context(|| format!("creating {}", qos.display()))?;
         for _ in 0..n {
-            let uid = format!(
-                "{}-{}-{}-{}-{}",
-                rng.hex(8),
-                rng.hex(4),
-                rng.hex(4),
-                rng.hex(4),
-                rng.hex(12)
-            );
+            let uid = rng.uuid();
             let container = qos.join(format!("pod{uid}")).join(rng.hex(64));
             std::fs::create_dir_all(&container)
                 .with_context(|| format!("creating {}", container.display()))?;

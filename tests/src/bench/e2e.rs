@@ -67,14 +67,7 @@ impl Pod {
         priority: i32,
         rng: &mut Rng,
     ) -> anyhow::Result<Self> {
-        let uid = format!(
-            "{}-{}-{}-{}-{}",
-            rng.hex(8),
-            rng.hex(4),
-            rng.hex(4),
-            rng.hex(4),
-            rng.hex(12)
-        );
+        let uid = rng.uuid();
         let container = rng.hex(64);
         let pod_dir = qos.join(format!("pod{uid}"));
         let container_dir = pod_dir.join(&container);

@@ -89,6 +89,18 @@ impl Rng {
             .map(|_| char::from_digit((self.next_u64() % 16) as u32, 16).unwrap_or('0'))
             .collect()
     }
+
+    /// A random pod UID in the canonical 8-4-4-4-12 form.
+    pub fn uuid(&mut self) -> String {
+        format!(
+            "{}-{}-{}-{}-{}",
+            self.hex(8),
+            self.hex(4),
+            self.hex(4),
+            self.hex(4),
+            self.hex(12)
+        )
+    }
 }
 
 #[cfg(test)]
