@@ -124,7 +124,8 @@ fn live_pids(o: &KernelOffsets, task: u64) -> Result<i64, i64> {
 }
 
 /// Counts a fork against the cgroup's rate window; the first fork over the limit in a window
-/// reports a storm, and the storm clears when a whole window stays under the limit. Plain
+/// reports a storm, and the storm clears when a whole window stays at or under the limit, a
+/// quiet one (no fork at all) included, so the next storm is reported again. Plain
 /// (non-atomic) updates: concurrent forks on several CPUs can undercount slightly, which only
 /// delays a report by a few forks.
 #[inline(always)]
@@ -136,8 +137,13 @@ fn fork_rate(cgroup: u64) {
     let limit = unsafe { &mut *limit };
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(limit.window_start_ns) >= limit.window_ns {
-        if limit.forks_in_window <= limit.max_forks {
+    let elapsed = now.wrapping_sub(limit.window_start_ns);
+    if elapsed >= limit.window_ns {
+        // The window that just ended was calm, or a whole window passed with no fork at all
+        // (the first fork after a silence lands here with `elapsed` of two windows or more).
+        if limit.forks_in_window <= limit.max_forks
+            || elapsed >= limit.window_ns.saturating_mul(2)
+        {
             limit.storming = 0;
         }
         limit.window_start_ns = now;
