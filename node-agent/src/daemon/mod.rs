@@ -176,6 +176,7 @@ impl Daemon {
 
         let mut programs = KernelPrograms::load_with(&LoadOptions {
             ring_bytes: config.settings.ring_bytes,
+            ..LoadOptions::default()
         })?;
         let index = CgroupIndex::scan(layout.memory.mount())?;
         let kube = match &config.kubernetes {

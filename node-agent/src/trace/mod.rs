@@ -129,7 +129,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         }
     }
     runtime.block_on(async move {
-        let mut programs = KernelPrograms::load_with(&LoadOptions { ring_bytes: args.ring_bytes })?;
+        let mut programs = KernelPrograms::load_with(&LoadOptions { ring_bytes: args.ring_bytes, ..LoadOptions::default() })?;
         tracing::info!(%layout, memory = %programs.memory_mechanism(), "tracing");
         if !thresholds.is_empty() && programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable {
             tracing::warn!("this kernel has no memcg tracepoints: --memory-threshold is not evaluated");

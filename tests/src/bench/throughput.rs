@@ -234,8 +234,11 @@ pub fn run(rows: &mut Vec<Row>) -> anyhow::Result<()> {
     drop(programs);
 
     // 3. A one-page ring nobody drains while 600 crossings happen: every loss is counted.
-    let mut programs = KernelPrograms::load_with(&LoadOptions { ring_bytes: 4096 })
-        .context("loading the kernel programs with a 4 KiB ring")?;
+    let mut programs = KernelPrograms::load_with(&LoadOptions {
+        ring_bytes: 4096,
+        ..LoadOptions::default()
+    })
+    .context("loading the kernel programs with a 4 KiB ring")?;
     let mut events = rt.block_on(async { programs.events() })?;
     let c = BenchCgroup::memory("overflow")?;
     let cid = c.id()?;
