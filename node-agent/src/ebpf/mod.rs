@@ -9,6 +9,9 @@ mod sampler;
 
 pub use control::ControlError;
 pub use events::{DecodeError, KernelEvent};
-pub use object::{KernelPrograms, LoadError, LoadOptions, MemoryChoice, MemoryMechanism};
+pub use object::{
+    enable_run_time_stats, KernelPrograms, LoadError, LoadOptions, MemoryChoice, MemoryMechanism,
+    ProgramStats,
+};
 pub use ring::EventStream;
 pub use sampler::SamplerError;

@@ -338,3 +338,36 @@ pub(crate) fn classify_program_error(
         },
     }
 }
+
+/// What the kernel counted for one attached program while BPF statistics were enabled
+/// (`kernel.bpf_stats_enabled`, or an `aya::sys::enable_stats` guard).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramStats {
+    pub name: String,
+    pub run_count: u64,
+    pub run_time: Duration,
+}
+
+impl KernelPrograms {
+    /// Run counts and run time of every loaded program, by name.
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                Some(ProgramStats {
+                    name: name.to_string(),
+                    run_count: info.run_count(),
+                    run_time: info.run_time(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Turns the kernel's BPF run-time statistics on until the returned descriptor is closed (what
+/// `kernel.bpf_stats_enabled` does, scoped to this process). They cost two clock reads per
+/// program run, so overhead is measured without them.
+pub fn enable_run_time_stats() -> std::io::Result<std::os::fd::OwnedFd> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| e.io_error)
+}
