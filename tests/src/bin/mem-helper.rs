@@ -5,7 +5,8 @@
 //!   4 GiB, then exits 10 so a missing OOM kill fails the test instead of eating the machine).
 //! - `mem-helper hold MIB`: touches MIB MiB, prints `held`, waits for a line, frees it, prints
 //!   `freed`, waits for a line, exits.
-//! - `mem-helper oscillate LOW_MIB HIGH_MIB TIMES`: moves between LOW and HIGH MiB TIMES times.
+//! - `mem-helper oscillate LOW_MIB HIGH_MIB TIMES [HOLD_US]`: moves between LOW and HIGH MiB
+//!   TIMES times, staying HOLD_US microseconds (default 0) at each end.
 //! - `mem-helper cross KIB`: touches KIB KiB page by page, prints `held NS` (CLOCK_MONOTONIC
 //!   right after the last page was written, the clock of kernel event timestamps), then sleeps
 //!   until a line arrives: no memory event of its own follows the last charge. Then frees it,
@@ -106,7 +107,7 @@ fn arg(n: usize) -> usize {
         Some(Ok(v)) => v,
         _ => {
             eprintln!(
-                "usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES | cross KIB"
+                "usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES [HOLD_US] | cross KIB"
             );
             std::process::exit(2);
         }
@@ -144,17 +145,27 @@ fn main() {
         }
         "oscillate" => {
             let (low, high, times) = (arg(2), arg(3), arg(4));
+            let hold = std::env::args()
+                .nth(5)
+                .map(|_| arg(5))
+                .map(|us| std::time::Duration::from_micros(us as u64));
             let base: Vec<Mib> = (0..low).map(|_| touched_mib()).collect();
             for _ in 0..times {
                 let extra: Vec<Mib> = (low..high).map(|_| touched_mib()).collect();
+                if let Some(hold) = hold {
+                    std::thread::sleep(hold);
+                }
                 drop(extra);
+                if let Some(hold) = hold {
+                    std::thread::sleep(hold);
+                }
             }
             drop(base);
             say("done");
         }
         _ => {
             eprintln!(
-                "usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES | cross KIB"
+                "usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES [HOLD_US] | cross KIB"
             );
             std::process::exit(2);
         }
