@@ -5,6 +5,7 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use k8s_openapi::api::{
+    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
     apps::v1::DaemonSet,
     core::v1::{ConfigMap, Namespace, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
@@ -37,6 +38,8 @@ struct Manifests {
     bindings: Vec<ClusterRoleBinding>,
     config_maps: Vec<ConfigMap>,
     daemon_sets: Vec<DaemonSet>,
+    policies: Vec<ValidatingAdmissionPolicy>,
+    policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
 }
 
 fn load(files: &[&str]) -> Manifests {
@@ -50,6 +53,8 @@ fn load(files: &[&str]) -> Manifests {
                 "ClusterRoleBinding" => m.bindings.push(typed(file, &doc)),
                 "ConfigMap" => m.config_maps.push(typed(file, &doc)),
                 "DaemonSet" => m.daemon_sets.push(typed(file, &doc)),
+                "ValidatingAdmissionPolicy" => m.policies.push(typed(file, &doc)),
+                "ValidatingAdmissionPolicyBinding" => m.policy_bindings.push(typed(file, &doc)),
                 other => panic!("{file}: unexpected kind {other:?}"),
             }
         }
@@ -58,7 +63,11 @@ fn load(files: &[&str]) -> Manifests {
 }
 
 fn kustomization_resources() -> Vec<String> {
-    let k: serde_json::Value = documents("kustomization.yaml").remove(0);
+    kustomization_resources_in("kustomization.yaml")
+}
+
+fn kustomization_resources_in(file: &str) -> Vec<String> {
+    let k: serde_json::Value = documents(file).remove(0);
     k["resources"]
         .as_array()
         .unwrap()
@@ -97,12 +106,28 @@ fn kustomization_lists_every_default_manifest() {
             "namespace.yaml",
             "serviceaccount.yaml",
             "rbac.yaml",
+            "admission-policy.yaml",
             "configmap.yaml",
             "daemonset.yaml"
         ]
     );
+    // No namespace transformer: kustomize would put one on the cluster-scoped policy.
+    let k: serde_json::Value = documents("kustomization.yaml").remove(0);
+    assert!(k.get("namespace").is_none(), "{k}");
     let m = manifests();
     assert_eq!(m.namespaces[0].metadata.name.as_deref(), Some("node-agent"));
+    // Every namespaced object names its namespace itself.
+    assert!(m
+        .service_accounts
+        .iter()
+        .map(|o| &o.metadata)
+        .chain(m.config_maps.iter().map(|o| &o.metadata))
+        .chain(m.daemon_sets.iter().map(|o| &o.metadata))
+        .all(|meta| meta.namespace.as_deref() == Some("node-agent")));
+    // The node-bound admission policy and its binding are part of the default install.
+    assert_eq!(m.policies.len(), 1);
+    assert_eq!(m.policy_bindings.len(), 1);
+    assert!(m.policies[0].metadata.namespace.is_none(), "cluster-scoped");
     assert_eq!(
         m.service_accounts[0].metadata.name.as_deref(),
         Some("node-agent")
@@ -113,10 +138,11 @@ fn kustomization_lists_every_default_manifest() {
 fn rbac_grants_exactly_the_intended_verbs() {
     let m = manifests();
     assert_eq!(m.roles.len(), 1);
+    // No pods delete and no pods/status patch by default: those are pdb_policy: override's,
+    // in deploy/override/.
     let want: BTreeMap<(String, String), Vec<String>> = [
-        ("", "pods", &["delete", "get", "list", "watch"][..]),
+        ("", "pods", &["get", "list", "watch"][..]),
         ("", "pods/eviction", &["create"]),
-        ("", "pods/status", &["patch"]),
         ("", "nodes", &["get"]),
         ("", "nodes/status", &["patch"]),
         ("", "nodes/stats", &["get"]),
@@ -144,6 +170,25 @@ fn rbac_grants_exactly_the_intended_verbs() {
             subject.namespace.as_deref()
         ),
         ("ServiceAccount", "node-agent", Some("node-agent"))
+    );
+
+    // The override add-on grants exactly what pdb_policy: override needs, to the same account.
+    let override_files = kustomization_resources_in("override/kustomization.yaml");
+    assert_eq!(override_files, ["rbac-override.yaml"]);
+    let over = load(&["override/rbac-override.yaml"]);
+    let want: BTreeMap<_, _> = [(("", "pods"), "delete"), (("", "pods/status"), "patch")]
+        .into_iter()
+        .map(|((g, r), v)| ((g.to_string(), r.to_string()), vec![v.to_string()]))
+        .collect();
+    assert_eq!(grants(&over.roles[0]), want);
+    let binding = &over.bindings[0];
+    assert_eq!(
+        binding.role_ref.name,
+        over.roles[0].metadata.name.clone().unwrap()
+    );
+    assert_eq!(
+        binding.subjects.as_ref().unwrap()[0].name.as_str(),
+        "node-agent"
     );
 
     // The optional kubelet-proxy grant is exactly nodes/proxy get, and off by default.

@@ -111,6 +111,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         "config: agent.node_cgroup: no cgroup at {} in the memory hierarchy",
         node_dir.display()
     );
+    // Settings that parse but cannot be meant on this machine (issue 12): refused before
+    // anything is loaded.
+    config::checks::check_on_machine(&config.settings, &layout.memory, &node_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -846,7 +849,16 @@ impl Daemon {
         };
         // This reading covers the file as it is now: the change watcher need not read it again.
         self.config_mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-        match AgentConfig::load(&path, &self.overrides) {
+        // The same machine checks as at start, against the node cgroup in use.
+        let loaded = AgentConfig::load(&path, &self.overrides).and_then(|new| {
+            config::checks::check_on_machine(
+                &new.settings,
+                &self.layout.memory,
+                &self.sources.node_dir,
+            )?;
+            Ok(new)
+        });
+        match loaded {
             Ok(new) => {
                 let restart_needed = new.settings.listen != self.config.settings.listen
                     || new.settings.trace_socket != self.config.settings.trace_socket

@@ -68,6 +68,11 @@ struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabels {
     operation: String,
 }
@@ -99,6 +104,7 @@ pub struct Metrics {
     config_reloads: Family<ResultLabels, Counter>,
     tracked_cgroups: Gauge,
     kube_errors: Family<OperationLabels, Counter>,
+    telemetry_connections_closed: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -120,6 +126,7 @@ impl Metrics {
             config_reloads: Family::default(),
             tracked_cgroups: Gauge::default(),
             kube_errors: Family::default(),
+            telemetry_connections_closed: Family::default(),
         };
         // Both reload results exist from the start, so `rate()` and alerts see a 0, not nothing.
         for result in ["ok", "invalid"] {
@@ -212,7 +219,20 @@ impl Metrics {
             "Failed Kubernetes API or kubelet requests, by operation",
             self.kube_errors.clone(),
         );
+        r.register(
+            "telemetry_connections_closed",
+            "Connections to this listener closed by the agent, by reason (client_limit, capacity, idle)",
+            self.telemetry_connections_closed.clone(),
+        );
         self
+    }
+
+    /// Counter `node_agent_telemetry_connections_closed_total{reason}`: connections the
+    /// metrics and health listener closed so that others get in (see `telemetry::connections`).
+    pub fn telemetry_connection_closed(&self, reason: &'static str) {
+        self.telemetry_connections_closed
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// Gauge `node_agent_signal_available{signal}` (bytes, inodes or PIDs as the kubelet's

@@ -82,11 +82,32 @@ fn parse_threshold(spec: &str, root: &std::path::Path) -> anyhow::Result<MemoryT
         format!("--memory-threshold {spec:?}: expected PATH=QUANTITY, e.g. /kubepods=6Gi")
     })?;
     let bytes = quantity_bytes(quantity).with_context(|| format!("--memory-threshold {spec:?}"))?;
-    let path = root.join(path.trim_start_matches('/'));
+    let relative = std::path::Path::new(path.trim_start_matches('/'));
+    anyhow::ensure!(
+        relative
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir)),
+        "--memory-threshold {spec:?}: {path:?} leaves the cgroup hierarchy; give a path below {} without `..`",
+        root.display()
+    );
+    let path = root.join(relative);
     anyhow::ensure!(
         path.is_dir(),
         "--memory-threshold {spec:?}: no cgroup at {}",
         path.display()
+    );
+    // `..` is not the only way out: a symbolic link could lead elsewhere too.
+    let resolved = path
+        .canonicalize()
+        .with_context(|| format!("--memory-threshold {spec:?}: resolving {}", path.display()))?;
+    let root_resolved = root
+        .canonicalize()
+        .with_context(|| format!("resolving {}", root.display()))?;
+    anyhow::ensure!(
+        resolved.starts_with(&root_resolved),
+        "--memory-threshold {spec:?}: {} leaves the cgroup hierarchy (it is {})",
+        path.display(),
+        resolved.display()
     );
     Ok(MemoryThresholdArg { path, bytes })
 }
@@ -95,7 +116,10 @@ fn quantity_bytes(text: &str) -> anyhow::Result<u64> {
     let q: node_agent_policy::Quantity = text
         .parse()
         .with_context(|| format!("{text:?} is not a quantity such as 512Mi"))?;
-    u64::try_from(q.value())
+    let value = q
+        .checked_value()
+        .with_context(|| format!("{text:?} is beyond what 64 bits of bytes hold"))?;
+    u64::try_from(value)
         .ok()
         .filter(|v| *v > 0)
         .with_context(|| format!("{text:?} must be positive"))
@@ -313,6 +337,8 @@ mod tests {
     fn refuses_bad_threshold_specs_before_loading_anything() {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir(root.path().join("kubepods")).unwrap();
+        // A link out of the hierarchy: `..` is not the only way out.
+        std::os::unix::fs::symlink("/etc", root.path().join("escape")).unwrap();
         let ok = super::parse_threshold("/kubepods=6Gi", root.path()).unwrap();
         assert_eq!(ok.bytes, 6 << 30);
         for (spec, needle) in [
@@ -320,6 +346,10 @@ mod tests {
             ("/kubepods=lots", "not a quantity"),
             ("/kubepods=0", "must be positive"),
             ("/missing=1Gi", "no cgroup at"),
+            ("/../../etc=1Gi", "leaves the cgroup hierarchy"),
+            ("/kubepods/../..=1Gi", "leaves the cgroup hierarchy"),
+            ("/escape=1Gi", "leaves the cgroup hierarchy"),
+            ("/kubepods=20E", "beyond"),
         ] {
             let err = format!(
                 "{:#}",

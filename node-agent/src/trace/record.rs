@@ -185,7 +185,10 @@ impl Record {
                 time,
                 ktime_ns,
                 direction: direction(e.direction),
-                available: e.limit as i64 - e.live,
+                // Saturating: a corrupt record must not overflow (found by fuzzing).
+                available: i64::try_from(e.limit)
+                    .unwrap_or(i64::MAX)
+                    .saturating_sub(e.live),
                 threshold: e.threshold,
                 live: e.live,
                 limit: e.limit,
@@ -349,5 +352,32 @@ mod tests {
             (v["kind"].as_str(), v["window_ms"].as_u64()),
             (Some("fork_storm"), Some(2000))
         );
+    }
+
+    /// Found by the ring_record fuzz target: `limit as i64 - live` overflowed (a panic in
+    /// debug builds, a wrapped figure in release ones) on figures no kernel sends but a
+    /// corrupt record can hold.
+    #[test]
+    fn pid_figures_out_of_range_saturate_instead_of_overflowing() {
+        use node_agent_common::PidThresholdEvent;
+        let dir = tempfile::tempdir().unwrap();
+        let index = CgroupIndex::scan(dir.path()).unwrap();
+        for (limit, live, available) in [
+            (32768, 30000, 2768),
+            (u64::MAX, -1, i64::MAX),
+            (u64::MAX, i64::MIN, i64::MAX),
+            (0, i64::MAX, -i64::MAX),
+            (0, i64::MIN, i64::MAX),
+        ] {
+            let ev = PidThresholdEvent {
+                limit,
+                live,
+                ..Default::default()
+            };
+            let rec = Record::from_event(&KernelEvent::PidThreshold(ev), &index, "t".into(), 4096)
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_str(&rec.json()).unwrap();
+            assert_eq!(v["available"], available, "limit {limit}, live {live}");
+        }
     }
 }
