@@ -19,11 +19,10 @@ pub fn human_bytes(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
-/// The first 13 characters of an ID (`sha256:` prefixes kept), as `crictl` shortens them.
+/// The first 13 characters of an ID without its `sha256:`, as `crictl` shortens them.
 fn short(id: &str) -> &str {
-    let skip = if id.starts_with("sha256:") { 7 } else { 0 };
-    let end = (skip + 13).min(id.len());
-    id.get(..end).unwrap_or(id)
+    let id = id.strip_prefix("sha256:").unwrap_or(id);
+    id.get(..13.min(id.len())).unwrap_or(id)
 }
 
 impl fmt::Display for FsLayout {
