@@ -2,6 +2,7 @@
 
 mod agent;
 mod bench;
+mod image;
 mod lint;
 mod toolchain;
 
@@ -21,7 +22,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Install what the eBPF build needs (Debian packages, bpf-linker); idempotent.
+    /// Install what the eBPF build and the container tests need (Debian packages,
+    /// bpf-linker, containerd, runc, buildah); idempotent.
     Setup,
     /// Build the kernel programs, then the agent that embeds them.
     Build {
@@ -43,6 +45,9 @@ enum Command {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// The agent as an OCI image (static binary, FROM scratch), saved as an OCI archive under
+    /// target/image/.
+    Image,
     /// rustfmt check and clippy with warnings denied, for every crate including the eBPF one.
     Lint,
     /// Benchmarks (root): detection latency against polling, eventfd and PSI, probe overhead,
@@ -58,14 +63,17 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Setup => toolchain::setup().map(|_| ()),
+        Command::Setup => toolchain::setup().and_then(|_| image::setup_runtime()),
         Command::Build { release } => {
             toolchain::require().and_then(|tc| agent::agent(&tc, release).map(|_| ()))
         }
         Command::Run { release, args } => {
             toolchain::setup().and_then(|tc| agent::run(&tc, release, &args))
         }
-        Command::Test { args } => toolchain::setup().and_then(|tc| agent::test(&tc, &args)),
+        Command::Test { args } => toolchain::setup()
+            .and_then(|tc| image::for_tests(&tc).map(|()| tc))
+            .and_then(|tc| agent::test(&tc, &args)),
+        Command::Image => toolchain::setup().and_then(|tc| image::image(&tc).map(drop)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
         Command::Bench { quick } => toolchain::setup().and_then(|tc| bench::bench(&tc, quick)),
     };
