@@ -573,7 +573,9 @@ pub fn has_capability(cap: u32) -> bool {
 
 /// One fixture at a time on the machine, across threads, test binaries and worktrees: they
 /// share the pods' subnet, and the machine is small.
-struct FixtureLock(#[expect(dead_code, reason = "held open: the lock lives as long as the file")] std::fs::File);
+struct FixtureLock(
+    #[expect(dead_code, reason = "held open: the lock lives as long as the file")] std::fs::File,
+);
 
 impl FixtureLock {
     const PATH: &'static str = "/run/lock/node-agent-containerd-fixture.lock";
@@ -592,7 +594,11 @@ impl FixtureLock {
         // SAFETY: flock on a descriptor we own.
         while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             if Instant::now() > deadline {
-                bail!("another containerd fixture held {} for {:?}", Self::PATH, Self::WAIT);
+                bail!(
+                    "another containerd fixture held {} for {:?}",
+                    Self::PATH,
+                    Self::WAIT
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
