@@ -112,7 +112,7 @@ impl Drop for TestCgroup {
 }
 
 /// Kills whatever runs in a cgroup tree and removes it, deepest directories first.
-fn remove_tree(dir: &Path) {
+pub(crate) fn remove_tree(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
@@ -356,6 +356,13 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("tokio runtime")
 }
+
+/// A real containerd for the CRI tests, started and removed by the test.
+pub mod containerd;
+/// OCI image tars written by the tests.
+pub mod oci;
+/// The DaemonSet's pod template as CRI requests.
+pub mod podspec;
 
 /// `cargo xtask bench`: detection latency, probe overhead, event throughput and footprint,
 /// measured on the real kernel by the `node-agent-bench` binary (see `docs/benchmarks.md`).

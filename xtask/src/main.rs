@@ -3,6 +3,7 @@
 mod agent;
 mod bench;
 mod fuzz;
+mod image;
 mod lint;
 mod toolchain;
 mod tools;
@@ -23,8 +24,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Install what the eBPF build, the tests and fuzzing need (Debian packages, bpf-linker,
-    /// cargo-nextest, cargo-fuzz, kubectl, kubernetes-validate); idempotent.
+    /// Install what the eBPF build, the tests, the container tests and fuzzing need (Debian
+    /// packages, bpf-linker, cargo-nextest, cargo-fuzz, kubectl, kubernetes-validate, containerd,
+    /// runc, buildah); idempotent.
     Setup,
     /// Build the kernel programs, then the agent that embeds them.
     Build {
@@ -47,6 +49,9 @@ enum Command {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// The agent as an OCI image (static binary, FROM scratch), saved as an OCI archive under
+    /// target/image/.
+    Image,
     /// rustfmt check and clippy with warnings denied, for every crate including the eBPF one.
     Lint,
     /// Runs every fuzz target (fuzz/) for a bounded time, from its committed corpus.
@@ -75,7 +80,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Setup => toolchain::setup().and_then(|_| {
             tools::for_tests()?;
-            tools::cargo_fuzz()
+            tools::cargo_fuzz()?;
+            image::setup_runtime()
         }),
         Command::Build { release } => {
             toolchain::require().and_then(|tc| agent::agent(&tc, release).map(|_| ()))
@@ -83,7 +89,10 @@ fn main() -> ExitCode {
         Command::Run { release, args } => {
             toolchain::setup().and_then(|tc| agent::run(&tc, release, &args))
         }
-        Command::Test { args } => toolchain::setup().and_then(|tc| agent::test(&tc, &args)),
+        Command::Test { args } => toolchain::setup()
+            .and_then(|tc| image::for_tests(&tc).map(|()| tc))
+            .and_then(|tc| agent::test(&tc, &args)),
+        Command::Image => toolchain::setup().and_then(|tc| image::image(&tc).map(drop)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
         Command::Bench { quick } => toolchain::setup().and_then(|tc| bench::bench(&tc, quick)),
         Command::Fuzz {
