@@ -22,8 +22,8 @@ pub enum LoadError {
     )]
     NotEmbedded,
     #[error(
-        "loading kernel programs needs root, or CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE \
-         (the kernel said: {source})"
+        "loading kernel programs needs root, or CAP_BPF and CAP_PERFMON (and CAP_SYS_RESOURCE \
+         before 5.11, which charges BPF memory to RLIMIT_MEMLOCK) (the kernel said: {source})"
     )]
     NotPermitted {
         #[source]
