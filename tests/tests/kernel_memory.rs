@@ -63,10 +63,14 @@ fn a_memory_threshold_reports_one_up_and_one_down_crossing() -> anyhow::Result<(
     let id = cgroup.id();
     let rt = runtime();
     let mut programs = KernelPrograms::load()?;
-    assert_eq!(
-        programs.memory_mechanism(),
-        MemoryMechanism::MemcgTracepoints,
-        "this kernel has the memcg tracepoints"
+    // Every kernel this is tested on (this host, the VM tests' 6.1, 6.12 and 6.18) has an
+    // in-kernel mechanism: fexit on the page counter or the memcg tracepoints, never polling.
+    let mechanism = programs.memory_mechanism();
+    eprintln!("memory mechanism: {mechanism}");
+    assert_ne!(
+        mechanism,
+        MemoryMechanism::Unavailable,
+        "neither fexit on the page counter nor the memcg tracepoints attached"
     );
     let (threshold, hysteresis) = (64 * MIB, 8 * MIB);
     programs.set_memory_threshold(id, threshold, hysteresis)?;
