@@ -1,0 +1,264 @@
+//! Attaches and detaches the agent's kernel programs over and over while other processes start
+//! and fault pages in a memory cgroup: the loop `cargo xtask vm-stress` runs inside a VM to find
+//! out whether that can crash the kernel (a 6.18 guest once oopsed with `int3` at the memcg
+//! tracepoint's patch site in `count_memcg_events` while programs were attached or detached).
+//!
+//! - `attach-stress toggle OBJECT ROUNDS [PROGRAM,...]`: loads the eBPF object once, loads
+//!   every BTF tracepoint, fentry and fexit program that this kernel accepts (or those named),
+//!   then per round attaches them all, waits 0-3 ms, and detaches them all.
+//! - `attach-stress reload ROUNDS`: per round loads and attaches the agent's programs with
+//!   `KernelPrograms::load()`, as `node-agent trace` does, waits 0-3 ms, and drops them.
+//! - `attach-stress fault MIB` (its own load generator): maps MIB MiB, writes every page, exits.
+//!
+//! It refuses to run unless the kernel command line has `node_agent_vmtest` (xtask's VMs):
+//! crashing the kernel is what it looks for, so never on a development host.
+
+use std::{
+    process::{Command, ExitCode},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+use aya::programs::{BtfTracePoint, FEntry, FExit, Program};
+
+const CGROUP: &str = "/sys/fs/cgroup/attach-stress";
+const FAULT_MIB: &str = "16";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = match args.as_slice() {
+        ["fault", mib] => fault(mib),
+        ["toggle", object, rounds] => guarded(|| toggle(object, rounds, None)),
+        ["toggle", object, rounds, names] => guarded(|| toggle(object, rounds, Some(names))),
+        ["reload", rounds] => guarded(|| reload(rounds)),
+        _ => Err(anyhow::anyhow!(
+            "usage: attach-stress toggle OBJECT ROUNDS [PROGRAM,...] | reload ROUNDS | fault MIB"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("attach-stress: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn guarded(body: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").context("reading /proc/cmdline")?;
+    if !cmdline.split_whitespace().any(|w| w == "node_agent_vmtest") {
+        bail!(
+            "refusing to run: this stresses kernel code patching and may crash the kernel; it \
+             runs only in the VMs of `cargo xtask vm-stress` (kernel command line \
+             `node_agent_vmtest`)"
+        );
+    }
+    let load = Load::start()?;
+    let result = body();
+    let (children, secs) = load.stop();
+    println!("attach-stress: load: {children} processes started and faulted {FAULT_MIB} MiB each in {secs:.0} s");
+    result
+}
+
+fn rounds(text: &str) -> anyhow::Result<u32> {
+    text.parse()
+        .with_context(|| format!("ROUNDS {text:?} is not a count"))
+}
+
+/// Loads every program this kernel accepts once, then attaches and detaches them per round.
+fn toggle(object: &str, rounds_text: &str, names: Option<&str>) -> anyhow::Result<()> {
+    let rounds = rounds(rounds_text)?;
+    let bytes = std::fs::read(object).with_context(|| format!("reading {object}"))?;
+    let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+    let mut ebpf = aya::EbpfLoader::new()
+        .btf(Some(&btf))
+        .load(&bytes)
+        .context("loading the eBPF object")?;
+    let wanted: Option<Vec<&str>> = names.map(|n| n.split(',').collect());
+    let mut loaded = Vec::new();
+    let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_string()).collect();
+    for name in names {
+        if wanted.as_ref().is_some_and(|w| !w.contains(&name.as_str())) {
+            continue;
+        }
+        let program = ebpf.program_mut(&name).expect("listed just now");
+        // Each program is named after the function or tracepoint it attaches to.
+        let result = match program {
+            Program::BtfTracePoint(p) => p.load(&name, &btf),
+            Program::FEntry(p) => p.load(&name, &btf),
+            Program::FExit(p) => p.load(&name, &btf),
+            _ => continue,
+        };
+        match result {
+            Ok(()) => loaded.push(name),
+            Err(e) => println!("attach-stress: {name} does not load here: {e}"),
+        }
+    }
+    if loaded.is_empty() {
+        bail!("no program of the object loads on this kernel");
+    }
+    println!("attach-stress: toggling {}", loaded.join(" "));
+    let started = Instant::now();
+    let mut rng = Rng::seeded();
+    for round in 1..=rounds {
+        let mut links = Vec::new();
+        for name in &loaded {
+            links.push(attach(ebpf.program_mut(name).expect("loaded"))?);
+        }
+        std::thread::sleep(Duration::from_micros(rng.below(3000)));
+        for (name, link) in loaded.iter().zip(links) {
+            detach(ebpf.program_mut(name).expect("loaded"), link)?;
+        }
+        progress("toggle", round, rounds, started);
+    }
+    Ok(())
+}
+
+/// A link to detach: aya's link ids are per program type.
+enum Link {
+    Tp(aya::programs::tp_btf::BtfTracePointLinkId),
+    Entry(aya::programs::fentry::FEntryLinkId),
+    Exit(aya::programs::fexit::FExitLinkId),
+}
+
+fn attach(program: &mut Program) -> anyhow::Result<Link> {
+    Ok(match program {
+        Program::BtfTracePoint(p) => Link::Tp(BtfTracePoint::attach(p)?),
+        Program::FEntry(p) => Link::Entry(FEntry::attach(p)?),
+        Program::FExit(p) => Link::Exit(FExit::attach(p)?),
+        _ => bail!("not a tracing program"),
+    })
+}
+
+fn detach(program: &mut Program, link: Link) -> anyhow::Result<()> {
+    match (program, link) {
+        (Program::BtfTracePoint(p), Link::Tp(l)) => p.detach(l)?,
+        (Program::FEntry(p), Link::Entry(l)) => p.detach(l)?,
+        (Program::FExit(p), Link::Exit(l)) => p.detach(l)?,
+        _ => bail!("link of another program type"),
+    }
+    Ok(())
+}
+
+/// The agent's own load path, start to finish, per round.
+fn reload(rounds_text: &str) -> anyhow::Result<()> {
+    let rounds = rounds(rounds_text)?;
+    let started = Instant::now();
+    let mut rng = Rng::seeded();
+    for round in 1..=rounds {
+        let programs = node_agent::ebpf::KernelPrograms::load()?;
+        if round == 1 {
+            println!(
+                "attach-stress: memory mechanism: {}",
+                programs.memory_mechanism()
+            );
+        }
+        std::thread::sleep(Duration::from_micros(rng.below(3000)));
+        drop(programs);
+        progress("reload", round, rounds, started);
+    }
+    Ok(())
+}
+
+fn progress(what: &str, round: u32, rounds: u32, started: Instant) {
+    if round == rounds || round.is_multiple_of((rounds / 10).max(1)) {
+        println!(
+            "attach-stress: {what} round {round}/{rounds} after {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// One process per CPU, each starting `attach-stress fault` over and over, in a memory
+/// cgroup of its own (the stress itself runs there too, so every page is charged to a memcg).
+struct Load {
+    stop: Arc<AtomicBool>,
+    started: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    since: Instant,
+}
+
+impl Load {
+    fn start() -> anyhow::Result<Self> {
+        let _ = std::fs::create_dir(CGROUP);
+        std::fs::write(format!("{CGROUP}/memory.max"), (512u64 << 20).to_string())
+            .context("limiting the stress cgroup (is the memory controller enabled?)")?;
+        std::fs::write(
+            format!("{CGROUP}/cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .context("moving into the stress cgroup")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicU64::new(0));
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = (0..workers)
+            .map(|_| {
+                let (stop, started) = (stop.clone(), started.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let ok = Command::new("/proc/self/exe")
+                            .args(["fault", FAULT_MIB])
+                            .status()
+                            .is_ok_and(|s| s.success());
+                        if !ok {
+                            eprintln!("attach-stress: a fault process failed");
+                        }
+                        started.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        Ok(Self {
+            stop,
+            started,
+            threads,
+            since: Instant::now(),
+        })
+    }
+
+    fn stop(self) -> (u64, f64) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        (
+            self.started.load(Ordering::Relaxed),
+            self.since.elapsed().as_secs_f64(),
+        )
+    }
+}
+
+/// Maps `mib` MiB and writes every page: one fault per page in a fresh process.
+fn fault(mib: &str) -> anyhow::Result<()> {
+    let mib: usize = mib.parse().context("MIB")?;
+    let mut memory = vec![0u8; mib << 20];
+    for page in memory.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    std::hint::black_box(&memory);
+    Ok(())
+}
+
+/// xorshift64: the waits only need to vary.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.subsec_nanos());
+        Self(u64::from(nanos) | 1)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
