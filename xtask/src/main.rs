@@ -4,6 +4,7 @@ mod agent;
 mod bench;
 mod lint;
 mod toolchain;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -21,7 +22,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Install what the eBPF build needs (Debian packages, bpf-linker); idempotent.
+    /// Install what the eBPF build and the VM tests need (Debian packages, bpf-linker);
+    /// idempotent.
     Setup,
     /// Build the kernel programs, then the agent that embeds them.
     Build {
@@ -45,6 +47,12 @@ enum Command {
     },
     /// rustfmt check and clippy with warnings denied, for every crate including the eBPF one.
     Lint,
+    /// The kernel and end-to-end tests on Debian's cloud kernels (6.1, 6.12, 6.18) under QEMU
+    /// with cgroup v2 only; reports per kernel and test, and the memory mechanism each got.
+    VmTest(vm::TestArgs),
+    /// Inside VMs only: attaches and detaches the programs many times under page-fault load,
+    /// with one and two vCPUs, and reports any kernel oops.
+    VmStress(vm::StressArgs),
     /// Benchmarks (root): detection latency against polling, eventfd and PSI, probe overhead,
     /// event throughput, footprint. Prints a table, writes target/bench/latest.json and
     /// updates docs/benchmarks.md.
@@ -58,7 +66,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Setup => toolchain::setup().map(|_| ()),
+        Command::Setup => toolchain::setup().and_then(|_| vm::setup_tools()),
         Command::Build { release } => {
             toolchain::require().and_then(|tc| agent::agent(&tc, release).map(|_| ()))
         }
@@ -67,6 +75,8 @@ fn main() -> ExitCode {
         }
         Command::Test { args } => toolchain::setup().and_then(|tc| agent::test(&tc, &args)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
+        Command::VmTest(args) => toolchain::setup().and_then(|tc| vm::test(&tc, &args)),
+        Command::VmStress(args) => toolchain::setup().and_then(|tc| vm::stress(&tc, &args)),
         Command::Bench { quick } => toolchain::setup().and_then(|tc| bench::bench(&tc, quick)),
     };
     match result {
