@@ -303,9 +303,11 @@ impl Helper {
         Ok(())
     }
 
-    /// Waits for the helper to be killed by a signal; returns the signal number.
+    /// Waits for the helper to be killed by a signal, at most `limit` ([`scaled`]); returns
+    /// the signal number.
     pub fn wait_killed(&mut self, limit: Duration) -> anyhow::Result<i32> {
         use std::os::unix::process::ExitStatusExt as _;
+        let limit = scaled(limit);
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -320,8 +322,10 @@ impl Helper {
         }
     }
 
-    /// Waits for the helper to exit, at most `limit`; an error if it failed or took longer.
+    /// Waits for the helper to exit, at most `limit` ([`scaled`]); an error if it failed or
+    /// took longer.
     pub fn wait(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let limit = scaled(limit);
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait()? {

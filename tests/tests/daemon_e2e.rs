@@ -317,7 +317,7 @@ fn an_oom_kill_in_a_pod_is_reported_on_the_node_as_oomkilling() -> anyhow::Resul
     let mut helper = Helper::spawn(MEM_HELPER, &["oom".into()])?;
     move_into(&s.hog_dir, helper.pid())?;
     helper.go()?;
-    helper.wait_killed(scaled(Duration::from_secs(20)))?;
+    helper.wait_killed(Duration::from_secs(20))?;
 
     let deadline = Instant::now() + scaled(Duration::from_secs(3));
     let event = loop {
