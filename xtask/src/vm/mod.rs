@@ -137,9 +137,11 @@ pub fn test(tc: &EbpfToolchain, args: &TestArgs) -> anyhow::Result<()> {
     setup_tools()?;
     let built = build::build(tc)?;
     let mut plan = Vec::new();
+    let mut all = Vec::new();
     for (binary, path) in &built.tests {
         for name in build::list_tests(path)? {
             let full = format!("{binary}::{name}");
+            all.push(full.clone());
             if !args.all_tests {
                 if let Some((_, why)) = LEFT_OUT.iter().find(|(t, _)| *t == full) {
                     eprintln!("xtask: vm-test: leaving out {full}: {why} (--all-tests runs it)");
@@ -153,6 +155,11 @@ pub fn test(tc: &EbpfToolchain, args: &TestArgs) -> anyhow::Result<()> {
                 });
             }
         }
+    }
+    for (left_out, _) in LEFT_OUT.iter().filter(|(t, _)| !all.iter().any(|a| a == t)) {
+        eprintln!(
+            "xtask: vm-test: warning: LEFT_OUT names {left_out}, which is no test (renamed?)"
+        );
     }
     if plan.is_empty() {
         bail!("no test matches {:?}", args.filters);
