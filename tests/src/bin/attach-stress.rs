@@ -8,13 +8,12 @@
 //!   then per round attaches them all, waits 0-3 ms, and detaches them all.
 //! - `attach-stress reload ROUNDS`: per round loads and attaches the agent's programs with
 //!   `KernelPrograms::load()`, as `node-agent trace` does, waits 0-3 ms, and drops them.
-//! - `attach-stress fault MIB` (its own load generator): maps MIB MiB, writes every page, exits.
 //!
 //! It refuses to run unless the kernel command line has `node_agent_vmtest` (xtask's VMs):
 //! crashing the kernel is what it looks for, so never on a development host.
 
 use std::{
-    process::{Command, ExitCode},
+    process::ExitCode,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -26,18 +25,17 @@ use anyhow::{bail, Context as _};
 use aya::programs::{BtfTracePoint, FEntry, FExit, Program};
 
 const CGROUP: &str = "/sys/fs/cgroup/attach-stress";
-const FAULT_MIB: &str = "16";
+const FAULT_MIB: usize = 4;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let result = match args.as_slice() {
-        ["fault", mib] => fault(mib),
         ["toggle", object, rounds] => guarded(|| toggle(object, rounds, None)),
         ["toggle", object, rounds, names] => guarded(|| toggle(object, rounds, Some(names))),
         ["reload", rounds] => guarded(|| reload(rounds)),
         _ => Err(anyhow::anyhow!(
-            "usage: attach-stress toggle OBJECT ROUNDS [PROGRAM,...] | reload ROUNDS | fault MIB"
+            "usage: attach-stress toggle OBJECT ROUNDS [PROGRAM,...] | reload ROUNDS"
         )),
     };
     match result {
@@ -174,8 +172,9 @@ fn progress(what: &str, round: u32, rounds: u32, started: Instant) {
     }
 }
 
-/// One process per CPU, each starting `attach-stress fault` over and over, in a memory
-/// cgroup of its own (the stress itself runs there too, so every page is charged to a memcg).
+/// One thread per CPU, each forking a child over and over that maps [`FAULT_MIB`] MiB, writes
+/// every page and exits: fresh processes faulting pages, in a memory cgroup of their own (the
+/// stress itself runs there too, so every page is charged to a memcg).
 struct Load {
     stop: Arc<AtomicBool>,
     started: Arc<AtomicU64>,
@@ -201,12 +200,9 @@ impl Load {
                 let (stop, started) = (stop.clone(), started.clone());
                 std::thread::spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
-                        let ok = Command::new("/proc/self/exe")
-                            .args(["fault", FAULT_MIB])
-                            .status()
-                            .is_ok_and(|s| s.success());
-                        if !ok {
-                            eprintln!("attach-stress: a fault process failed");
+                        if let Err(e) = fork_and_fault() {
+                            eprintln!("attach-stress: a fault process failed: {e}");
+                            std::thread::sleep(Duration::from_millis(100));
                         }
                         started.fetch_add(1, Ordering::Relaxed);
                     }
@@ -233,14 +229,45 @@ impl Load {
     }
 }
 
-/// Maps `mib` MiB and writes every page: one fault per page in a fresh process.
-fn fault(mib: &str) -> anyhow::Result<()> {
-    let mib: usize = mib.parse().context("MIB")?;
-    let mut memory = vec![0u8; mib << 20];
-    for page in memory.chunks_mut(4096) {
-        page[0] = 1;
+/// Forks a child that faults [`FAULT_MIB`] MiB of fresh anonymous memory and exits, and waits
+/// for it. The child makes only async-signal-safe calls (mmap, stores, _exit), as a child of
+/// a multi-threaded process must.
+fn fork_and_fault() -> std::io::Result<()> {
+    let bytes = FAULT_MIB << 20;
+    // SAFETY: fork has no memory-safety preconditions; the child below calls only
+    // async-signal-safe functions before _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    std::hint::black_box(&memory);
+    if pid == 0 {
+        // SAFETY: a private anonymous mapping, checked before use, written within its length.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                libc::_exit(1);
+            }
+            for offset in (0..bytes).step_by(4096) {
+                p.cast::<u8>().add(offset).write_volatile(1);
+            }
+            libc::_exit(0);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        return Err(std::io::Error::other(format!("child status {status:#x}")));
+    }
     Ok(())
 }
 

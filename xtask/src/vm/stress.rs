@@ -28,7 +28,7 @@ pub struct StressArgs {
     #[arg(long, default_value_t = 2000)]
     rounds: u32,
     /// Rounds per boot of the agent's whole load, attach and detach (`KernelPrograms::load`).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 3)]
     reloads: u32,
     /// Only these programs in the toggle rounds, comma-separated (default: every program).
     #[arg(long)]
