@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         ["toggle", object, rounds] => guarded(|| toggle(object, rounds, None)),
         ["toggle", object, rounds, names] => guarded(|| toggle(object, rounds, Some(names))),
         ["reload", rounds] => guarded(|| reload(rounds)),
+        ["load"] => load(),
         _ => Err(anyhow::anyhow!(
             "usage: attach-stress toggle OBJECT ROUNDS [PROGRAM,...] | reload ROUNDS"
         )),
@@ -56,11 +57,38 @@ fn guarded(body: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
              `node_agent_vmtest`)"
         );
     }
-    let load = Load::start()?;
+    // The load runs in a process of its own, started before any program is loaded: children
+    // forked from this one would hold copies of the link descriptors, so a detach would not
+    // take effect until they exit and the next attach would find the program still attached.
+    std::fs::create_dir_all(CGROUP).context("creating the stress cgroup")?;
+    std::fs::write(format!("{CGROUP}/memory.max"), (512u64 << 20).to_string())
+        .context("limiting the stress cgroup (is the memory controller enabled?)")?;
+    std::fs::write(
+        format!("{CGROUP}/cgroup.procs"),
+        std::process::id().to_string(),
+    )
+    .context("moving into the stress cgroup")?;
+    let mut load = std::process::Command::new("/proc/self/exe")
+        .arg("load")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .context("starting the load process")?;
     let result = body();
+    drop(load.stdin.take()); // EOF: the load process stops, reports and exits.
+    load.wait().context("waiting for the load process")?;
+    result
+}
+
+/// The load process: one thread per CPU forking children that fault pages, until stdin closes.
+fn load() -> anyhow::Result<()> {
+    let load = Load::start();
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+        line.clear();
+    }
     let (children, secs) = load.stop();
     println!("attach-stress: load: {children} processes started and faulted {FAULT_MIB} MiB each in {secs:.0} s");
-    result
+    Ok(())
 }
 
 fn rounds(text: &str) -> anyhow::Result<u32> {
@@ -173,8 +201,8 @@ fn progress(what: &str, round: u32, rounds: u32, started: Instant) {
 }
 
 /// One thread per CPU, each forking a child over and over that maps [`FAULT_MIB`] MiB, writes
-/// every page and exits: fresh processes faulting pages, in a memory cgroup of their own (the
-/// stress itself runs there too, so every page is charged to a memcg).
+/// every page and exits: fresh processes faulting pages, in the stress's memory cgroup (so
+/// every page is charged to a memcg).
 struct Load {
     stop: Arc<AtomicBool>,
     started: Arc<AtomicU64>,
@@ -183,15 +211,7 @@ struct Load {
 }
 
 impl Load {
-    fn start() -> anyhow::Result<Self> {
-        let _ = std::fs::create_dir(CGROUP);
-        std::fs::write(format!("{CGROUP}/memory.max"), (512u64 << 20).to_string())
-            .context("limiting the stress cgroup (is the memory controller enabled?)")?;
-        std::fs::write(
-            format!("{CGROUP}/cgroup.procs"),
-            std::process::id().to_string(),
-        )
-        .context("moving into the stress cgroup")?;
+    fn start() -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let started = Arc::new(AtomicU64::new(0));
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -209,12 +229,12 @@ impl Load {
                 })
             })
             .collect();
-        Ok(Self {
+        Self {
             stop,
             started,
             threads,
             since: Instant::now(),
-        })
+        }
     }
 
     fn stop(self) -> (u64, f64) {
