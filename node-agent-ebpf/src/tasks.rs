@@ -8,7 +8,7 @@
 //! - `tp_btf/sched_process_exit` receives the exiting task as its first argument; it fires in
 //!   `do_exit()` (kernel/exit.c) for every task.
 //!
-//! Tasks are charged to their memory cgroup (the id the memcg tracepoints use), which on v1
+//! Tasks are charged to their memory cgroup (the id the memory thresholds use), which on v1
 //! and v2 alike is the pod or container cgroup the kubelet created.
 
 use aya_ebpf::{

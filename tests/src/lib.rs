@@ -21,15 +21,35 @@ pub fn require_root() {
     );
 }
 
-/// A fresh cgroup v2 directory owned by one test. Dropping it kills whatever is still inside
-/// and removes the directory.
+/// How many times slower than hardware the tests run: the whole number in
+/// `NODE_AGENT_TEST_TIME_SCALE`, 1 when unset. `cargo xtask vm-test` sets it, since under
+/// QEMU's software emulation the guest kernel and the agent run ten times slower or more.
+pub fn time_scale() -> u32 {
+    match std::env::var("NODE_AGENT_TEST_TIME_SCALE") {
+        Err(_) => 1,
+        Ok(v) => v.parse().ok().filter(|&n| n >= 1).unwrap_or_else(|| {
+            panic!("NODE_AGENT_TEST_TIME_SCALE={v:?} is not a whole number of at least 1")
+        }),
+    }
+}
+
+/// A time bound, wait or collection window of a test, stretched by [`time_scale`]. Only what
+/// guards against a hang or waits for something to happen is scaled: on the host, where the
+/// scale is 1, every test keeps its figures.
+pub fn scaled(d: Duration) -> Duration {
+    d * time_scale()
+}
+
+/// A fresh cgroup directory owned by one test, in the hierarchy that holds the memory
+/// controller (cgroup v1 on this development host, v2 on most production nodes and in the VM
+/// tests). Dropping it kills whatever is still inside and removes the directory.
 pub struct TestCgroup {
     path: PathBuf,
 }
 
 impl TestCgroup {
-    /// A fresh cgroup in the hierarchy that holds the memory controller (v1 here, v2 on most
-    /// production nodes): the kernel programs key everything by memory cgroup.
+    /// A fresh cgroup in the hierarchy that holds the memory controller: the kernel programs
+    /// key everything by memory cgroup.
     pub fn new(label: &str) -> anyhow::Result<Self> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let layout = node_agent::cgroup::detect()?;
@@ -41,7 +61,11 @@ impl TestCgroup {
         );
         let path = root.join(name);
         std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(Self { path })
+        let cgroup = Self { path };
+        // On v2 the memory files appear only where the parent enables the controller; the
+        // test does not change the host's root cgroup, it says what is missing.
+        MemoryFiles::of(&cgroup.path).usage_file(&cgroup.path)?;
+        Ok(cgroup)
     }
 
     pub fn path(&self) -> &Path {
@@ -55,29 +79,38 @@ impl TestCgroup {
 
     /// Sets the memory limit (v1 `memory.limit_in_bytes`, v2 `memory.max`).
     pub fn set_memory_limit(&self, bytes: u64) -> anyhow::Result<()> {
-        let file = ["memory.max", "memory.limit_in_bytes"]
-            .into_iter()
-            .map(|f| self.path.join(f))
-            .find(|p| p.exists())
-            .context("no memory limit file: is the memory controller enabled here?")?;
-        std::fs::write(&file, bytes.to_string())
-            .with_context(|| format!("writing {}", file.display()))
+        set_memory_limit(&self.path, bytes)
     }
 
     /// Current memory usage in bytes (v1 `memory.usage_in_bytes`, v2 `memory.current`).
     pub fn memory_usage(&self) -> anyhow::Result<u64> {
-        let file = ["memory.current", "memory.usage_in_bytes"]
-            .into_iter()
-            .map(|f| self.path.join(f))
-            .find(|p| p.exists())
-            .context("no memory usage file")?;
-        Ok(std::fs::read_to_string(&file)?.trim().parse()?)
+        let file = MemoryFiles::of(&self.path).usage_file(&self.path)?;
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        text.trim()
+            .parse()
+            .with_context(|| format!("{} holds {text:?}, not a byte count", file.display()))
     }
 
     /// Creates a cgroup below this one (`rel` may have several components); removed with it.
+    /// On cgroup v2 every level from this cgroup down to the new one's parent gets `+memory`
+    /// and `+pids` in `cgroup.subtree_control`, as the kubelet does along its `kubepods`
+    /// tree, so the new cgroup has its own memory and pids files. (v2 then allows processes
+    /// only in leaves: put them into the deepest cgroups.)
     pub fn child(&self, rel: &str) -> anyhow::Result<PathBuf> {
         let dir = self.path.join(rel);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        if MemoryFiles::of(&self.path) == MemoryFiles::V2 {
+            let mut levels: Vec<&Path> = dir
+                .ancestors()
+                .skip(1)
+                .take_while(|a| a.starts_with(&self.path))
+                .collect();
+            levels.reverse();
+            for level in levels {
+                enable_controllers(level)?;
+            }
+        }
         Ok(dir)
     }
 
@@ -103,6 +136,82 @@ pub fn move_into(dir: &Path, pid: u32) -> anyhow::Result<()> {
     let procs = dir.join("cgroup.procs");
     std::fs::write(&procs, pid.to_string())
         .with_context(|| format!("moving pid {pid} into {}", procs.display()))
+}
+
+/// The memory controller's file names on the hierarchy a cgroup belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryFiles {
+    /// `memory.limit_in_bytes`, `memory.usage_in_bytes`.
+    V1,
+    /// `memory.max`, `memory.current`.
+    V2,
+}
+
+impl MemoryFiles {
+    /// Every v2 cgroup directory has `cgroup.controllers`; no v1 one has.
+    pub fn of(dir: &Path) -> Self {
+        if dir.join("cgroup.controllers").exists() {
+            Self::V2
+        } else {
+            Self::V1
+        }
+    }
+
+    pub fn limit(self) -> &'static str {
+        match self {
+            Self::V1 => "memory.limit_in_bytes",
+            Self::V2 => "memory.max",
+        }
+    }
+
+    pub fn usage(self) -> &'static str {
+        match self {
+            Self::V1 => "memory.usage_in_bytes",
+            Self::V2 => "memory.current",
+        }
+    }
+
+    /// `dir`'s usage file, or an error saying why the cgroup has none.
+    fn usage_file(self, dir: &Path) -> anyhow::Result<PathBuf> {
+        self.existing(dir, self.usage())
+    }
+
+    fn existing(self, dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
+        let file = dir.join(name);
+        if file.exists() {
+            return Ok(file);
+        }
+        match self {
+            Self::V1 => bail!(
+                "{} is missing: {} is not on the memory controller's v1 hierarchy",
+                file.display(),
+                dir.display()
+            ),
+            Self::V2 => bail!(
+                "{} is missing: the memory controller is not enabled for {} (its parent's \
+                 cgroup.subtree_control lacks +memory)",
+                file.display(),
+                dir.display()
+            ),
+        }
+    }
+}
+
+/// Sets the memory limit of the cgroup at `dir` (v1 `memory.limit_in_bytes`, v2 `memory.max`).
+pub fn set_memory_limit(dir: &Path, bytes: u64) -> anyhow::Result<()> {
+    let files = MemoryFiles::of(dir);
+    let file = files.existing(dir, files.limit())?;
+    std::fs::write(&file, bytes.to_string()).with_context(|| format!("writing {}", file.display()))
+}
+
+/// cgroup v2: lets the children of `dir` have the memory and pids controllers.
+fn enable_controllers(dir: &Path) -> anyhow::Result<()> {
+    let file = dir.join("cgroup.subtree_control");
+    for controller in ["+memory", "+pids"] {
+        std::fs::write(&file, controller)
+            .with_context(|| format!("writing {controller} to {}", file.display()))?;
+    }
+    Ok(())
 }
 
 impl Drop for TestCgroup {
@@ -207,9 +316,11 @@ impl Helper {
         Ok(())
     }
 
-    /// Waits for the helper to be killed by a signal; returns the signal number.
+    /// Waits for the helper to be killed by a signal, at most `limit` ([`scaled`]); returns
+    /// the signal number.
     pub fn wait_killed(&mut self, limit: Duration) -> anyhow::Result<i32> {
         use std::os::unix::process::ExitStatusExt as _;
+        let limit = scaled(limit);
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -224,8 +335,10 @@ impl Helper {
         }
     }
 
-    /// Waits for the helper to exit, at most `limit`; an error if it failed or took longer.
+    /// Waits for the helper to exit, at most `limit` ([`scaled`]); an error if it failed or
+    /// took longer.
     pub fn wait(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let limit = scaled(limit);
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait()? {

@@ -8,7 +8,9 @@ use std::{
 };
 
 use node_agent_kube::fake::{Fake, Reply, Seen};
-use node_agent_tests::{move_into, require_root, AgentProcess, Helper, TestCgroup};
+use node_agent_tests::{
+    move_into, require_root, scaled, set_memory_limit, time_scale, AgentProcess, Helper, TestCgroup,
+};
 use serde_json::{json, Value};
 
 const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
@@ -151,7 +153,7 @@ impl Agent {
             process,
             seen_log: Vec::new(),
         };
-        agent.wait_log("node-agent running", Duration::from_secs(20))?;
+        agent.wait_log("node-agent running", scaled(Duration::from_secs(20)))?;
         Ok(agent)
     }
 
@@ -189,7 +191,7 @@ fn attach_trace(socket: &Path) -> anyhow::Result<AgentProcess> {
 fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     use std::io::{Read as _, Write as _};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_read_timeout(Some(scaled(Duration::from_secs(5))))?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
@@ -238,7 +240,7 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_within_100ms() -> 
     // The trace client saw the kernel's crossing and the eviction.
     let mut crossing_ktime = None;
     let mut eviction = None;
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + scaled(Duration::from_secs(3));
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         let Ok(v) = trace.json.recv_timeout(left) else {
             break;
@@ -264,10 +266,14 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_within_100ms() -> 
     let latency_ms = (request_at.saturating_sub(crossing)) as f64 / 1e6;
     eprintln!("kernel crossing → eviction request: {latency_ms:.2} ms");
     assert!(request_at > crossing, "the request follows the crossing");
-    assert!(
-        latency_ms < 100.0,
-        "kernel crossing → eviction request took {latency_ms:.2} ms"
-    );
+    // A latency figure means something on hardware only: under emulation (`time_scale` > 1,
+    // the VM tests) it measures the emulator, so there it is printed above, not asserted.
+    if time_scale() == 1 {
+        assert!(
+            latency_ms < 100.0,
+            "kernel crossing → eviction request took {latency_ms:.2} ms"
+        );
+    }
 
     let metrics = http_get(s.port, "/metrics")?;
     assert!(
@@ -286,7 +292,7 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_within_100ms() -> 
             break status;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(2),
+            started.elapsed() < scaled(Duration::from_secs(2)),
             "the agent exits within 2 s of SIGTERM"
         );
         std::thread::sleep(Duration::from_millis(10));
@@ -304,16 +310,7 @@ fn an_oom_kill_in_a_pod_is_reported_on_the_node_as_oomkilling() -> anyhow::Resul
     let fake = rt.block_on(Fake::start(cluster(Arc::new(Mutex::new(Vec::new())))));
     let s = setup(&fake, "e2e-oom")?;
     // The pod's own limit: the OOM killer acts inside the pod, not the agent.
-    std::fs::write(
-        s.hog_dir.parent().unwrap().join("memory.limit_in_bytes"),
-        (32u64 << 20).to_string(),
-    )
-    .or_else(|_| {
-        std::fs::write(
-            s.hog_dir.parent().unwrap().join("memory.max"),
-            (32u64 << 20).to_string(),
-        )
-    })?;
+    set_memory_limit(s.hog_dir.parent().unwrap(), 32 << 20)?;
     let _agent = Agent::start(&s.config)?;
     std::thread::sleep(Duration::from_millis(1500));
 
@@ -322,7 +319,7 @@ fn an_oom_kill_in_a_pod_is_reported_on_the_node_as_oomkilling() -> anyhow::Resul
     helper.go()?;
     helper.wait_killed(Duration::from_secs(20))?;
 
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + scaled(Duration::from_secs(3));
     let event = loop {
         let found = fake
             .seen()
@@ -367,7 +364,7 @@ fn an_invalid_reload_keeps_the_agent_on_its_old_config() -> anyhow::Result<()> {
     agent.process.signal(libc::SIGHUP);
     let line = agent.wait_log(
         "invalid config; keeping the previous one",
-        Duration::from_secs(5),
+        scaled(Duration::from_secs(5)),
     )?;
     assert!(
         line.contains("memory.available"),
@@ -399,7 +396,7 @@ fn an_invalid_reload_keeps_the_agent_on_its_old_config() -> anyhow::Result<()> {
         config_text(&fake, &s.node, &s.socket, s.port, "700Mi"),
     )?;
     agent.process.signal(libc::SIGHUP);
-    agent.wait_log("config reloaded", Duration::from_secs(5))?;
+    agent.wait_log("config reloaded", scaled(Duration::from_secs(5)))?;
     let _ = std::fs::remove_dir_all(&s.dir);
     Ok(())
 }
@@ -425,24 +422,27 @@ fn standalone_mode_decides_in_dry_run_and_shows_it_on_stdout() -> anyhow::Result
             node.cgroup_path()
         ),
     )?;
-    let agent = AgentProcess::spawn(&[
-        "run".as_ref(),
-        "--trace".as_ref(),
-        "json".as_ref(),
-        "--config".as_ref(),
-        config.as_os_str(),
-    ])?;
-    std::thread::sleep(Duration::from_secs(2));
+    let mut agent = Agent {
+        process: AgentProcess::spawn(&[
+            "run".as_ref(),
+            "--trace".as_ref(),
+            "json".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+        ])?,
+        seen_log: Vec::new(),
+    };
+    agent.wait_log("node-agent running", scaled(Duration::from_secs(20)))?;
 
     let mut hog = Helper::spawn(MEM_HELPER, &["hold".into(), "150".into()])?;
     move_into(&big, hog.pid())?;
     hog.go()?;
     assert_eq!(hog.read_line()?, "held");
 
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + scaled(Duration::from_secs(5));
     let mut decision = None;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        let Ok(v) = agent.json.recv_timeout(left) else {
+        let Ok(v) = agent.process.json.recv_timeout(left) else {
             break;
         };
         if v["kind"] == "eviction" {

@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use node_agent_tests::{agent_bin, require_root, AgentProcess, Helper, TestCgroup};
+use node_agent_tests::{agent_bin, require_root, scaled, AgentProcess, Helper, TestCgroup};
 
 const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
 
@@ -31,7 +31,7 @@ fn trace_json_shows_an_oom_kill_and_exits_cleanly_on_sigterm() -> anyhow::Result
         .map(std::ffi::OsStr::new),
     )?;
     // Ready once it logs that it is tracing.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + scaled(Duration::from_secs(20));
     loop {
         let left = deadline
             .checked_duration_since(Instant::now())
@@ -51,7 +51,7 @@ fn trace_json_shows_an_oom_kill_and_exits_cleanly_on_sigterm() -> anyhow::Result
     helper.go()?;
     helper.wait_killed(Duration::from_secs(20))?;
 
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + scaled(Duration::from_secs(2));
     let mut seen = None;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         let Ok(v) = trace.json.recv_timeout(left) else {
@@ -81,7 +81,7 @@ fn trace_json_shows_an_oom_kill_and_exits_cleanly_on_sigterm() -> anyhow::Result
             break status;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(2),
+            started.elapsed() < scaled(Duration::from_secs(2)),
             "trace exits within 2 s of SIGTERM"
         );
         std::thread::sleep(Duration::from_millis(10));

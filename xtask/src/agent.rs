@@ -57,7 +57,7 @@ pub fn agent(tc: &EbpfToolchain, release: bool) -> anyhow::Result<PathBuf> {
     agent_with(&ebpf(tc)?, release)
 }
 
-fn agent_with(object: &Path, release: bool) -> anyhow::Result<PathBuf> {
+pub fn agent_with(object: &Path, release: bool) -> anyhow::Result<PathBuf> {
     let mut cmd = cargo_with_object(object, "build");
     cmd.args(["--package", "node-agent", "--locked"]);
     if release {

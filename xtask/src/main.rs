@@ -7,6 +7,7 @@ mod image;
 mod lint;
 mod toolchain;
 mod tools;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -24,9 +25,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Install what the eBPF build, the tests, the container tests and fuzzing need (Debian
-    /// packages, bpf-linker, cargo-nextest, cargo-fuzz, kubectl, kubernetes-validate, containerd,
-    /// runc, buildah); idempotent.
+    /// Install what the eBPF build, the tests, the container tests, the VM tests and fuzzing
+    /// need (Debian packages, bpf-linker, cargo-nextest, cargo-fuzz, kubectl,
+    /// kubernetes-validate, containerd, runc, buildah, QEMU); idempotent.
     Setup,
     /// Build the kernel programs, then the agent that embeds them.
     Build {
@@ -65,6 +66,12 @@ enum Command {
         /// Only these targets (default: all).
         targets: Vec<String>,
     },
+    /// The kernel and end-to-end tests on Debian's cloud kernels (6.1, 6.12, 6.18) under QEMU
+    /// with cgroup v2 only; reports per kernel and test, and the memory mechanism each got.
+    VmTest(vm::TestArgs),
+    /// Inside VMs only: attaches and detaches the programs many times under page-fault load,
+    /// with one and two vCPUs, and reports any kernel oops.
+    VmStress(vm::StressArgs),
     /// Benchmarks (root): detection latency against polling, eventfd and PSI, probe overhead,
     /// event throughput, footprint. Prints a table, writes target/bench/latest.json and
     /// updates docs/benchmarks.md.
@@ -81,7 +88,8 @@ fn main() -> ExitCode {
         Command::Setup => toolchain::setup().and_then(|_| {
             tools::for_tests()?;
             tools::cargo_fuzz()?;
-            image::setup_runtime()
+            image::setup_runtime()?;
+            vm::setup_tools()
         }),
         Command::Build { release } => {
             toolchain::require().and_then(|tc| agent::agent(&tc, release).map(|_| ()))
@@ -94,6 +102,8 @@ fn main() -> ExitCode {
             .and_then(|tc| agent::test(&tc, &args)),
         Command::Image => toolchain::setup().and_then(|tc| image::image(&tc).map(drop)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
+        Command::VmTest(args) => toolchain::setup().and_then(|tc| vm::test(&tc, &args)),
+        Command::VmStress(args) => toolchain::setup().and_then(|tc| vm::stress(&tc, &args)),
         Command::Bench { quick } => toolchain::setup().and_then(|tc| bench::bench(&tc, quick)),
         Command::Fuzz {
             seconds,

@@ -185,7 +185,6 @@ pub fn is_root() -> bool {
 }
 
 fn install_debian_packages() -> anyhow::Result<()> {
-    let packages = DEBIAN_PACKAGES.join(" ");
     if !Path::new("/usr/bin/apt-get").exists() {
         bail!(
             "this host has no apt-get. Install by hand: either a rustup nightly with rust-src \
@@ -195,16 +194,25 @@ fn install_debian_packages() -> anyhow::Result<()> {
              {BPF_LINKER_VERSION} --no-default-features --features llvm-22`"
         );
     }
-    if !is_root() {
-        bail!("installing Debian packages needs root: run `sudo apt-get install -y {packages}`, then `cargo xtask setup` again");
+    apt_install(DEBIAN_PACKAGES)
+}
+
+/// `apt-get update`, then installs `packages` (without recommends); root required.
+pub fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
+    let list = packages.join(" ");
+    if !Path::new("/usr/bin/apt-get").exists() {
+        bail!("this host has no apt-get: install the equivalent of Debian's {list}");
     }
-    eprintln!("xtask: installing Debian packages: {packages}");
+    if !is_root() {
+        bail!("installing Debian packages needs root: run `sudo apt-get install -y {list}`, then `cargo xtask setup` again");
+    }
+    eprintln!("xtask: installing Debian packages: {list}");
     run(Command::new("apt-get")
         .arg("update")
         .env("DEBIAN_FRONTEND", "noninteractive"))?;
     run(Command::new("apt-get")
         .args(["install", "-y", "--no-install-recommends"])
-        .args(DEBIAN_PACKAGES)
+        .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive"))?;
     Ok(())
 }

@@ -156,7 +156,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         let mut programs = KernelPrograms::load_with(&LoadOptions { ring_bytes: args.ring_bytes, ..LoadOptions::default() })?;
         tracing::info!(%layout, memory = %programs.memory_mechanism(), "tracing");
         if !thresholds.is_empty() && programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable {
-            tracing::warn!("this kernel has no memcg tracepoints: --memory-threshold is not evaluated");
+            tracing::warn!("no in-kernel memory mechanism attaches on this kernel: --memory-threshold is not evaluated");
         }
         let mut index = CgroupIndex::scan(&root)?;
         let mut tracked = HashSet::new();
