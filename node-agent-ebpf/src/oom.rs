@@ -15,6 +15,10 @@ use crate::{
 
 /// Levels of the memcg hierarchy checked for a cgroup at its limit.
 const MAX_DEPTH: u32 = 16;
+/// A charge that fails leaves usage below the limit by less than the charge: up to one THP (512
+/// pages) for a user page fault (mm/memcontrol.c `try_charge_memcg()` retries the single folio
+/// after the batch fails). A counter within this many pages of its max is "at its limit".
+const LIMIT_MARGIN_PAGES: u64 = 512;
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn mark_victim(ctx: BtfTracePointContext) -> i32 {
@@ -69,7 +73,9 @@ fn rss(o: &KernelOffsets, mm: u64, counter: u32) -> u64 {
 }
 
 /// Walks from the victim's memcg towards the root looking for a page_counter at its max
-/// (mm/page_counter.c): one found means a cgroup-limit OOM, none a system-wide one.
+/// (mm/page_counter.c), within the size of the charge that failed: one found means a
+/// cgroup-limit OOM, none a system-wide one. (`usage >= max` alone misses the common case of a
+/// charge refused a few pages short of the max, which then reads as a system-wide OOM.)
 #[inline(always)]
 fn constraint(o: &KernelOffsets, css: u64) -> (u32, u64) {
     // struct mem_cgroup embeds its css; the css pointer is the memcg plus that offset.
@@ -82,7 +88,7 @@ fn constraint(o: &KernelOffsets, css: u64) -> (u32, u64) {
         ) else {
             break;
         };
-        if usage >= max {
+        if usage.saturating_add(LIMIT_MARGIN_PAGES) >= max {
             let css_of_counter = counter - u64::from(o.memcg_memory) + u64::from(o.memcg_css);
             return (
                 OOM_CGROUP_LIMIT,
