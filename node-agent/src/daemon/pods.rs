@@ -83,6 +83,8 @@ pub fn pod_info(pod: &NodePod, fresh_memory: Option<u64>) -> PodInfo {
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
         uid: Some(pod.uid.clone()),
+        labels: pod.labels.clone(),
+        terminating: false,
         priority: pod.priority,
         is_static: pod.is_static,
         is_mirror: pod.is_mirror,
