@@ -558,7 +558,13 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
     };
     let none = |_: &mut Vec<PodInfo>| {};
     type Tweak = fn(&mut Vec<PodInfo>);
-    type Row<'a> = (&'a str, Eligibility, Tweak, &'a str, Vec<(&'a str, PassReason)>);
+    type Row<'a> = (
+        &'a str,
+        Eligibility,
+        Tweak,
+        &'a str,
+        Vec<(&'a str, PassReason)>,
+    );
     let rows: Vec<Row> = vec![
         ("every pod a candidate: the top one", Eligibility::default(), none, "top", vec![]),
         (

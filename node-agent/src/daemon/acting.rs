@@ -1,152 +1,273 @@
-//! Handing a decided eviction to the executor.
+//! From a decision to actions, as data: what the loop remembers about acting (the eviction in
+//! flight, pods not evictable now, pacing, what was last reported) and the pure functions that
+//! turn a decision, and each outcome the executor reports, into the next actions.
+//!
+//! At most one eviction is in flight: from the moment it is handed to the executor until its
+//! outcome says nothing is going (refused, blocked, failed, paced), or until the pod's cgroup
+//! is gone (the kubelet's wait for pod cleanup) or `eviction_wait_timeout` passed.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
-use node_agent_kube::evict::EvictionOutcome;
-use node_agent_policy::PodInfo;
+use node_agent_kube::{
+    evict::EvictionResult,
+    executor::{Action, Evict, NodeEvent, Report},
+};
+use node_agent_policy::{
+    Decision, Eligibility, NodeCondition, NotEvictableNow, PassedOver, PodInfo, Signal,
+};
 
-use super::{kube, pods, Daemon, Finished, Trigger};
-use crate::trace::Record;
+/// How long outcomes hold; from the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// A pod blocked by its disruption budget or refused is passed over this long.
+    pub pass_over: Duration,
+    /// After an eviction, the wait for the pod's cgroup to go.
+    pub wait_timeout: Duration,
+    /// A pod whose attempt failed is passed over until the next attempt may go (one pacing
+    /// interval), as the kubelet moves on to the next pod within one pass.
+    pub failed: Duration,
+}
 
-impl Daemon {
-    /// Hands one eviction to the executor, or reports it in dry-run/standalone mode.
-    pub(super) fn execute(
+/// The eviction in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    pub pod_id: String,
+    pub since: Duration,
+    /// The pod's cgroup, to see it go.
+    pub cgroup: Option<PathBuf>,
+    /// Set once the executor said the pod goes: wait until its cgroup is gone or until then.
+    pub going_until: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hold {
+    reason: NotEvictableNow,
+    /// `None`: for as long as the pod source lists the pod.
+    until: Option<Duration>,
+}
+
+/// Something for the loop to log or count.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Note {
+    /// Thresholds met or node conditions changed.
+    Pressure {
+        met: BTreeSet<Signal>,
+        conditions: Vec<NodeCondition>,
+    },
+    /// A threshold is past its grace period and no pod may be evicted for it (entered, or the
+    /// signal changed).
+    NoEvictablePod {
+        signal: Signal,
+        passed_over: Vec<PassedOver>,
+    },
+    /// A pod may be evicted again, or no threshold needs one any more.
+    EvictablePodAgain,
+    /// A decision to evict was not acted on: the pod data is stale (every time).
+    Stale,
+}
+
+/// The actions to hand to the executor and the notes for the loop.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    pub notes: Vec<Note>,
+}
+
+#[derive(Debug, Default)]
+pub struct Acting {
+    in_flight: Option<InFlight>,
+    holds: BTreeMap<String, Hold>,
+    paced_until: Option<Duration>,
+    last_met: BTreeSet<Signal>,
+    last_conditions: Option<Vec<NodeCondition>>,
+    no_evictable: Option<Signal>,
+}
+
+impl Acting {
+    pub fn in_flight(&self) -> Option<&InFlight> {
+        self.in_flight.as_ref()
+    }
+
+    /// When the pacing (or the API server) allows the next attempt, if it does not now.
+    pub fn paced_until(&self, now: Duration) -> Option<Duration> {
+        self.paced_until.filter(|t| *t > now)
+    }
+
+    /// `base` (own pod, exclusions) with the pods not evictable at `now`.
+    pub fn eligibility(&self, base: &Eligibility, now: Duration) -> Eligibility {
+        let mut e = base.clone();
+        e.not_evictable_now = self
+            .holds
+            .iter()
+            .filter(|(_, h)| h.until.is_none_or(|u| now < u))
+            .map(|(id, h)| (id.clone(), h.reason))
+            .collect();
+        e
+    }
+
+    /// The actions for `decision`. `fresh`: the pod data may be acted on. `cgroup_of` finds a
+    /// pod's cgroup, to see it go after its eviction.
+    pub fn plan(
         &mut self,
-        e: node_agent_policy::Eviction,
+        decision: &Decision,
         pods: &[PodInfo],
-        trigger: Trigger,
-    ) {
-        let key = e
-            .uid
-            .clone()
-            .unwrap_or_else(|| format!("{}/{}", e.namespace, e.name));
-        if self.in_flight.is_some() {
-            return;
-        }
-        let wait = self
-            .config
-            .kubernetes
-            .as_ref()
-            .map_or(Duration::from_secs(30), |k| k.eviction_wait_timeout());
-        if self
-            .recently_decided
-            .get(&key)
-            .is_some_and(|at| at.elapsed() < wait)
-        {
-            return;
-        }
-        if let Err(wait) = self.bucket.try_take(Instant::now()) {
-            self.metrics.eviction(e.signal.as_str(), "rate_limited");
-            tracing::info!(pod = %key, ?wait, "eviction rate limit reached; waiting");
-            return;
-        }
-        self.recently_decided.retain(|_, at| at.elapsed() < wait);
-        self.recently_decided.insert(key.clone(), Instant::now());
-        let observed = self.state_observed(&e);
-        let base = Record::Eviction {
-            time: crate::sys::now_rfc3339(),
-            trigger_ktime_ns: trigger.ktime_ns,
-            namespace: e.namespace.clone(),
-            name: e.name.clone(),
-            uid: e.uid.clone(),
-            signal: e.signal.as_str().to_string(),
-            hard: e.hard,
-            observed,
-            threshold: e.threshold_quantity.value(),
-            grace_period_seconds: e.grace_period_seconds,
-            result: String::new(),
-            message: e.message.clone(),
-        };
-        let Some(kube) = &self.kube else {
-            self.publish_eviction(base, "dry_run");
-            return;
-        };
-        let Some(pod) = self
-            .snapshot()
-            .and_then(|s| s.pods.into_iter().find(|p| Some(&p.uid) == e.uid.as_ref()))
-        else {
-            self.publish_eviction(base, "failed");
-            return;
-        };
-        let Some(info) = pods.iter().find(|p| p.uid == e.uid) else {
-            return;
-        };
-        let request = kube::eviction_request(&e, &pod, info);
-        let executor = kube.executor.clone();
-        let metrics = self.metrics.clone();
-        let live = self.live.clone();
-        let finished = self.finished_tx.clone();
-        let cgroup_dir = pods::pod_cgroups(&self.index, &self.config.settings.node_cgroup)
-            .get(&pod.uid)
-            .cloned();
-        let uid = pod.uid.clone();
-        self.in_flight = Some(uid.clone());
-        tokio::spawn(async move {
-            let (result, gone_wait) = match executor.evict(&pod, &request, SystemTime::now()).await
-            {
-                Ok(EvictionOutcome::Evicted) => ("evicted", true),
-                Ok(EvictionOutcome::PdbOverridden { .. }) => ("pdb_overridden", true),
-                Ok(EvictionOutcome::AlreadyGone) => ("already_gone", false),
-                Ok(EvictionOutcome::BlockedByPdb { message }) => {
-                    tracing::info!(pod = %uid, %message, "eviction blocked by a PodDisruptionBudget");
-                    ("blocked_by_pdb", false)
-                }
-                Ok(EvictionOutcome::DryRun) => ("dry_run", false),
-                Err(node_agent_kube::evict::EvictError::Protected { reason, .. }) => {
-                    tracing::warn!(pod = %uid, %reason, "eviction refused: protected pod");
-                    ("refused", false)
-                }
-                Err(err) => {
-                    tracing::warn!(pod = %uid, error = %err, "eviction failed");
-                    ("failed", false)
-                }
-            };
-            metrics.eviction(request.signal.as_str(), result);
-            let mut record = base;
-            if let Record::Eviction {
-                result: r, time, ..
-            } = &mut record
-            {
-                *r = result.to_string();
-                *time = crate::sys::now_rfc3339();
+        fresh: bool,
+        trigger_ktime_ns: Option<u64>,
+        cgroup_of: &dyn Fn(&PodInfo) -> Option<PathBuf>,
+        now: Duration,
+    ) -> Plan {
+        let mut plan = Plan::default();
+        let met: BTreeSet<Signal> = decision.thresholds_met.iter().map(|t| t.signal).collect();
+        let mut resources = BTreeSet::new();
+        for signal in met.difference(&self.last_met) {
+            if resources.insert(signal.resource()) {
+                plan.actions.push(Action::NodeEvent(NodeEvent::ThresholdMet(
+                    signal.resource(),
+                )));
             }
-            live.publish(&record);
-            // As the kubelet does: wait for the pod's cgroup to go before the next eviction.
-            if gone_wait {
-                if let Some(dir) = cgroup_dir {
-                    let _ = node_agent_kube::pacing::wait_until_gone(
-                        || {
-                            let dir = dir.clone();
-                            async move { !dir.exists() }
-                        },
-                        wait,
-                        Duration::from_millis(100),
-                    )
-                    .await;
-                }
+        }
+        let conditions_changed = self.last_conditions.as_ref() != Some(&decision.conditions);
+        if met != self.last_met || conditions_changed {
+            plan.notes.push(Note::Pressure {
+                met: met.clone(),
+                conditions: decision.conditions.clone(),
+            });
+        }
+        if conditions_changed {
+            plan.actions.push(Action::Condition {
+                pressure: !decision.conditions.is_empty(),
+                conditions: decision.conditions.clone(),
+            });
+            self.last_conditions = Some(decision.conditions.clone());
+        }
+        self.last_met = met;
+
+        let starving = decision.reclaim.filter(|_| decision.no_evictable_pod());
+        match (self.no_evictable, starving) {
+            (before, Some(signal)) if before != Some(signal) => {
+                plan.notes.push(Note::NoEvictablePod {
+                    signal,
+                    passed_over: decision.passed_over.clone(),
+                });
             }
-            let _ = finished.send(Finished { uid }).await;
+            (Some(_), None) => plan.notes.push(Note::EvictablePodAgain),
+            _ => {}
+        }
+        self.no_evictable = starving;
+
+        let Some(eviction) = &decision.evict else {
+            return plan;
+        };
+        if !fresh {
+            plan.notes.push(Note::Stale);
+            return plan;
+        }
+        if self.in_flight.is_some() || self.paced_until(now).is_some() {
+            return plan;
+        }
+        let id = eviction.pod_id();
+        let Some(pod) = pods.iter().find(|p| p.id() == id) else {
+            return plan;
+        };
+        self.in_flight = Some(InFlight {
+            pod_id: id,
+            since: now,
+            cgroup: cgroup_of(pod),
+            going_until: None,
         });
+        plan.actions.push(Action::Evict(Box::new(Evict {
+            eviction: eviction.clone(),
+            pod: pod.clone(),
+            trigger_ktime_ns,
+        })));
+        plan
     }
 
-    pub(super) fn publish_eviction(&self, mut record: Record, result: &str) {
-        if let Record::Eviction {
-            result: r,
-            signal,
-            namespace,
-            name,
-            ..
-        } = &mut record
-        {
-            *r = result.to_string();
-            self.metrics.eviction(signal, result);
-            tracing::info!(pod = %format!("{namespace}/{name}"), signal = %signal, result, "eviction decision");
+    /// What the executor reported about an eviction.
+    pub fn reported(&mut self, report: &Report, timing: &Timing, now: Duration) {
+        let id = report.eviction.pod_id();
+        let attempt = &report.attempt;
+        let hold = |reason, until| Hold { reason, until };
+        let is_ours = self.in_flight.as_ref().is_some_and(|f| f.pod_id == id);
+        match attempt.result {
+            EvictionResult::Evicted | EvictionResult::PdbOverridden | EvictionResult::DryRun => {
+                if attempt.result != EvictionResult::DryRun {
+                    self.holds
+                        .insert(id, hold(NotEvictableNow::Terminating, None));
+                }
+                if let Some(f) = self.in_flight.as_mut().filter(|_| is_ours) {
+                    f.going_until = Some(now + timing.wait_timeout);
+                }
+                return;
+            }
+            EvictionResult::RateLimited => {
+                self.paced_until = Some(now + attempt.retry_after.unwrap_or(timing.failed));
+            }
+            EvictionResult::ApiRateLimited => {
+                self.paced_until =
+                    Some(now + attempt.retry_after.unwrap_or(Duration::from_secs(1)));
+            }
+            EvictionResult::AlreadyGone => {
+                self.holds
+                    .insert(id, hold(NotEvictableNow::Terminating, None));
+            }
+            EvictionResult::BlockedByPdb => {
+                let wait = timing
+                    .pass_over
+                    .max(attempt.retry_after.unwrap_or_default());
+                self.holds.insert(
+                    id,
+                    hold(NotEvictableNow::BlockedByDisruptionBudget, Some(now + wait)),
+                );
+            }
+            EvictionResult::Refused => {
+                self.holds.insert(
+                    id,
+                    hold(NotEvictableNow::Refused, Some(now + timing.pass_over)),
+                );
+            }
+            EvictionResult::Failed => {
+                self.holds
+                    .insert(id, hold(NotEvictableNow::Failed, Some(now + timing.failed)));
+            }
         }
-        self.live.publish(&record);
+        if is_ours {
+            self.in_flight = None;
+        }
     }
 
-    /// The observed value of the eviction's signal at the last reading.
-    pub(super) fn state_observed(&self, e: &node_agent_policy::Eviction) -> i64 {
-        e.available.value()
+    /// Ends the eviction in flight once its pod's cgroup is gone (or the wait ran out); drops
+    /// expired holds. Returns the eviction that ended, and whether its cgroup went.
+    pub fn settle(
+        &mut self,
+        now: Duration,
+        exists: &dyn Fn(&Path) -> bool,
+    ) -> Option<(InFlight, bool)> {
+        self.holds.retain(|_, h| h.until.is_none_or(|u| now < u));
+        let f = self.in_flight.as_ref()?;
+        let until = f.going_until?;
+        let gone = f.cgroup.as_deref().is_some_and(|c| !exists(c));
+        if gone || now >= until {
+            return self.in_flight.take().map(|f| (f, gone));
+        }
+        None
+    }
+
+    /// Forgets holds "while listed" of pods the pod source no longer lists.
+    pub fn forget_absent(&mut self, listed: &HashSet<String>) {
+        self.holds
+            .retain(|id, h| h.until.is_some() || listed.contains(id));
+    }
+
+    /// After a config reload: the pacing is the executor's again, and what was reported is
+    /// reported anew under the new settings.
+    pub fn reset_reported(&mut self) {
+        self.paced_until = None;
+        self.last_conditions = None;
+        self.last_met.clear();
     }
 }

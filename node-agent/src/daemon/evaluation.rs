@@ -1,208 +1,290 @@
-//! One evaluation: read the node and the pods, run the policy, report.
+//! One evaluation: read the node (each source apart) and the pods, decide among the pods the
+//! agent may act on, report, re-arm the kernel's lines, and hand the planned actions to the
+//! executor.
 
-use std::{collections::HashSet, time::SystemTime};
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::PathBuf,
+    time::SystemTime,
+};
 
-use node_agent_kube::{events as kube_events, pods::PodSnapshot};
-use node_agent_policy::{evaluate, Decision, PodInfo};
+use node_agent_policy::{evaluate_among, Decision, NodeCondition, PodInfo, Signal};
 
-use super::observe::{read_node, NodeReading};
-use super::{pods, Daemon, Trigger};
+use super::{
+    acting::Note,
+    observe::{read_node, NodeReading, Source},
+    pods, triggers, Daemon, Trigger,
+};
+
+/// The pods to rank, whether they may be acted on, and the ids the pod source lists.
+struct Pods {
+    pods: Vec<PodInfo>,
+    fresh: bool,
+    listed: Option<HashSet<String>>,
+}
 
 impl Daemon {
-    pub(super) fn snapshot(&self) -> Option<PodSnapshot> {
-        self.kube
-            .as_ref()
-            .and_then(|k| k.snapshots.borrow().clone())
-    }
-
-    /// Reads the node, runs the policy, reports, and hands at most one eviction to the
-    /// executor.
+    /// Reads the node, runs the policy, reports, and hands what it plans to the executor.
     pub(super) async fn evaluate(&mut self, trigger: Trigger) {
-        self.metrics.evaluation(trigger.name);
-        let reading = match read_node(&self.sources) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the node; no decision this time");
-                return;
-            }
-        };
-        let (pods, usable) = self.pods();
+        self.telemetry.metrics.evaluation(trigger.name);
         let now = self.now();
-        let (mut decision, mut state) = evaluate(
-            &self.config.eviction,
-            &reading.capacity,
-            &reading.observations,
-            &pods,
-            now,
-            &self.state,
-        );
-        // Ranking needs current usage: when a pod is to go, re-read every pod's cgroup and
-        // decide again from the same starting state.
-        if decision.evict.is_some() {
-            let fresh = self.pods_with_fresh_usage(&pods);
-            (decision, state) = evaluate(
+        if let Some((done, gone)) = self.acts.state.settle(now, &|p| p.exists()) {
+            tracing::debug!(pod = %done.pod_id, cgroup_gone = gone, "eviction settled");
+        }
+        let reading = read_node(&self.node);
+        self.note_sources(&reading.failed);
+        let Pods {
+            pods,
+            fresh,
+            listed,
+        } = self.pods();
+        if let Some(listed) = &listed {
+            self.acts.state.forget_absent(listed);
+        }
+        let eligibility = self.acts.state.eligibility(&self.base_eligibility(), now);
+        let decide = |pods: &[PodInfo]| {
+            evaluate_among(
                 &self.config.eviction,
                 &reading.capacity,
                 &reading.observations,
-                &fresh,
+                pods,
+                &eligibility,
                 now,
-                &self.state,
-            );
+                &self.policy,
+            )
+        };
+        let (mut decision, mut state) = decide(&pods);
+        // Ranking and the event need current usage: when a pod is to go, read every pod's
+        // cgroup now and decide again from the same starting state.
+        let mut ranked = pods;
+        if decision.evict.is_some() {
+            ranked = self.with_fresh_memory(&ranked);
+            (decision, state) = decide(&ranked);
         }
-        self.state = state;
+        self.policy = state;
         if let Some(k) = trigger.ktime_ns {
             let latency = crate::sys::monotonic_ns().saturating_sub(k) as f64 / 1e9;
-            self.metrics.decision_latency(trigger.name, latency);
+            self.telemetry
+                .metrics
+                .decision_latency(trigger.name, latency);
         }
         self.report(&reading, &decision);
         self.rearm_memory_trigger(&reading);
         // Without the memcg tracepoints the kernel cannot report memory growth: the node is
         // then re-read every pressure_poll_interval all the time (cheap: a few cgroupfs reads).
         self.pressure = !decision.thresholds_met.is_empty()
-            || self.triggers.memory_fired()
-            || self.programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable;
-        if let Some(eviction) = decision.evict.clone() {
-            if !usable {
-                self.metrics.stale_data("pods");
-                tracing::warn!(
-                    "a threshold is met but the pod data is stale or missing: not evicting"
-                );
-            } else {
-                self.execute(eviction, &pods, trigger);
+            || self.kernel.triggers.memory_fired()
+            || self.kernel.programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable;
+        let cgroups = self.pod_cgroups();
+        let root = self.kernel.tracker.index().root().to_path_buf();
+        // Pods by their pod cgroup; standalone workloads are named by their cgroup's path.
+        let cgroup_of = |pod: &PodInfo| -> Option<PathBuf> {
+            match &pod.uid {
+                Some(uid) => cgroups.get(uid).cloned(),
+                None => Some(root.join(pod.name.trim_start_matches('/'))),
             }
-        }
+        };
+        let plan =
+            self.acts
+                .state
+                .plan(&decision, &ranked, fresh, trigger.ktime_ns, &cgroup_of, now);
+        self.notes(plan.notes, fresh);
+        self.act(plan.actions).await;
     }
 
-    /// The pods to rank, and whether they are fresh enough to act on.
-    pub(super) fn pods(&self) -> (Vec<PodInfo>, bool) {
-        match &self.kube {
-            Some(kube) => {
-                let Some(snapshot) = self.snapshot() else {
-                    return (Vec::new(), false);
+    fn pod_cgroups(&self) -> std::collections::HashMap<String, PathBuf> {
+        pods::pod_cgroups(
+            self.kernel.tracker.index(),
+            &self.config.settings.node_cgroup,
+        )
+    }
+
+    /// The pods to rank: the pod source's (fresh enough to act on or not), or in standalone
+    /// mode the workload cgroups.
+    fn pods(&self) -> Pods {
+        match (&self.cluster, &self.config.kubernetes) {
+            (Some(cluster), Some(kube)) => {
+                let snapshot = cluster.snapshots.borrow();
+                let Some(snapshot) = snapshot.as_ref() else {
+                    return Pods {
+                        pods: Vec::new(),
+                        fresh: false,
+                        listed: None,
+                    };
                 };
-                let fresh = snapshot
-                    .check_fresh(SystemTime::now(), kube.config.staleness_bound())
-                    .is_ok();
-                let infos = snapshot
-                    .pods
-                    .iter()
-                    .map(|p| pods::pod_info(p, None))
-                    .collect();
-                (infos, fresh)
+                let fresh = match snapshot.check_fresh(SystemTime::now(), kube.staleness_bound()) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "pod data");
+                        false
+                    }
+                };
+                Pods {
+                    listed: Some(snapshot.pods.iter().map(PodInfo::id).collect()),
+                    pods: snapshot.pods.clone(),
+                    fresh,
+                }
             }
-            None => {
-                let infos =
-                    pods::standalone_workloads(&self.index, &self.config.settings.node_cgroup)
-                        .into_iter()
-                        .map(|(name, _)| pods::standalone_pod(&name, None))
-                        .collect();
-                (infos, true)
-            }
+            _ => Pods {
+                pods: pods::standalone_workloads(
+                    self.kernel.tracker.index(),
+                    &self.config.settings.node_cgroup,
+                )
+                .into_iter()
+                .map(|(name, _)| pods::standalone_pod(&name, None))
+                .collect(),
+                fresh: true,
+                listed: None,
+            },
         }
     }
 
-    /// The same pods with memory working sets read now from their cgroups.
-    pub(super) fn pods_with_fresh_usage(&self, pods_in: &[PodInfo]) -> Vec<PodInfo> {
+    /// The same pods with memory read now from their cgroups.
+    fn with_fresh_memory(&self, ranked: &[PodInfo]) -> Vec<PodInfo> {
         let version = self.layout.memory.version();
-        match &self.kube {
-            Some(_) => {
-                let cgroups = pods::pod_cgroups(&self.index, &self.config.settings.node_cgroup);
-                let snapshot = self.snapshot();
-                pods_in
-                    .iter()
-                    .map(|info| {
-                        let fresh = info
-                            .uid
-                            .as_ref()
-                            .and_then(|u| cgroups.get(u))
-                            .and_then(|d| pods::working_set(d, version));
-                        match (
-                            snapshot.as_ref().and_then(|s| {
-                                s.pods.iter().find(|p| Some(&p.uid) == info.uid.as_ref())
-                            }),
-                            fresh,
-                        ) {
-                            (Some(pod), Some(_)) => pods::pod_info(pod, fresh),
-                            _ => info.clone(),
-                        }
-                    })
-                    .collect()
+        let index = self.kernel.tracker.index();
+        let node_cgroup = &self.config.settings.node_cgroup;
+        match &self.cluster {
+            Some(cluster) => {
+                let snapshot = cluster.snapshots.borrow();
+                let containers = snapshot.as_ref().map(|s| &s.containers);
+                let empty = Default::default();
+                pods::with_fresh_memory(
+                    ranked,
+                    index,
+                    node_cgroup,
+                    version,
+                    containers.unwrap_or(&empty),
+                )
             }
-            None => pods::standalone_workloads(&self.index, &self.config.settings.node_cgroup)
+            None => pods::standalone_workloads(index, node_cgroup)
                 .into_iter()
                 .map(|(name, dir)| pods::standalone_pod(&name, pods::working_set(&dir, version)))
                 .collect(),
         }
     }
 
-    /// Metrics, node condition and node events for this decision.
-    pub(super) fn report(&mut self, reading: &NodeReading, decision: &Decision) {
-        for (signal, obs) in &reading.observations {
-            self.metrics
-                .set_signal_available(signal.as_str(), obs.available);
+    /// Logs and counts what the plan says, each transition once.
+    fn notes(&mut self, notes: Vec<Note>, fresh: bool) {
+        let metrics = &self.telemetry.metrics;
+        let mut stale = false;
+        for note in notes {
+            match note {
+                Note::Pressure { met, conditions } => {
+                    tracing::info!(thresholds_met = ?met, conditions = ?conditions, "pressure changed");
+                }
+                Note::NoEvictablePod {
+                    signal,
+                    passed_over,
+                } => {
+                    metrics.set_no_evictable_pod(Some(signal.as_str()));
+                    let passed: Vec<String> = passed_over
+                        .iter()
+                        .map(|p| format!("{}/{} ({})", p.namespace, p.name, p.reason.as_str()))
+                        .collect();
+                    tracing::warn!(signal = %signal, passed_over = ?passed,
+                        "threshold met but no pod may be evicted: every candidate is critical, excluded or not evictable now");
+                }
+                Note::EvictablePodAgain => {
+                    metrics.set_no_evictable_pod(None);
+                    tracing::info!("a pod may be evicted again, or none needs to be");
+                }
+                Note::Stale => stale = true,
+            }
         }
-        let met: HashSet<_> = decision.thresholds_met.iter().map(|t| t.signal).collect();
+        if stale {
+            metrics.stale_data("pods");
+            if !self.stale {
+                tracing::warn!("a threshold is met but the pod data is stale or missing: not evicting until it is fresh");
+            }
+            self.stale = true;
+        } else if fresh && self.stale {
+            tracing::info!("pod data is fresh again");
+            self.stale = false;
+        }
+    }
+
+    /// Signal values, thresholds met and conditions on /metrics.
+    fn report(&self, reading: &NodeReading, decision: &Decision) {
+        let metrics = &self.telemetry.metrics;
+        for (signal, obs) in &reading.observations {
+            metrics.set_signal_available(signal.as_str(), obs.available);
+        }
         for t in self.config.eviction.thresholds() {
             let is_met = decision
                 .thresholds_met
                 .iter()
                 .any(|m| m.signal == t.signal && m.hard == t.is_hard());
-            self.metrics
-                .set_threshold_met(t.signal.as_str(), t.is_hard(), is_met);
+            metrics.set_threshold_met(t.signal.as_str(), t.is_hard(), is_met);
         }
         for c in [
-            node_agent_policy::NodeCondition::MemoryPressure,
-            node_agent_policy::NodeCondition::DiskPressure,
-            node_agent_policy::NodeCondition::PidPressure,
+            NodeCondition::MemoryPressure,
+            NodeCondition::DiskPressure,
+            NodeCondition::PidPressure,
         ] {
-            self.metrics
-                .set_condition(c.as_str(), decision.conditions.contains(&c));
+            metrics.set_condition(c.as_str(), decision.conditions.contains(&c));
         }
-        if let Some(kube) = &self.kube {
-            for signal in met.difference(&self.last_met) {
-                let event = kube_events::build_threshold_met(
-                    &kube.config.node_name,
-                    signal.resource().as_str(),
-                    SystemTime::now(),
-                );
-                let executor = kube.executor.clone();
-                let metrics = self.metrics.clone();
-                tokio::spawn(async move {
-                    if executor.events().post(&event).await.is_err() {
-                        metrics.kube_error("threshold event");
-                    }
-                });
+    }
+
+    /// Signal sources that could not be read: each one marked unknown (metric, `/readyz`),
+    /// logged when it fails and when it is back.
+    fn note_sources(&mut self, failed: &BTreeMap<Source, String>) {
+        if *failed == self.degraded {
+            return;
+        }
+        for source in Source::ALL {
+            let (was, is) = (self.degraded.get(&source), failed.get(&source));
+            match (was, is) {
+                (None, Some(error)) => tracing::warn!(source = source.as_str(), %error,
+                    "signal source unreadable: its signals are unknown; the others are decided on"),
+                (Some(_), None) => {
+                    tracing::info!(source = source.as_str(), "signal source readable again")
+                }
+                _ => {}
             }
-            if decision.conditions != self.last_conditions {
-                let pressure = !decision.conditions.is_empty();
-                let names: Vec<_> = decision.conditions.iter().map(|c| c.as_str()).collect();
-                let message = if pressure {
-                    format!("node-agent sees {}", names.join(", "))
-                } else {
-                    "node-agent sees no pressure".to_string()
-                };
-                let reason = if pressure {
-                    "PressureDetected"
-                } else {
-                    "NoPressure"
-                };
-                let mut reporter = kube.conditions.clone();
-                let metrics = self.metrics.clone();
-                tokio::spawn(async move {
-                    if reporter
-                        .report(pressure, reason, &message, SystemTime::now())
-                        .await
-                        .is_err()
-                    {
-                        metrics.kube_error("node condition");
-                    }
-                });
+            for signal in source.signals() {
+                self.telemetry
+                    .metrics
+                    .set_signal_unknown(signal.as_str(), is.is_some());
             }
         }
-        if met != self.last_met {
-            tracing::info!(thresholds_met = ?met, conditions = ?decision.conditions, "pressure changed");
+        self.telemetry.health.set_degraded(
+            failed
+                .iter()
+                .map(|(s, e)| (s.as_str().to_string(), e.clone()))
+                .collect(),
+        );
+        self.degraded = failed.clone();
+    }
+
+    /// The in-kernel `pid.available` check, at the most lenient configured threshold.
+    pub(super) fn set_pid_trigger(&mut self) {
+        let reading = read_node(&self.node);
+        let Some(limit) = reading.capacity.pids else {
+            tracing::warn!("pid.available could not be read: no kernel PID trigger");
+            return;
+        };
+        let threshold = triggers::most_lenient(&self.config.eviction, Signal::PidAvailable, limit);
+        let threshold = threshold.map_or(0, |t| t.max(1) as u64);
+        if let Err(e) = self.kernel.programs.set_pid_threshold(
+            limit as u64,
+            threshold,
+            (threshold / 20).max(10),
+        ) {
+            tracing::warn!(error = %e, "setting the kernel PID trigger");
         }
-        self.last_met = met;
-        self.last_conditions = decision.conditions.clone();
+    }
+
+    fn rearm_memory_trigger(&mut self, reading: &NodeReading) {
+        let version = self.layout.memory.version();
+        let kernel = &mut self.kernel;
+        if let Err(e) = kernel.triggers.rearm(
+            &mut kernel.programs,
+            &self.config.eviction,
+            reading,
+            version,
+        ) {
+            tracing::warn!(error = %e, "setting the kernel memory trigger");
+        }
     }
 }

@@ -1,36 +1,73 @@
-//! The loop: one `select!` over kernel events, timers, finished evictions and signals.
+//! The loop: one `select!` over kernel events, the executor's outcomes, timers and signals.
+//! Every branch ends in at most one evaluation.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
-use node_agent_kube::events as kube_events;
-use tokio::sync::mpsc;
+use node_agent_kube::executor::{Action, NodeEvent, Outcome};
 
-use super::{Daemon, Finished, Signals, Trigger};
-use crate::{ebpf::KernelEvent, trace::Record};
+use super::{DaemonError, Trigger};
+use crate::{
+    cgroup::attribution::{attribute, Happened, NoNames, PodNames},
+    ebpf::KernelEvent,
+    trace::Record,
+};
 
-impl Daemon {
+/// How often ring-buffer losses, cgroup rescans and the config file are checked.
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
+
+pub(super) struct Signals {
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub(super) fn new() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// Pod names from the latest snapshot, for attribution.
+struct SnapshotNames<'a>(Option<&'a node_agent_kube::pods::PodSnapshot>);
+
+impl PodNames for SnapshotNames<'_> {
+    fn pod(&self, uid: &str) -> Option<(String, String)> {
+        let p = self.0.as_ref()?.by_uid(uid)?;
+        Some((p.namespace.clone(), p.name.clone()))
+    }
+    fn container(&self, id: &str) -> Option<String> {
+        Some(self.0.as_ref()?.containers.get(id)?.name.clone())
+    }
+}
+
+impl super::Daemon {
     pub(super) async fn run_loop(
         &mut self,
         mut events: crate::ebpf::EventStream,
-        mut finished_rx: mpsc::Receiver<Finished>,
         mut signals: Signals,
-    ) -> anyhow::Result<()> {
-        let mut resync = tokio::time::interval(self.config.settings.resync_interval);
-        let mut poll = tokio::time::interval(self.config.settings.pressure_poll_interval);
-        let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
+    ) -> Result<(), DaemonError> {
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
         let mut lost_before = 0u64;
-        self.evaluate(Trigger {
-            name: "start",
-            ktime_ns: None,
-        })
-        .await;
-        self.health.set_ready(true);
+        self.evaluate(Trigger::named("start")).await;
+        self.telemetry.health.set_ready(true);
         loop {
-            self.health.beat();
+            self.telemetry.health.beat();
+            let now = self.now();
+            let paced = self.acts.state.paced_until(now);
+            let wait_paced = async {
+                match paced {
+                    Some(at) => tokio::time::sleep(at.saturating_sub(now)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let polling = self.pressure || self.acts.state.in_flight().is_some();
             tokio::select! {
                 batch = events.next_batch() => {
                     let mut trigger = None;
-                    for record in batch? {
+                    for record in batch.map_err(DaemonError::Events)? {
                         match record {
                             Ok(event) => {
                                 if let Some(t) = self.on_kernel_event(&event).await {
@@ -38,7 +75,7 @@ impl Daemon {
                                 }
                             }
                             Err(e) => {
-                                self.metrics.decode_error();
+                                self.telemetry.metrics.decode_error();
                                 tracing::warn!(error = %e, "undecodable kernel record");
                             }
                         }
@@ -47,34 +84,31 @@ impl Daemon {
                         self.evaluate(t).await;
                     }
                 }
-                _ = poll.tick(), if self.pressure => self.evaluate(Trigger { name: "pressure_poll", ktime_ns: None }).await,
-                _ = resync.tick() => self.evaluate(Trigger { name: "resync", ktime_ns: None }).await,
-                Some(done) = finished_rx.recv() => {
-                    if self.in_flight.as_deref() == Some(done.uid.as_str()) {
-                        self.in_flight = None;
+                outcome = self.acts.outcomes.recv() => {
+                    let outcome = outcome.ok_or(DaemonError::ExecutorStopped)?;
+                    if self.on_outcome(outcome) {
+                        self.evaluate(Trigger::named("eviction_outcome")).await;
                     }
-                    self.evaluate(Trigger { name: "eviction_done", ktime_ns: None }).await;
                 }
+                () = wait_paced, if self.pressure => self.evaluate(Trigger::named("pacing")).await,
+                _ = self.timers.poll.tick(), if polling => self.evaluate(Trigger::named("pressure_poll")).await,
+                _ = self.timers.resync.tick() => self.evaluate(Trigger::named("resync")).await,
                 _ = housekeeping.tick() => {
-                    let per_cpu = self.programs.lost_events()?;
+                    let per_cpu = self.kernel.programs.lost_events()?;
                     let total: u64 = per_cpu.iter().sum();
                     if total > lost_before {
-                        self.metrics.ring_lost(total - lost_before);
-                        let rec = Record::EventsLost { time: crate::sys::now_rfc3339(), lost: total - lost_before, total_per_cpu: per_cpu };
+                        self.telemetry.metrics.ring_lost(total - lost_before);
                         tracing::warn!(lost = total - lost_before, "kernel events lost: ring buffer full");
-                        self.live.publish(&rec);
+                        let rec = Record::EventsLost { time: crate::sys::now_rfc3339(), lost: total - lost_before, total_per_cpu: per_cpu };
+                        self.telemetry.live.publish(&rec);
                         lost_before = total;
                     }
-                    if self.rescan.due(Instant::now()) {
-                        if let Err(e) = self.track_new_cgroups() {
-                            tracing::warn!(error = %e, "rescanning cgroups");
-                        }
-                    }
+                    self.rescan_if_due();
                     if self.config_changed() {
-                        self.reload("config file changed");
+                        self.reload("config file changed").await;
                     }
                 }
-                _ = signals.hup.recv() => self.reload("SIGHUP"),
+                _ = signals.hup.recv() => self.reload("SIGHUP").await,
                 _ = signals.term.recv() => break,
                 _ = tokio::signal::ctrl_c() => break,
             }
@@ -83,85 +117,153 @@ impl Daemon {
         Ok(())
     }
 
-    /// Records and publishes a kernel event; returns a trigger when it touches a signal.
-    pub(super) async fn on_kernel_event(&mut self, event: &KernelEvent) -> Option<Trigger> {
-        let ktime_ns = event.header().ktime_ns;
+    /// Attributes, records and publishes a kernel event; returns a trigger when it touches a
+    /// signal.
+    async fn on_kernel_event(&mut self, event: &KernelEvent) -> Option<Trigger> {
+        if let KernelEvent::CgroupChange(_) = event {
+            self.kernel.tracker.mark_changed();
+            return None;
+        }
         // A cgroup newer than the last rescan (a pod that just started): rescan before
         // attributing, so the event names its pod.
         let cgroup = match event {
             KernelEvent::OomKill(e) => Some(e.cgroup_id),
             KernelEvent::ForkStorm(e) => Some(e.cgroup_id),
-            KernelEvent::MemoryThreshold(_)
-            | KernelEvent::PidThreshold(_)
-            | KernelEvent::CgroupChange(_) => None,
+            _ => None,
         };
-        if cgroup.is_some_and(|id| self.index.lookup(id).is_none()) {
-            if let Err(e) = self.track_new_cgroups() {
-                tracing::warn!(error = %e, "rescanning cgroups");
-            }
+        if cgroup.is_some_and(|id| self.kernel.tracker.index().lookup(id).is_none()) {
+            self.rescan();
         }
-        let Some(record) = Record::from_event(
-            event,
-            &self.index,
-            crate::sys::ktime_rfc3339(ktime_ns),
-            crate::sys::page_size(),
-        ) else {
-            // A cgroup came or went: rescan at the next housekeeping tick.
-            self.rescan.mark();
-            return None;
-        };
-        self.metrics.kernel_event(record.kind());
-        self.live.publish(&record);
-        match event {
-            KernelEvent::MemoryThreshold(m) => {
-                if m.direction == node_agent_common::DIRECTION_UP {
-                    self.triggers.crossed(m.cgroup_id);
+        let (index, page_size) = (self.kernel.tracker.index(), crate::sys::page_size());
+        let attributed = match &self.cluster {
+            Some(c) => {
+                let snapshot = c.snapshots.borrow();
+                attribute(event, index, &SnapshotNames(snapshot.as_ref()), page_size)
+            }
+            None => attribute(event, index, &NoNames, page_size),
+        }?;
+        let record = Record::event(&attributed, crate::sys::ktime_rfc3339(attributed.ktime_ns));
+        self.telemetry.metrics.kernel_event(record.kind());
+        self.telemetry.live.publish(&record);
+        let ktime_ns = Some(attributed.ktime_ns);
+        match attributed.what {
+            Happened::MemoryThreshold {
+                cgroup, direction, ..
+            } => {
+                if direction == crate::cgroup::attribution::Direction::Up {
+                    self.kernel.triggers.crossed(cgroup.cgroup_id);
                 }
                 Some(Trigger {
                     name: "memory_threshold",
-                    ktime_ns: Some(ktime_ns),
+                    ktime_ns,
                 })
             }
-            KernelEvent::PidThreshold(_) => Some(Trigger {
+            Happened::PidThreshold { .. } => Some(Trigger {
                 name: "pid_threshold",
-                ktime_ns: Some(ktime_ns),
+                ktime_ns,
             }),
-            KernelEvent::OomKill(oom) => {
-                self.on_oom(&record, oom).await;
+            Happened::OomKill(kill) => {
+                let pod = kill
+                    .victim
+                    .pod_name()
+                    .map(|(ns, name)| (ns.to_string(), name.to_string()));
+                self.telemetry
+                    .metrics
+                    .oom_kill(pod.as_ref().map(|(ns, _)| ns.as_str()).unwrap_or(""));
+                // Reported on the node as the kubelet does, naming the process and its pod.
+                self.act(vec![Action::NodeEvent(NodeEvent::OomKilling(
+                    node_agent_kube::events::OomKill {
+                        pid: kill.pid,
+                        comm: kill.comm,
+                        pod,
+                    },
+                ))])
+                .await;
                 Some(Trigger {
                     name: "oom_kill",
-                    ktime_ns: Some(ktime_ns),
+                    ktime_ns,
                 })
             }
-            KernelEvent::ForkStorm(_) | KernelEvent::CgroupChange(_) => None,
+            Happened::ForkStorm { .. } => None,
         }
     }
 
-    /// An OOM kill: counted by namespace and, with a cluster, reported on the node as
-    /// `OOMKilling` naming the process and its pod.
-    pub(super) async fn on_oom(&mut self, record: &Record, oom: &node_agent_common::OomKillEvent) {
-        let uid = record.pod_uid().map(str::to_string);
-        let pod = uid.as_deref().and_then(|uid| {
-            self.snapshot()
-                .and_then(|s| s.pods.iter().find(|p| p.uid == uid).cloned())
-        });
-        self.metrics
-            .oom_kill(pod.as_ref().map(|p| p.namespace.as_str()).unwrap_or(""));
-        if let Some(kube) = &self.kube {
-            let kill = kube_events::OomKill {
-                pid: oom.pid,
-                comm: crate::ebpf::events::comm(&oom.comm),
-                pod: pod.map(|p| (p.namespace, p.name)),
-            };
-            let event =
-                kube_events::build_oom_killing(&kube.config.node_name, &kill, SystemTime::now());
-            let executor = kube.executor.clone();
-            let metrics = self.metrics.clone();
-            tokio::spawn(async move {
-                if executor.events().post(&event).await.is_err() {
-                    metrics.kube_error("oom event");
+    /// Hands actions to the executor (it works through them in order).
+    pub(super) async fn act(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            if self.acts.actions.send(action).await.is_err() {
+                tracing::error!("the executor stopped; its actions are lost");
+            }
+        }
+    }
+
+    /// Records what the executor reports; true when the loop should decide again now.
+    fn on_outcome(&mut self, outcome: Outcome) -> bool {
+        let metrics = &self.telemetry.metrics;
+        match outcome {
+            Outcome::Eviction(report) => {
+                let result = report.attempt.result;
+                metrics.eviction(report.eviction.signal.as_str(), result.as_str());
+                if let Some(error) = &report.event_error {
+                    metrics.kube_error("pod event");
+                    tracing::warn!(%error, "the pod's Evicted event was not recorded");
                 }
-            });
+                tracing::info!(
+                    pod = %format!("{}/{}", report.eviction.namespace, report.eviction.name),
+                    signal = %report.eviction.signal, result = result.as_str(),
+                    reason = report.attempt.detail.as_deref().unwrap_or(""),
+                    retry_after = ?report.attempt.retry_after, "eviction outcome"
+                );
+                self.telemetry
+                    .live
+                    .publish(&Record::eviction(&report, crate::sys::now_rfc3339()));
+                let timing = self.timing();
+                let now = self.now();
+                self.acts.state.reported(&report, &timing, now);
+                // The next pod goes as soon as the pacing allows: decide again now.
+                !result.pod_goes()
+            }
+            Outcome::NodeEvent { reason, error } => {
+                if let Some(error) = error {
+                    metrics.kube_error(reason);
+                    tracing::warn!(reason, %error, "node event not recorded");
+                }
+                false
+            }
+            Outcome::Condition { pressure, error } => {
+                if let Some(error) = error {
+                    metrics.kube_error("node condition");
+                    tracing::warn!(pressure, %error, "node condition not written");
+                }
+                false
+            }
+        }
+    }
+
+    /// Rescans the cgroups now (a cgroup named by an event is not known yet).
+    fn rescan(&mut self) {
+        self.kernel.tracker.mark_changed();
+        self.rescan_if_due();
+    }
+
+    fn rescan_if_due(&mut self) {
+        match self
+            .kernel
+            .tracker
+            .refresh_if_due(&mut self.kernel.programs)
+        {
+            Ok(Some(t)) => {
+                self.telemetry.metrics.set_tracked_cgroups(
+                    t.tracked as i64,
+                    t.untracked as i64,
+                    t.cap_reached,
+                );
+                self.kernel
+                    .triggers
+                    .refresh_targets(self.kernel.tracker.index());
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "rescanning cgroups"),
         }
     }
 }

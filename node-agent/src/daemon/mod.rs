@@ -1,45 +1,58 @@
 //! `node-agent run`: the event-driven pressure loop.
 //!
 //! Data flows one way: kernel event (or a slow re-sync tick) → node reading → policy
-//! evaluation → decision → the one executor. Kernel memory and PID crossings trigger an
-//! evaluation at once; while a threshold is met or a memory trigger has fired, the node is
-//! re-read every `pressure_poll_interval`; otherwise only every `resync_interval`, which just
-//! guards against drift and missed events.
+//! evaluation among the pods the agent may act on → actions (as data, from [`acting`]) → the
+//! one executor (`node_agent_kube::executor`), whose every outcome comes back to the loop.
+//! Kernel memory and PID crossings trigger an evaluation at once; while a threshold is met or a
+//! memory trigger has fired, the node is re-read every `pressure_poll_interval`; otherwise only
+//! every `resync_interval`, which just guards against drift and missed events.
+//!
+//! By role: [`wiring`] checks the config and starts everything, [`event_loop`] is the one
+//! `select!`, [`evaluation`] reads, decides and reports, [`acting`] turns decisions and
+//! outcomes into actions, [`reload`] applies a new config whole or refuses it, [`feed`] is the
+//! Kubernetes connection, [`observe`], [`pods`] and [`triggers`] read the node, the pods and
+//! arm the kernel.
 
 mod acting;
+#[cfg(test)]
+mod acting_tests;
 pub mod config;
 mod evaluation;
 mod event_loop;
-mod kube;
+mod feed;
 mod live;
 mod observe;
 mod pods;
 mod reload;
-mod tracking;
 mod triggers;
 mod wiring;
 
-pub use wiring::run;
-
 use std::{
-    collections::{HashMap, HashSet},
+    collections::BTreeMap,
     path::PathBuf,
     sync::Arc,
     time::{Instant, SystemTime},
 };
 
+pub use wiring::{run, DaemonError};
+
+use node_agent_kube::{
+    api::Counters,
+    executor::{Action, Outcome, Settings},
+};
 use node_agent_policy::PolicyState;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use self::{
+    acting::Acting,
     config::{AgentConfig, Overrides},
-    kube::KubeSide,
+    feed::Cluster,
     live::Live,
-    observe::NodeSources,
+    observe::{NodeSources, Source},
     triggers::Triggers,
 };
 use crate::{
-    cgroup::{CgroupIndex, Layout},
+    cgroup::{CgroupTracker, Layout},
     ebpf::KernelPrograms,
     telemetry::{Health, Metrics},
 };
@@ -75,42 +88,69 @@ struct Trigger {
     ktime_ns: Option<u64>,
 }
 
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
+impl Trigger {
+    const fn named(name: &'static str) -> Self {
+        Self {
+            name,
+            ktime_ns: None,
+        }
+    }
 }
 
-/// A finished eviction attempt, reported back to the loop by the task that ran it.
-struct Finished {
-    uid: String,
+/// Where the config comes from, and what the file looked like when last read.
+struct ConfigSource {
+    path: Option<PathBuf>,
+    mtime: Option<SystemTime>,
+    overrides: Overrides,
+}
+
+/// The kernel side: programs, the cgroups they track, the memory and PID lines.
+struct Kernel {
+    programs: KernelPrograms,
+    tracker: CgroupTracker,
+    triggers: Triggers,
+}
+
+/// The acting side: the executor's channels and settings, and what the loop remembers.
+struct Acts {
+    actions: mpsc::Sender<Action>,
+    outcomes: mpsc::Receiver<Outcome>,
+    settings: watch::Sender<Settings>,
+    state: Acting,
+}
+
+/// What operators see: metrics, health, the live stream.
+struct Telemetry {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    live: Live,
+}
+
+/// The timers of the loop; rebuilt when a reload changes their intervals.
+struct Timers {
+    resync: tokio::time::Interval,
+    poll: tokio::time::Interval,
 }
 
 struct Daemon {
     config: AgentConfig,
-    config_path: Option<PathBuf>,
-    config_mtime: Option<SystemTime>,
-    overrides: Overrides,
+    source: ConfigSource,
     layout: Layout,
-    sources: NodeSources,
-    programs: KernelPrograms,
-    index: CgroupIndex,
-    tracked: HashSet<u64>,
-    rescan: crate::cgroup::RescanSchedule,
-    triggers: Triggers,
-    state: PolicyState,
+    node: NodeSources,
+    kernel: Kernel,
+    /// `None` in standalone mode.
+    cluster: Option<Cluster>,
+    /// Failure counts of every Kubernetes client, across reconnects (exported to /metrics).
+    kube_counters: Arc<Counters>,
+    acts: Acts,
+    policy: PolicyState,
     started: Instant,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    live: Live,
-    kube: Option<KubeSide>,
-    bucket: node_agent_kube::pacing::TokenBucket,
-    /// The pod being evicted (one at a time), and dry-run decisions recently reported, so a
-    /// pod that is not going away is not reported again on every poll.
-    in_flight: Option<String>,
-    recently_decided: HashMap<String, Instant>,
-    finished_tx: mpsc::Sender<Finished>,
-    /// Conditions and met thresholds at the last evaluation, to report transitions once.
-    last_conditions: Vec<node_agent_policy::NodeCondition>,
-    last_met: HashSet<node_agent_policy::Signal>,
+    telemetry: Telemetry,
+    timers: Timers,
+    /// Re-read the node every `pressure_poll_interval`.
     pressure: bool,
+    /// Sources that could not be read at the last evaluation.
+    degraded: BTreeMap<Source, String>,
+    /// The last decision to evict was refused for stale pod data.
+    stale: bool,
 }

@@ -1,82 +1,128 @@
-//! Wiring: the config checked, everything bound and loaded, then the loop started.
+//! Wiring: the config checked, everything bound and loaded, the executor started, then the
+//! loop; on the way out, everything detached.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::BTreeMap,
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use node_agent_policy::PolicyState;
-use tokio::sync::mpsc;
+use node_agent_kube::{api::Counters, executor};
+use node_agent_policy::{Eligibility, PolicyState};
 
 use super::{
-    config::{AgentConfig, Overrides},
-    kube::KubeSide,
-    live::Live,
+    acting::{Acting, Timing},
+    config::{AgentConfig, ConfigError, Overrides},
+    feed::{Cluster, KubeSetupError},
+    live::{Live, LiveError},
     observe::NodeSources,
     triggers::Triggers,
-    Daemon, RunArgs, Signals, DEFAULT_CONFIG,
+    Acts, ConfigSource, Daemon, Kernel, RunArgs, Telemetry, Timers, DEFAULT_CONFIG,
 };
 use crate::{
-    cgroup::{self, CgroupIndex, Layout},
+    cgroup::{self, CgroupTracker, ForkLimit, Layout},
     ebpf::{KernelPrograms, LoadOptions},
     telemetry::{self, Health, Metrics},
 };
 
-pub fn run(args: RunArgs) -> anyhow::Result<()> {
+/// Why the daemon could not start or had to stop. Each names what was wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("config: agent.node_cgroup: no cgroup at {0} in the memory hierarchy")]
+    NodeCgroup(PathBuf),
+    #[error(transparent)]
+    Hierarchy(#[from] cgroup::HierarchyError),
+    #[error("starting the runtime or the signal handlers")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
+    #[error(transparent)]
+    Live(#[from] LiveError),
+    #[error(transparent)]
+    Load(#[from] crate::ebpf::LoadError),
+    #[error(transparent)]
+    Control(#[from] crate::ebpf::ControlError),
+    #[error(transparent)]
+    Track(#[from] cgroup::TrackError),
+    #[error(transparent)]
+    Kube(#[from] KubeSetupError),
+    #[error("reading the kernel programs' ring buffer")]
+    Events(#[source] std::io::Error),
+    #[error("the executor stopped")]
+    ExecutorStopped,
+}
+
+pub fn run(args: RunArgs) -> Result<(), DaemonError> {
+    let own_pod = match (std::env::var("POD_NAMESPACE"), std::env::var("POD_NAME")) {
+        (Ok(ns), Ok(name)) if !ns.is_empty() && !name.is_empty() => Some((ns, name)),
+        _ => None,
+    };
     let overrides = Overrides {
         dry_run: args.dry_run,
         listen: args.listen.clone(),
         trace_socket: args.trace_socket.clone(),
         node_name: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
+        own_pod,
     };
     // The whole config is validated before anything is loaded or bound.
-    let config_path = match args.config {
-        Some(path) => Some(path),
-        None => Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.exists()),
-    };
-    let config = match &config_path {
+    let path = args
+        .config
+        .or_else(|| Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.exists()));
+    let config = match &path {
         Some(path) => AgentConfig::load(path, &overrides)?,
         None => {
             tracing::info!("no config file ({DEFAULT_CONFIG} does not exist): standalone mode with the kubelet's default thresholds");
-            AgentConfig::parse("", &overrides)?
+            AgentConfig::standalone(&overrides)?
         }
     };
     let layout = cgroup::detect()?;
-    let node_dir = layout.memory.mount().join(
-        config
-            .settings
-            .node_cgroup
-            .strip_prefix("/")
-            .unwrap_or(&config.settings.node_cgroup),
-    );
-    anyhow::ensure!(
-        node_dir.is_dir(),
-        "config: agent.node_cgroup: no cgroup at {} in the memory hierarchy",
-        node_dir.display()
-    );
+    let node_dir = node_dir(&layout, &config);
+    if !node_dir.is_dir() {
+        return Err(DaemonError::NodeCgroup(node_dir));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
-        .build()?;
-    runtime.block_on(Daemon::start(
-        config,
-        config_path,
+        .build()
+        .map_err(DaemonError::Runtime)?;
+    let mtime = path
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    let source = ConfigSource {
+        path,
+        mtime,
         overrides,
-        layout,
-        node_dir,
-        args.trace,
-    ))
+    };
+    runtime.block_on(Daemon::start(config, source, layout, node_dir, args.trace))
 }
+
+fn node_dir(layout: &Layout, config: &AgentConfig) -> PathBuf {
+    let cg = &config.settings.node_cgroup;
+    layout
+        .memory
+        .mount()
+        .join(cg.strip_prefix("/").unwrap_or(cg))
+}
+
+/// The fork limit the settings ask for (0: none).
+pub(super) fn fork_limit(config: &AgentConfig) -> Option<ForkLimit> {
+    (config.settings.fork_limit > 0).then_some(ForkLimit {
+        max_forks: config.settings.fork_limit,
+        window: config.settings.fork_window,
+    })
+}
+
 impl Daemon {
-    pub(super) async fn start(
+    async fn start(
         config: AgentConfig,
-        config_path: Option<PathBuf>,
-        overrides: Overrides,
+        source: ConfigSource,
         layout: Layout,
         node_dir: PathBuf,
         print: Option<crate::trace::OutputFormat>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), DaemonError> {
         let metrics = Metrics::new();
         let health = Health::new(Duration::from_secs(30));
         let server =
@@ -90,35 +136,33 @@ impl Daemon {
         let mut programs = KernelPrograms::load_with(&LoadOptions {
             ring_bytes: config.settings.ring_bytes,
         })?;
-        let index = CgroupIndex::scan(layout.memory.mount())?;
-        let kube = match &config.kubernetes {
-            Some(k) => Some(KubeSide::start(
-                k.clone(),
-                config.dry_run(),
+        let mut tracker = CgroupTracker::new(layout.memory.mount(), fork_limit(&config))?;
+        let kube_counters = Arc::new(Counters::default());
+        metrics.export_kube_counters(kube_counters.clone());
+        let cluster = match &config.kubernetes {
+            Some(k) => Some(Cluster::connect(
+                k,
                 config.settings.pod_refresh_interval,
+                kube_counters.clone(),
                 metrics.clone(),
             )?),
             None => None,
         };
-        let bucket = match &config.kubernetes {
-            Some(k) => node_agent_kube::pacing::TokenBucket::new(
-                k.evictions_per_minute,
-                k.eviction_burst,
-                Instant::now(),
-            ),
-            None => node_agent_kube::pacing::TokenBucket::new(6, 1, Instant::now()),
-        };
+        let (settings_tx, settings_rx) = tokio::sync::watch::channel(executor_settings(
+            &config,
+            cluster.as_ref(),
+            &source.overrides,
+            0,
+        ));
+        let (actions, outcomes, _executor) = executor::spawn(settings_rx, 16);
         let events = programs.events()?;
         // Signal handlers before anything says "running": a SIGHUP or SIGTERM from then on is
         // handled, never the default action.
-        let signals = Signals {
-            term: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
-            hup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?,
-        };
-        let sources = NodeSources {
+        let signals = super::event_loop::Signals::new().map_err(DaemonError::Runtime)?;
+        let node = NodeSources {
             memory: layout.memory.clone(),
-            node_dir: node_dir.clone(),
             is_root: node_dir == layout.memory.mount(),
+            node_dir: node_dir.clone(),
             memory_capacity: config.settings.memory_capacity,
             nodefs: config.settings.nodefs_path.clone(),
             imagefs: config.settings.imagefs_path.clone(),
@@ -129,55 +173,130 @@ impl Daemon {
             mode = if config.kubernetes.is_some() { "kubernetes" } else { "standalone" },
             dry_run = config.dry_run(),
             node_cgroup = %node_dir.display(),
+            nodefs = %node.nodefs.display(),
             "node-agent running"
         );
-        let (finished_tx, finished_rx) = mpsc::channel(4);
-        let config_mtime = config_path
-            .as_ref()
-            .and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+        let tracked = tracker.refresh(&mut programs)?;
+        metrics.set_tracked_cgroups(
+            tracked.tracked as i64,
+            tracked.untracked as i64,
+            tracked.cap_reached,
+        );
         let mut daemon = Daemon {
-            triggers: Triggers::new(&node_dir, layout.memory.mount()),
+            kernel: Kernel {
+                triggers: Triggers::new(&node_dir, layout.memory.mount()),
+                programs,
+                tracker,
+            },
+            timers: Timers::new(&config),
+            cluster,
+            kube_counters,
+            acts: Acts {
+                actions,
+                outcomes,
+                settings: settings_tx,
+                state: Acting::default(),
+            },
             config,
-            config_path,
-            config_mtime,
-            overrides,
+            source,
             layout,
-            sources,
-            programs,
-            index,
-            tracked: HashSet::new(),
-            rescan: crate::cgroup::RescanSchedule::new(Duration::from_secs(60), Instant::now()),
-            state: PolicyState::default(),
+            node,
+            policy: PolicyState::default(),
             started: Instant::now(),
-            metrics,
-            health: health.clone(),
-            live,
-            kube,
-            bucket,
-            in_flight: None,
-            recently_decided: HashMap::new(),
-            finished_tx,
-            last_conditions: Vec::new(),
-            last_met: HashSet::new(),
+            telemetry: Telemetry {
+                metrics,
+                health: health.clone(),
+                live,
+            },
             pressure: false,
+            degraded: BTreeMap::new(),
+            stale: false,
         };
-        daemon.track_new_cgroups()?;
-        daemon.set_pid_trigger()?;
+        daemon
+            .kernel
+            .triggers
+            .refresh_targets(daemon.kernel.tracker.index());
+        daemon.set_pid_trigger();
 
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let serving = tokio::spawn(server.serve(async {
             let _ = stop_rx.await;
         }));
-        let result = daemon.run_loop(events, finished_rx, signals).await;
+        let result = daemon.run_loop(events, signals).await;
         let _ = stop_tx.send(());
         let _ = serving.await;
         let _ = std::fs::remove_file(&socket_path);
-        // Dropping the daemon detaches every program.
+        // Dropping the daemon detaches every program and stops the executor.
         drop(daemon);
         result
     }
 
     pub(super) fn now(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    /// The agent's own pod and the exclusions: who must never be evicted, whatever happens.
+    pub(super) fn base_eligibility(&self) -> Eligibility {
+        base_eligibility(&self.config, &self.source.overrides)
+    }
+
+    pub(super) fn timing(&self) -> Timing {
+        timing(&self.config)
+    }
+}
+
+fn base_eligibility(config: &AgentConfig, overrides: &Overrides) -> Eligibility {
+    Eligibility {
+        own_pod: overrides.own_pod.clone(),
+        exclusions: config
+            .kubernetes
+            .as_ref()
+            .map(|k| k.exclusions.clone())
+            .unwrap_or_default(),
+        ..Eligibility::default()
+    }
+}
+
+fn timing(config: &AgentConfig) -> Timing {
+    let (per_minute, _) = config.pacing();
+    let k = config.kubernetes.as_ref();
+    Timing {
+        pass_over: k.map_or(Duration::from_secs(30), |k| k.pass_over()),
+        wait_timeout: k.map_or(Duration::from_secs(30), |k| k.eviction_wait_timeout()),
+        failed: Duration::from_secs(60) / per_minute.max(1),
+    }
+}
+
+/// What the executor works with, from the config (and the cluster connection).
+pub(super) fn executor_settings(
+    config: &AgentConfig,
+    cluster: Option<&Cluster>,
+    overrides: &Overrides,
+    generation: u64,
+) -> executor::Settings {
+    let (evictions_per_minute, eviction_burst) = config.pacing();
+    executor::Settings {
+        cluster: cluster.map(|c| c.api.clone()),
+        generation,
+        dry_run: config.dry_run(),
+        pdb_policy: config
+            .kubernetes
+            .as_ref()
+            .map_or(node_agent_kube::config::PdbPolicy::Respect, |k| {
+                k.pdb_policy
+            }),
+        evictions_per_minute,
+        eviction_burst,
+        eligibility: base_eligibility(config, overrides),
+    }
+}
+
+impl Timers {
+    pub(super) fn new(config: &AgentConfig) -> Self {
+        let mut resync = tokio::time::interval(config.settings.resync_interval);
+        let mut poll = tokio::time::interval(config.settings.pressure_poll_interval);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { resync, poll }
     }
 }
