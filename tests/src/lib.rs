@@ -344,6 +344,10 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// The daemon's end-to-end harness: a fake cluster whose pods and answers a test sets, and the
+/// daemon as a subprocess to wait on.
+pub mod cluster;
+
 /// `cargo xtask bench`: detection latency, probe overhead, event throughput and footprint,
 /// measured on the real kernel by the `node-agent-bench` binary (see `docs/benchmarks.md`).
 pub mod bench;
