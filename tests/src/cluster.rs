@@ -240,7 +240,14 @@ impl Daemon {
         };
         if let Err(e) = daemon.wait_log("node-agent running", Duration::from_secs(20)) {
             let status = daemon.process.child.try_wait()?;
-            let tail = daemon.log.iter().rev().take(5).rev().cloned().collect::<Vec<_>>();
+            let tail = daemon
+                .log
+                .iter()
+                .rev()
+                .take(5)
+                .rev()
+                .cloned()
+                .collect::<Vec<_>>();
             bail!("{e}; exit status {status:?}; last lines: {tail:#?}");
         }
         Ok(daemon)
