@@ -121,6 +121,14 @@ impl Acting {
         now: Duration,
     ) -> Plan {
         let mut plan = Plan::default();
+        // The eviction leaves first: it is what the node is waiting for; the events and the
+        // condition that describe the same moment follow it.
+        if let Some(evict) = self.eviction(decision, pods, fresh, trigger_ktime_ns, cgroup_of, now)
+        {
+            plan.actions.push(evict);
+        } else if decision.evict.is_some() && !fresh {
+            plan.notes.push(Note::Stale);
+        }
         let met: BTreeSet<Signal> = decision.thresholds_met.iter().map(|t| t.signal).collect();
         let mut resources = BTreeSet::new();
         for signal in met.difference(&self.last_met) {
@@ -158,33 +166,37 @@ impl Acting {
             _ => {}
         }
         self.no_evictable = starving;
+        plan
+    }
 
-        let Some(eviction) = &decision.evict else {
-            return plan;
-        };
-        if !fresh {
-            plan.notes.push(Note::Stale);
-            return plan;
-        }
+    /// The eviction to hand over, if the decision has one and nothing holds it back (stale
+    /// data, one in flight, pacing).
+    fn eviction(
+        &mut self,
+        decision: &Decision,
+        pods: &[PodInfo],
+        fresh: bool,
+        trigger_ktime_ns: Option<u64>,
+        cgroup_of: &dyn Fn(&PodInfo) -> Option<PathBuf>,
+        now: Duration,
+    ) -> Option<Action> {
+        let eviction = decision.evict.as_ref().filter(|_| fresh)?;
         if self.in_flight.is_some() || self.paced_until(now).is_some() {
-            return plan;
+            return None;
         }
         let id = eviction.pod_id();
-        let Some(pod) = pods.iter().find(|p| p.id() == id) else {
-            return plan;
-        };
+        let pod = pods.iter().find(|p| p.id() == id)?;
         self.in_flight = Some(InFlight {
             pod_id: id,
             since: now,
             cgroup: cgroup_of(pod),
             going_until: None,
         });
-        plan.actions.push(Action::Evict(Box::new(Evict {
+        Some(Action::Evict(Box::new(Evict {
             eviction: eviction.clone(),
             pod: pod.clone(),
             trigger_ktime_ns,
-        })));
-        plan
+        })))
     }
 
     /// What the executor reported about an eviction.

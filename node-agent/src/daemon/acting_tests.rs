@@ -107,16 +107,17 @@ fn evicts(actions: &[Action]) -> Vec<String> {
 fn the_first_decision_reports_pressure_and_evicts() {
     let mut acting = Acting::default();
     let plan = acting.plan(&decision(Some("a")), &pods(), true, Some(9), &cgroup, s(0));
+    // The eviction first (the node waits for it), then what describes the moment.
+    let Action::Evict(e) = &plan.actions[0] else {
+        panic!("{:?}", plan.actions)
+    };
     assert!(matches!(
-        plan.actions[0],
+        plan.actions[1],
         Action::NodeEvent(NodeEvent::ThresholdMet(Resource::Memory))
     ));
     assert!(
-        matches!(&plan.actions[1], Action::Condition { pressure: true, conditions } if conditions == &[NodeCondition::MemoryPressure])
+        matches!(&plan.actions[2], Action::Condition { pressure: true, conditions } if conditions == &[NodeCondition::MemoryPressure])
     );
-    let Action::Evict(e) = &plan.actions[2] else {
-        panic!("{:?}", plan.actions)
-    };
     assert_eq!(
         (
             e.eviction.name.as_str(),
@@ -315,7 +316,7 @@ fn no_evictable_pod_and_stale_data_are_noted() {
         second.notes
     );
     let back = acting.plan(&decision(Some("a")), &pods(), false, None, &cgroup, s(2));
-    assert_eq!(back.notes, [Note::EvictablePodAgain, Note::Stale]);
+    assert_eq!(back.notes, [Note::Stale, Note::EvictablePodAgain]);
     assert!(
         evicts(&back.actions).is_empty(),
         "stale data is never acted on"

@@ -68,6 +68,25 @@ impl Daemon {
                 .metrics
                 .decision_latency(trigger.name, latency);
         }
+        // The evicted pod's cgroup, to see it go: its pod cgroup, or for a standalone workload
+        // the cgroup it is named after. Looked up only when an eviction is handed over.
+        let (index, node_cgroup) = (
+            self.kernel.tracker.index(),
+            &self.config.settings.node_cgroup,
+        );
+        let cgroup_of = |pod: &PodInfo| -> Option<PathBuf> {
+            match &pod.uid {
+                Some(uid) => pods::pod_cgroup(index, node_cgroup, uid),
+                None => Some(index.root().join(pod.name.trim_start_matches('/'))),
+            }
+        };
+        let plan =
+            self.acts
+                .state
+                .plan(&decision, &ranked, fresh, trigger.ktime_ns, &cgroup_of, now);
+        // The executor gets its work first; reporting and re-arming follow, off its path.
+        self.act(plan.actions).await;
+        self.notes(plan.notes, fresh);
         self.report(&reading, &decision);
         self.rearm_memory_trigger(&reading);
         // Without the memcg tracepoints the kernel cannot report memory growth: the node is
@@ -75,28 +94,6 @@ impl Daemon {
         self.pressure = !decision.thresholds_met.is_empty()
             || self.kernel.triggers.memory_fired()
             || self.kernel.programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable;
-        let cgroups = self.pod_cgroups();
-        let root = self.kernel.tracker.index().root().to_path_buf();
-        // Pods by their pod cgroup; standalone workloads are named by their cgroup's path.
-        let cgroup_of = |pod: &PodInfo| -> Option<PathBuf> {
-            match &pod.uid {
-                Some(uid) => cgroups.get(uid).cloned(),
-                None => Some(root.join(pod.name.trim_start_matches('/'))),
-            }
-        };
-        let plan =
-            self.acts
-                .state
-                .plan(&decision, &ranked, fresh, trigger.ktime_ns, &cgroup_of, now);
-        self.notes(plan.notes, fresh);
-        self.act(plan.actions).await;
-    }
-
-    fn pod_cgroups(&self) -> std::collections::HashMap<String, PathBuf> {
-        pods::pod_cgroups(
-            self.kernel.tracker.index(),
-            &self.config.settings.node_cgroup,
-        )
     }
 
     /// The pods to rank: the pod source's (fresh enough to act on or not), or in standalone

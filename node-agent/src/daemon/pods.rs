@@ -25,6 +25,17 @@ pub fn pod_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> HashMap<String, P
         .collect()
 }
 
+/// The pod-level cgroup directory of the pod with this UID, under the node cgroup.
+pub fn pod_cgroup(index: &CgroupIndex, node_cgroup: &Path, uid: &str) -> Option<PathBuf> {
+    let below = node_cgroup.strip_prefix("/").unwrap_or(node_cgroup);
+    index
+        .pods()
+        .find(|(_, path, pod)| {
+            pod.scope == PodScope::Pod && pod.pod_uid == uid && path.starts_with(below)
+        })
+        .map(|(_, path, _)| index.root().join(path))
+}
+
 /// Container cgroup directories by (pod UID, runtime container id), under the node cgroup.
 fn container_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> Vec<(String, String, PathBuf)> {
     let below = node_cgroup.strip_prefix("/").unwrap_or(node_cgroup);
