@@ -12,7 +12,10 @@ pub mod thresholds;
 pub use events::*;
 pub use offsets::KernelOffsets;
 pub use tasks::{PidLimits, TaskCounts};
-pub use thresholds::{ForkRateLimit, MemoryThreshold};
+pub use thresholds::{
+    ForkRateLimit, MemoryLine, MemoryThreshold, SamplerControl, SamplerStats,
+    DEFAULT_SAMPLER_PERIOD_NS, MAX_MEMORY_LINES,
+};
 
 /// Most cgroups the kernel side tracks at once (pods and their containers on one node,
 /// plus the node-level cgroups). Sized for 1000 pods with a few containers each.

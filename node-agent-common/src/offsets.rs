@@ -22,6 +22,8 @@ pub struct KernelOffsets {
     pub css_cgroup: u32,
     /// struct cgroup: `kn`.
     pub cgroup_kn: u32,
+    /// struct cgroup: `subsys[]` (array of `struct cgroup_subsys_state *`).
+    pub cgroup_subsys: u32,
     /// struct kernfs_node: `id` (u64 since 5.5).
     pub kernfs_node_id: u32,
     /// struct signal_struct: `oom_score_adj` (short).
@@ -52,8 +54,9 @@ pub struct KernelOffsets {
     pub pid_numbers: u32,
     pub upid_ns: u32,
     pub pidns_pid_allocated: u32,
+    pub _pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 120);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 128);
 
 crate::user_pod!(KernelOffsets);

@@ -34,4 +34,52 @@ pub struct ForkRateLimit {
 
 const _: () = assert!(core::mem::size_of::<ForkRateLimit>() == 40);
 
-crate::user_pod!(MemoryThreshold, ForkRateLimit);
+/// Most memory lines the in-kernel sampler watches at once.
+pub const MAX_MEMORY_LINES: u32 = 256;
+
+/// The sampler's default period: a crossing is seen at most this long after the charge.
+pub const DEFAULT_SAMPLER_PERIOD_NS: u64 = 1_000_000;
+
+/// One line the in-kernel sampler watches. User space writes `cgroup_id` with `counter` 0; the
+/// kernel's cgroup iterator fills `counter` with the address of that memcg's `memory` page
+/// counter, which the sampler reads every period. The threshold itself is the cgroup's
+/// [`MemoryThreshold`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryLine {
+    pub cgroup_id: u64,
+    /// Kernel-owned: a kernel address, never dereferenced by user space; 0 until resolved.
+    pub counter: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<MemoryLine>() == 16);
+
+/// What user space tells the sampler: its period and how many line slots are in use.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SamplerControl {
+    pub period_ns: u64,
+    /// Slots `0..lines` of the line array are checked; 0 stops the timer at its next tick.
+    pub lines: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<SamplerControl>() == 16);
+
+/// What the sampler did: ticks so far and the time spent in them (kernel-measured).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SamplerStats {
+    pub ticks: u64,
+    pub busy_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<SamplerStats>() == 16);
+
+crate::user_pod!(
+    MemoryThreshold,
+    ForkRateLimit,
+    MemoryLine,
+    SamplerControl,
+    SamplerStats
+);

@@ -16,6 +16,10 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// Records the programs tried to write, per CPU (index 0): written = sent − lost.
+#[map]
+pub static SENT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 /// Kernel struct offsets from BTF; all zero (and `valid == 0`) until user space sets them.
 #[unsafe(no_mangle)]
 pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
@@ -30,6 +34,7 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     css_set_subsys: 0,
     css_cgroup: 0,
     cgroup_kn: 0,
+    cgroup_subsys: 0,
     kernfs_node_id: 0,
     signal_oom_score_adj: 0,
     mm_total_vm: 0,
@@ -49,6 +54,7 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     pid_numbers: 0,
     upid_ns: 0,
     pidns_pid_allocated: 0,
+    _pad: 0,
 });
 
 /// A header for an event of `kind` seen now on this CPU.
@@ -65,6 +71,10 @@ pub fn header(kind: u32) -> EventHeader {
 /// Writes one event into the ring buffer, or counts it as lost when the buffer is full.
 #[inline(always)]
 pub fn emit<T: 'static>(event: &T) {
+    if let Some(sent) = SENT.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot of a per-CPU array; no other CPU writes it.
+        unsafe { *sent += 1 };
+    }
     if EVENTS.output::<T>(event, 0).is_err() {
         if let Some(lost) = LOST.get_ptr_mut(0) {
             // SAFETY: this CPU's slot of a per-CPU array; no other CPU writes it.

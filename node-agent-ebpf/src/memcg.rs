@@ -1,32 +1,47 @@
-//! Memory thresholds evaluated in the kernel whenever a memory cgroup's page counter moves.
+//! Memory thresholds evaluated in the kernel on the memcg page counter (`usage`), exactly the
+//! figure `memory.current` / `memory.usage_in_bytes` report, so there is no drift to correct.
 //!
-//! Preferred hook: `fexit` on `page_counter_try_charge()`, `page_counter_charge()` and
-//! `page_counter_uncharge()` (mm/page_counter.c), whose first argument is the counter. Memory
-//! cgroups charge their `memory` counter there in batches (the per-CPU stock refills
-//! `MEMCG_CHARGE_BATCH` pages at a time, mm/memcontrol.c), so the program runs about once per
-//! 64 pages instead of once per page, on every kernel with BTF and trampolines. By the time
-//! fexit runs, the function has updated the counter and all its ancestors.
+//! Two ways in, chosen by user space by cost (see `node-agent/src/ebpf/object.rs`):
 //!
-//! Fallback hooks, when fexit cannot attach: `tp_btf/mod_memcg_state`,
-//! `tp_btf/mod_memcg_lruvec_state` and `tp_btf/count_memcg_events` (6.16+), which receive
-//! `(struct mem_cgroup *memcg, int item, val)` and fire on every page; there a per-CPU
-//! throttle bounds the cost (`MIN_INTERVAL_NS`).
+//! - **fexit on the page counter** (`page_counter_try_charge()`, `page_counter_charge()`,
+//!   `page_counter_uncharge()`, mm/page_counter.c, whose first argument is the counter). Memory
+//!   cgroups charge their `memory` counter in batches (the per-CPU stock refills
+//!   `MEMCG_CHARGE_BATCH` pages at a time, mm/memcontrol.c), so the program runs about once per
+//!   64 pages, right after the counter and all its ancestors moved. Usage is hierarchical: the
+//!   walk goes up the page-counter parents and checks every watched ancestor (a pod cgroup,
+//!   kubepods). Counters that are not a memcg's `memory` counter (memsw, kmem, hugetlb) map to
+//!   no watched cgroup id and are skipped.
+//! - **An in-kernel sampler**, where fexit cannot attach: a `bpf_timer` reads each watched
+//!   line's page counter every `period_ns` (1 ms by default) and nothing runs on the fault path
+//!   at all. A BPF program on the `memcg:*` tracepoints, which fire several times per page,
+//!   costs more than the 3 % budget before it does anything (measured: an empty program on
+//!   `mod_memcg_lruvec_state` alone slows a page-fault loop by about 6 %), and it cannot see a
+//!   crossing that no later memory event follows. The timer sees every crossing within one
+//!   period whatever the workload does next, at a constant cost of one short callback per
+//!   period while a line is set, and none while none is.
 //!
-//! Either way the program reads the authoritative page counter (`usage`), exactly the figure
-//! `memory.current` / `memory.usage_in_bytes` report, so there is no drift to correct. Usage
-//! is hierarchical: the walk goes up the page-counter parents and checks every watched
-//! ancestor (a pod cgroup, kubepods). Counters that are not a memcg's `memory` counter (memsw,
-//! kmem, hugetlb) map to no watched cgroup id and are skipped.
+//! The sampler learns where each watched cgroup's page counter lives from a cgroup iterator
+//! (`iter/cgroup`, 6.1+) that user space runs once per new line on that cgroup's directory:
+//! it fills the line's `counter` and starts the timer. Each tick re-checks that the counter
+//! still belongs to the line's cgroup (`css->cgroup->kn->id`) before trusting it, so a cgroup
+//! removed and freed under a stale line is skipped, never misreported.
+
+use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
-    macros::{btf_tracepoint, fexit, map},
-    maps::{HashMap, PerCpuArray},
-    programs::{BtfTracePointContext, FExitContext},
+    bindings::bpf_timer,
+    btf_maps,
+    helpers::{
+        bpf_ktime_get_ns,
+        generated::{bpf_timer_init, bpf_timer_set_callback, bpf_timer_start},
+    },
+    macros::{btf_map, fexit, map},
+    maps::{Array, HashMap},
+    programs::FExitContext,
 };
 use node_agent_common::{
-    MemoryThreshold, MemoryThresholdEvent, DIRECTION_DOWN, DIRECTION_UP, KIND_MEMORY_THRESHOLD,
-    MAX_TRACKED_CGROUPS,
+    KernelOffsets, MemoryLine, MemoryThreshold, MemoryThresholdEvent, SamplerControl, SamplerStats,
+    DIRECTION_DOWN, DIRECTION_UP, KIND_MEMORY_THRESHOLD, MAX_MEMORY_LINES, MAX_TRACKED_CGROUPS,
 };
 
 use crate::{
@@ -34,17 +49,36 @@ use crate::{
     maps::{emit, header, OFFSETS},
 };
 
-const MIN_INTERVAL_NS: u64 = 100_000;
 const MAX_DEPTH: u32 = 8;
+/// `CLOCK_MONOTONIC` for `bpf_timer_init()` (include/uapi/linux/time.h).
+const CLOCK_MONOTONIC: u64 = 1;
 
 /// Key: memory cgroup id.
 #[map]
 static MEMORY_THRESHOLDS: HashMap<u64, MemoryThreshold> =
     HashMap::with_max_entries(MAX_TRACKED_CGROUPS, 0);
 
-/// Per CPU: when the last walk ran (tracepoint fallback only).
+/// The sampler's lines, in slots user space allocates; `SAMPLER_CONTROL.lines` bounds the
+/// slots in use.
 #[map]
-static LAST_WALK: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static MEMORY_LINES: Array<MemoryLine> = Array::with_max_entries(MAX_MEMORY_LINES, 0);
+
+/// Index 0: the period and the number of slots in use, written by user space.
+#[map]
+static SAMPLER_CONTROL: Array<SamplerControl> = Array::with_max_entries(1, 0);
+
+/// Index 0: ticks and time spent in them, for the benchmark and `/metrics`.
+#[map]
+static SAMPLER_STATS: Array<SamplerStats> = Array::with_max_entries(1, 0);
+
+/// The timer lives in a map value whose BTF names `struct bpf_timer`, as the kernel requires.
+#[repr(C)]
+pub struct SamplerTimer {
+    timer: bpf_timer,
+}
+
+#[btf_map]
+static SAMPLER_TIMER: btf_maps::Array<SamplerTimer, 1, 0> = btf_maps::Array::new();
 
 #[fexit(function = "page_counter_try_charge")]
 pub fn page_counter_try_charge(ctx: FExitContext) -> i32 {
@@ -64,41 +98,6 @@ pub fn page_counter_uncharge(ctx: FExitContext) -> i32 {
     0
 }
 
-#[btf_tracepoint(function = "mod_memcg_state")]
-pub fn mod_memcg_state(ctx: BtfTracePointContext) -> i32 {
-    let _ = throttled_memcg_update(ctx.arg(0));
-    0
-}
-
-#[btf_tracepoint(function = "mod_memcg_lruvec_state")]
-pub fn mod_memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
-    let _ = throttled_memcg_update(ctx.arg(0));
-    0
-}
-
-/// `count_memcg_events` fires on the uncharge path too (`uncharge_batch()` counts PGPGOUT
-/// after `page_counter_uncharge()`, mm/memcontrol.c), which is what reveals a down-crossing.
-#[btf_tracepoint(function = "count_memcg_events")]
-pub fn count_memcg_events(ctx: BtfTracePointContext) -> i32 {
-    let _ = throttled_memcg_update(ctx.arg(0));
-    0
-}
-
-#[inline(always)]
-fn throttled_memcg_update(memcg: u64) -> Result<(), i64> {
-    let last = LAST_WALK.get_ptr_mut(0).ok_or(-1i64)?;
-    // SAFETY: helper without arguments; `last` is this CPU's slot.
-    let now = unsafe { bpf_ktime_get_ns() };
-    unsafe {
-        if now.wrapping_sub(*last) < MIN_INTERVAL_NS {
-            return Ok(());
-        }
-        *last = now;
-    }
-    let o = OFFSETS.load();
-    walk_from_counter(memcg + u64::from(o.memcg_memory))
-}
-
 /// Checks the thresholds of the memcg owning `counter` and of each ancestor.
 #[inline(always)]
 fn walk_from_counter(mut counter: u64) -> Result<(), i64> {
@@ -107,9 +106,7 @@ fn walk_from_counter(mut counter: u64) -> Result<(), i64> {
         return Err(-1);
     }
     for _ in 0..MAX_DEPTH {
-        // struct mem_cgroup embeds both its css and its `memory` counter.
-        let css = counter - u64::from(o.memcg_memory) + u64::from(o.memcg_css);
-        let id = css_cgroup_id(&o, css)?;
+        let id = counter_cgroup_id(&o, counter)?;
         if let Some(t) = MEMORY_THRESHOLDS.get_ptr_mut(id) {
             let pages: u64 = read(counter, o.page_counter_usage)?;
             check(id, pages << o.page_shift, t);
@@ -119,6 +116,144 @@ fn walk_from_counter(mut counter: u64) -> Result<(), i64> {
             _ => break,
         }
     }
+    Ok(())
+}
+
+/// The cgroup id of the memcg whose `memory` counter this is: struct mem_cgroup embeds both its
+/// css and that counter (include/linux/memcontrol.h).
+#[inline(always)]
+fn counter_cgroup_id(o: &KernelOffsets, counter: u64) -> Result<u64, i64> {
+    let css = counter - u64::from(o.memcg_memory) + u64::from(o.memcg_css);
+    css_cgroup_id(o, css)
+}
+
+/// `iter/cgroup` context (kernel/bpf/cgroup_iter.c: `struct bpf_iter__cgroup`).
+#[repr(C)]
+pub struct IterCgroupCtx {
+    meta: *const c_void,
+    cgroup: u64,
+}
+
+/// Run by user space (one `read()` of the iterator) on a newly watched cgroup's directory:
+/// records where that cgroup's memory page counter lives and (re)starts the sampler.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/cgroup")]
+pub extern "C" fn memory_sampler_attach(ctx: *mut IterCgroupCtx) -> i32 {
+    // SAFETY: the iterator passes a valid context; `cgroup` is NULL once iteration ends.
+    let cgroup = unsafe { (*ctx).cgroup };
+    if cgroup != 0 {
+        let _ = try_attach(cgroup);
+    }
+    0
+}
+
+#[inline(always)]
+fn try_attach(cgroup: u64) -> Result<(), i64> {
+    let o = OFFSETS.load();
+    if o.valid == 0 {
+        return Err(-1);
+    }
+    // `cgroup->subsys[memory_cgrp_id]` is the cgroup's memcg css (NULL on a v2 cgroup whose
+    // parent does not enable the memory controller), `cgroup->kn->id` its id.
+    let index = o.memory_cgrp_id & 0x3f;
+    let css: u64 = read(cgroup, o.cgroup_subsys + index * 8)?;
+    if css == 0 {
+        return Err(-1);
+    }
+    let kn: u64 = read(cgroup, o.cgroup_kn)?;
+    let id: u64 = read(kn, o.kernfs_node_id)?;
+    let counter = css - u64::from(o.memcg_css) + u64::from(o.memcg_memory);
+    let Some(control) = SAMPLER_CONTROL.get(0) else {
+        return Err(-1);
+    };
+    let lines = control.lines;
+    for slot in 0..MAX_MEMORY_LINES {
+        if slot >= lines {
+            break;
+        }
+        let Some(line) = MEMORY_LINES.get_ptr_mut(slot) else {
+            break;
+        };
+        // SAFETY: array values live as long as the map.
+        let line = unsafe { &mut *line };
+        if line.cgroup_id == id {
+            line.counter = counter;
+        }
+    }
+    start_timer(control.period_ns)
+}
+
+#[inline(always)]
+fn start_timer(period_ns: u64) -> Result<(), i64> {
+    let t = SAMPLER_TIMER.get_ptr_mut(0).ok_or(-1i64)?;
+    // SAFETY: `t` points at the map value holding the timer; the helpers validate it.
+    unsafe {
+        let timer = &mut (*t).timer as *mut bpf_timer;
+        // -EBUSY once initialised: harmless, the callback and map stay the same.
+        let _ = bpf_timer_init(
+            timer,
+            &SAMPLER_TIMER as *const _ as *mut c_void,
+            CLOCK_MONOTONIC,
+        );
+        bpf_timer_set_callback(timer, sample as *mut c_void);
+        let r = bpf_timer_start(timer, period_ns, 0);
+        if r != 0 {
+            return Err(r);
+        }
+    }
+    Ok(())
+}
+
+/// One tick: checks every line, then re-arms while any line is set.
+#[inline(never)]
+extern "C" fn sample(_map: *mut c_void, _key: *mut u32, t: *mut SamplerTimer) -> i32 {
+    // SAFETY: helper without arguments.
+    let started = unsafe { bpf_ktime_get_ns() };
+    let Some(control) = SAMPLER_CONTROL.get(0) else {
+        return 0;
+    };
+    let (lines, period) = (control.lines, control.period_ns);
+    let o = OFFSETS.load();
+    if o.valid != 0 {
+        for slot in 0..MAX_MEMORY_LINES {
+            if slot >= lines {
+                break;
+            }
+            if let Some(line) = MEMORY_LINES.get(slot) {
+                let _ = check_line(&o, line.cgroup_id, line.counter);
+            }
+        }
+    }
+    if let Some(stats) = SAMPLER_STATS.get_ptr_mut(0) {
+        // SAFETY: only the timer callback writes the stats, and one callback runs at a time.
+        unsafe {
+            (*stats).ticks += 1;
+            (*stats).busy_ns += bpf_ktime_get_ns().wrapping_sub(started);
+        }
+    }
+    if lines > 0 {
+        // SAFETY: `t` is the map value the timer lives in, passed by the kernel.
+        unsafe {
+            bpf_timer_start(&mut (*t).timer, period, 0);
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn check_line(o: &KernelOffsets, id: u64, counter: u64) -> Result<(), i64> {
+    if id == 0 || counter == 0 {
+        return Ok(());
+    }
+    // A counter whose memcg no longer is the line's cgroup (removed, freed, reused) is skipped.
+    if counter_cgroup_id(o, counter)? != id {
+        return Ok(());
+    }
+    let Some(t) = MEMORY_THRESHOLDS.get_ptr_mut(id) else {
+        return Ok(());
+    };
+    let pages: u64 = read(counter, o.page_counter_usage)?;
+    check(id, pages << o.page_shift, t);
     Ok(())
 }
 

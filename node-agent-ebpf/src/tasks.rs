@@ -23,7 +23,7 @@ use node_agent_common::{
 };
 
 use crate::{
-    kernel::{read, task_memcg_id},
+    kernel::{load, task_memcg_id_btf},
     maps::{emit, header, OFFSETS},
 };
 
@@ -61,7 +61,7 @@ fn try_task_event(task: u64, delta: i64) -> Result<(), i64> {
         return Err(-1);
     }
     check_pid_limit(&o, task);
-    let cgroup = task_memcg_id(&o, task)?;
+    let cgroup = task_memcg_id_btf(&o, task);
     let Some(counts) = TASK_COUNTS.get_ptr_mut(cgroup) else {
         return Ok(());
     };
@@ -93,7 +93,9 @@ fn check_pid_limit(o: &KernelOffsets, task: u64) {
     if limits.threshold == 0 {
         return;
     }
-    let Ok(live) = live_pids(o, task) else { return };
+    let Some(live) = live_pids(o, task) else {
+        return;
+    };
     let available = limits.limit as i64 - live;
     let direction = if available < limits.threshold as i64 && limits.below == 0 {
         limits.below = 1;
@@ -114,17 +116,25 @@ fn check_pid_limit(o: &KernelOffsets, task: u64) {
     });
 }
 
-/// PIDs allocated in the initial PID namespace, without its `PIDNS_ADDING` flag bit.
+/// PIDs allocated in the initial PID namespace, without its `PIDNS_ADDING` flag bit. Direct
+/// loads from the BTF task pointer (see `kernel::load`).
 #[inline(always)]
-fn live_pids(o: &KernelOffsets, task: u64) -> Result<i64, i64> {
-    let pid: u64 = read(task, o.task_thread_pid)?;
-    let ns: u64 = read(pid, o.pid_numbers + o.upid_ns)?;
-    let allocated: u32 = read(ns, o.pidns_pid_allocated)?;
-    Ok(i64::from(allocated & 0x7fff_ffff))
+fn live_pids(o: &KernelOffsets, task: u64) -> Option<i64> {
+    let pid: u64 = load(task, o.task_thread_pid);
+    if pid == 0 {
+        return None;
+    }
+    let ns: u64 = load(pid, o.pid_numbers + o.upid_ns);
+    if ns == 0 {
+        return None;
+    }
+    let allocated: u32 = load(ns, o.pidns_pid_allocated);
+    Some(i64::from(allocated & 0x7fff_ffff))
 }
 
 /// Counts a fork against the cgroup's rate window; the first fork over the limit in a window
-/// reports a storm, and the storm clears when a whole window stays under the limit. Plain
+/// reports a storm, and the storm clears when a whole window stays at or under the limit, a
+/// quiet one (no fork at all) included, so the next storm is reported again. Plain
 /// (non-atomic) updates: concurrent forks on several CPUs can undercount slightly, which only
 /// delays a report by a few forks.
 #[inline(always)]
@@ -136,8 +146,12 @@ fn fork_rate(cgroup: u64) {
     let limit = unsafe { &mut *limit };
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(limit.window_start_ns) >= limit.window_ns {
-        if limit.forks_in_window <= limit.max_forks {
+    let elapsed = now.wrapping_sub(limit.window_start_ns);
+    if elapsed >= limit.window_ns {
+        // The window that just ended was calm, or a whole window passed with no fork at all
+        // (the first fork after a silence lands here with `elapsed` of two windows or more).
+        if limit.forks_in_window <= limit.max_forks || elapsed >= limit.window_ns.saturating_mul(2)
+        {
             limit.storming = 0;
         }
         limit.window_start_ns = now;

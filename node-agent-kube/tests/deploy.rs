@@ -5,6 +5,7 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use k8s_openapi::api::{
+    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
     apps::v1::DaemonSet,
     core::v1::{ConfigMap, Namespace, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
@@ -37,6 +38,8 @@ struct Manifests {
     bindings: Vec<ClusterRoleBinding>,
     config_maps: Vec<ConfigMap>,
     daemon_sets: Vec<DaemonSet>,
+    policies: Vec<ValidatingAdmissionPolicy>,
+    policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
 }
 
 fn load(files: &[&str]) -> Manifests {
@@ -50,6 +53,8 @@ fn load(files: &[&str]) -> Manifests {
                 "ClusterRoleBinding" => m.bindings.push(typed(file, &doc)),
                 "ConfigMap" => m.config_maps.push(typed(file, &doc)),
                 "DaemonSet" => m.daemon_sets.push(typed(file, &doc)),
+                "ValidatingAdmissionPolicy" => m.policies.push(typed(file, &doc)),
+                "ValidatingAdmissionPolicyBinding" => m.policy_bindings.push(typed(file, &doc)),
                 other => panic!("{file}: unexpected kind {other:?}"),
             }
         }
@@ -58,7 +63,11 @@ fn load(files: &[&str]) -> Manifests {
 }
 
 fn kustomization_resources() -> Vec<String> {
-    let k: serde_json::Value = documents("kustomization.yaml").remove(0);
+    kustomization_resources_in("kustomization.yaml")
+}
+
+fn kustomization_resources_in(file: &str) -> Vec<String> {
+    let k: serde_json::Value = documents(file).remove(0);
     k["resources"]
         .as_array()
         .unwrap()
@@ -97,12 +106,28 @@ fn kustomization_lists_every_default_manifest() {
             "namespace.yaml",
             "serviceaccount.yaml",
             "rbac.yaml",
+            "admission-policy.yaml",
             "configmap.yaml",
             "daemonset.yaml"
         ]
     );
+    // No namespace transformer: kustomize would put one on the cluster-scoped policy.
+    let k: serde_json::Value = documents("kustomization.yaml").remove(0);
+    assert!(k.get("namespace").is_none(), "{k}");
     let m = manifests();
     assert_eq!(m.namespaces[0].metadata.name.as_deref(), Some("node-agent"));
+    // Every namespaced object names its namespace itself.
+    assert!(m
+        .service_accounts
+        .iter()
+        .map(|o| &o.metadata)
+        .chain(m.config_maps.iter().map(|o| &o.metadata))
+        .chain(m.daemon_sets.iter().map(|o| &o.metadata))
+        .all(|meta| meta.namespace.as_deref() == Some("node-agent")));
+    // The node-bound admission policy and its binding are part of the default install.
+    assert_eq!(m.policies.len(), 1);
+    assert_eq!(m.policy_bindings.len(), 1);
+    assert!(m.policies[0].metadata.namespace.is_none(), "cluster-scoped");
     assert_eq!(
         m.service_accounts[0].metadata.name.as_deref(),
         Some("node-agent")
@@ -113,10 +138,11 @@ fn kustomization_lists_every_default_manifest() {
 fn rbac_grants_exactly_the_intended_verbs() {
     let m = manifests();
     assert_eq!(m.roles.len(), 1);
+    // No pods delete and no pods/status patch by default: those are pdb_policy: override's,
+    // in deploy/override/.
     let want: BTreeMap<(String, String), Vec<String>> = [
-        ("", "pods", &["delete", "get", "list", "watch"][..]),
+        ("", "pods", &["get", "list", "watch"][..]),
         ("", "pods/eviction", &["create"]),
-        ("", "pods/status", &["patch"]),
         ("", "nodes", &["get"]),
         ("", "nodes/status", &["patch"]),
         ("", "nodes/stats", &["get"]),
@@ -146,6 +172,25 @@ fn rbac_grants_exactly_the_intended_verbs() {
         ("ServiceAccount", "node-agent", Some("node-agent"))
     );
 
+    // The override add-on grants exactly what pdb_policy: override needs, to the same account.
+    let override_files = kustomization_resources_in("override/kustomization.yaml");
+    assert_eq!(override_files, ["rbac-override.yaml"]);
+    let over = load(&["override/rbac-override.yaml"]);
+    let want: BTreeMap<_, _> = [(("", "pods"), "delete"), (("", "pods/status"), "patch")]
+        .into_iter()
+        .map(|((g, r), v)| ((g.to_string(), r.to_string()), vec![v.to_string()]))
+        .collect();
+    assert_eq!(grants(&over.roles[0]), want);
+    let binding = &over.bindings[0];
+    assert_eq!(
+        binding.role_ref.name,
+        over.roles[0].metadata.name.clone().unwrap()
+    );
+    assert_eq!(
+        binding.subjects.as_ref().unwrap()[0].name.as_str(),
+        "node-agent"
+    );
+
     // The optional kubelet-proxy grant is exactly nodes/proxy get, and off by default.
     let proxy = load(&["rbac-kubelet-proxy.yaml"]);
     let want: BTreeMap<_, _> = [(
@@ -158,7 +203,7 @@ fn rbac_grants_exactly_the_intended_verbs() {
 }
 
 #[test]
-fn daemonset_is_privileged_with_host_access_probes_and_fixed_resources() {
+fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     let m = manifests();
     let ds = &m.daemon_sets[0];
     let spec = ds.spec.as_ref().unwrap();
@@ -172,18 +217,27 @@ fn daemonset_is_privileged_with_host_access_probes_and_fixed_resources() {
         .is_some());
 
     let pod = spec.template.spec.as_ref().unwrap();
-    assert_eq!(pod.host_pid, Some(true));
+    // No hostPID, no privileged: tests/tests/image_container.rs proves the agent works so.
+    assert_ne!(pod.host_pid, Some(true));
     assert_eq!(
         pod.priority_class_name.as_deref(),
         Some("system-node-critical")
     );
     assert_eq!(pod.service_account_name.as_deref(), Some("node-agent"));
     let c = &pod.containers[0];
-    assert_eq!(c.security_context.as_ref().unwrap().privileged, Some(true));
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    assert_eq!(
+        caps.add.as_deref(),
+        Some(&["BPF".to_string(), "PERFMON".to_string()][..])
+    );
     assert_eq!(
         c.command.as_deref().unwrap(),
         [
-            "node-agent",
+            "/usr/local/bin/node-agent",
             "run",
             "--config",
             "/etc/node-agent/config.yaml"
@@ -251,11 +305,9 @@ fn daemonset_is_privileged_with_host_access_probes_and_fixed_resources() {
         .map(|m| (m.name.as_str(), m.mount_path.as_str()))
         .collect();
     for (host, in_container) in [
-        ("/sys/fs/bpf", "/sys/fs/bpf"),
-        ("/sys/kernel/tracing", "/sys/kernel/tracing"),
-        ("/sys/kernel/btf", "/sys/kernel/btf"),
         ("/sys/fs/cgroup", "/sys/fs/cgroup"),
-        ("/proc", "/host/proc"),
+        ("/var/lib/kubelet", "/var/lib/kubelet"),
+        ("/var/lib/containerd", "/var/lib/containerd"),
     ] {
         let (volume, _) = host_paths
             .iter()
@@ -313,14 +365,12 @@ fn configmap_config_parses_with_the_agent_loader() {
 }
 
 #[test]
-fn containerfile_builds_with_xtask_and_ships_the_agent() {
+fn containerfile_ships_the_prebuilt_static_agent_alone() {
     let text = std::fs::read_to_string(deploy_dir().join("Containerfile")).unwrap();
     for needle in [
-        "FROM debian:bookworm AS builder",
-        "cargo xtask setup",
-        "cargo xtask build --release",
-        "FROM debian:bookworm-slim",
-        "COPY --from=builder /src/target/release/node-agent /usr/local/bin/node-agent",
+        "FROM scratch",
+        "COPY node-agent /usr/local/bin/node-agent",
+        "ENTRYPOINT [\"/usr/local/bin/node-agent\"]",
     ] {
         assert!(text.contains(needle), "{needle}");
     }

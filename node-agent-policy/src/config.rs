@@ -270,7 +270,15 @@ impl EvictionConfig {
                 }
                 "evictionMaxPodGracePeriod" => {
                     if !v.is_null() {
-                        raw.max_pod_grace_period = Some((field.clone(), yaml::integer(v, &field)?));
+                        let seconds = yaml::integer(v, &field)?;
+                        // An int32 in KubeletConfiguration: the kubelet cannot decode more.
+                        if i32::try_from(seconds).is_err() {
+                            return Err(ConfigError::Type {
+                                field,
+                                expected: "a whole number of seconds from 0 to 2147483647 (int32)",
+                            });
+                        }
+                        raw.max_pod_grace_period = Some((field.clone(), seconds));
                     }
                 }
                 "evictionPressureTransitionPeriod" => {

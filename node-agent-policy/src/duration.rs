@@ -69,14 +69,20 @@ pub fn parse_go_duration(s: &str) -> Result<i64, DurationError> {
         let mut amount = whole
             .checked_mul(unit_nanos)
             .ok_or(DurationError::OutOfRange)?;
-        // Fractions are truncated to whole nanoseconds, as Go does.
+        // Fractions are truncated to whole nanoseconds, as Go does. Every step is checked:
+        // the input decides how large `amount` already is.
         let mut scale = unit_nanos;
         for d in frac_part.bytes() {
             if scale < 10 {
                 break;
             }
             scale /= 10;
-            amount += u128::from(d - b'0') * scale;
+            amount = amount
+                .checked_add(u128::from(d - b'0') * scale)
+                .ok_or(DurationError::OutOfRange)?;
+        }
+        if amount > 1u128 << 63 {
+            return Err(DurationError::OutOfRange);
         }
         total = total.checked_add(amount).ok_or(DurationError::OutOfRange)?;
         if total > 1u128 << 63 {
@@ -84,7 +90,9 @@ pub fn parse_go_duration(s: &str) -> Result<i64, DurationError> {
         }
     }
     if negative {
-        Ok(i64::try_from(-(total as i128)).map_err(|_| DurationError::OutOfRange)?)
+        // total <= 2^63 here, so the i128 negation cannot overflow.
+        let total = i128::try_from(total).map_err(|_| DurationError::OutOfRange)?;
+        i64::try_from(-total).map_err(|_| DurationError::OutOfRange)
     } else {
         i64::try_from(total).map_err(|_| DurationError::OutOfRange)
     }
@@ -108,6 +116,17 @@ mod tests {
             ("micro sign", "3\u{b5}s", 3000),
             ("negative", "-1s", -S),
             ("leading dot fraction", ".5s", S / 2),
+            ("the largest duration", "2562047h47m16.854775807s", i64::MAX),
+            (
+                "the smallest duration",
+                "-2562047h47m16.854775808s",
+                i64::MIN,
+            ),
+            (
+                "fraction digits past nanoseconds are dropped",
+                "1.0000000009s",
+                S,
+            ),
         ];
         for (behaviour, input, nanos) in cases {
             assert_eq!(parse_go_duration(input), Ok(*nanos), "{behaviour}");
@@ -132,6 +151,28 @@ mod tests {
                 DurationError::UnknownUnit("h-".into()),
             ),
             ("overflow", "9999999999h", DurationError::OutOfRange),
+            (
+                "one past the largest",
+                "2562047h47m16.854775808s",
+                DurationError::OutOfRange,
+            ),
+            (
+                "a sum past the largest",
+                "2562047h2562047h",
+                DurationError::OutOfRange,
+            ),
+            // whole × unit fits u128 and the fraction pushes it over: this wrapped to 0.23 s
+            // in release builds and panicked in debug ones.
+            (
+                "a fraction that overflows the integer part",
+                "94522879700260684295381835.397777280960h",
+                DurationError::OutOfRange,
+            ),
+            (
+                "more digits than any integer holds",
+                "1000000000000000000000000000000000000000000000ns",
+                DurationError::OutOfRange,
+            ),
         ];
         for (behaviour, input, expected) in cases {
             assert_eq!(

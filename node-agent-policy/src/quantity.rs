@@ -59,10 +59,18 @@ impl Quantity {
         self.format
     }
 
-    /// The value rounded up to an integer, as `Quantity.Value()`; saturates at the `i64` range.
+    /// The value rounded up to an integer, as `Quantity.Value()`; saturates at the `i64` range
+    /// (where Go's result is undefined). For input that must fit, use [`Quantity::checked_value`].
     pub fn value(&self) -> i64 {
+        self.checked_value()
+            .unwrap_or(if self.nanos < 0 { i64::MIN } else { i64::MAX })
+    }
+
+    /// The value rounded up to an integer, or [`QuantityError::OutOfRange`] when an `i64`
+    /// cannot hold it (only decimal quantities can be that large: binary ones are capped).
+    pub fn checked_value(&self) -> Result<i64, QuantityError> {
         let whole = self.nanos.div_euclid(NANOS) + i128::from(self.nanos.rem_euclid(NANOS) != 0);
-        i64::try_from(whole).unwrap_or(if whole < 0 { i64::MIN } else { i64::MAX })
+        i64::try_from(whole).map_err(|_| QuantityError::OutOfRange)
     }
 
     /// Whether the value is zero.
@@ -155,12 +163,20 @@ impl FromStr for Quantity {
                 None => nanos = i128::from(nanos != 0),
             }
         }
+        // ParseQuantity caps binary amounts at the int64 range ("the max is just a simple
+        // cap"); decimal ones stay exact.
+        if format == Format::BinarySi {
+            nanos = nanos.min(MAX_BINARY_NANOS);
+        }
         Ok(Quantity {
             nanos: if negative { -nanos } else { nanos },
             format,
         })
     }
 }
+
+/// `2^63 - 1` units, the most a binary-suffixed quantity holds after parsing.
+const MAX_BINARY_NANOS: i128 = i64::MAX as i128 * NANOS;
 
 fn pow10(exp: i32) -> Option<i128> {
     10i128.checked_pow(u32::try_from(exp).ok()?)
@@ -338,6 +354,49 @@ mod tests {
                 *expected,
                 "{behaviour}"
             );
+        }
+    }
+
+    #[test]
+    fn binary_quantities_cap_at_the_int64_range_like_parse_quantity() {
+        // apimachinery's ParseQuantity caps BinarySI amounts at 2^63-1 ("the max is just a
+        // simple cap"); decimal ones stay exact, however large.
+        const MAX_NANOS: i128 = i64::MAX as i128 * NANOS;
+        #[rustfmt::skip]
+        let rows: &[(&str, &str, i128, &str)] = &[
+            ("8Ei is one past the cap", "8Ei", MAX_NANOS, "9223372036854775807"),
+            ("10Ei is capped", "10Ei", MAX_NANOS, "9223372036854775807"),
+            ("a huge binary mantissa is capped", "99999999999999999999Ki", MAX_NANOS, "9223372036854775807"),
+            ("the cap holds for negatives", "-10Ei", -MAX_NANOS, "-9223372036854775807"),
+            ("just below the cap is exact", "8191Pi", (8191 << 50) * NANOS, "8191Pi"),
+            ("decimal beyond int64 stays exact", "20E", 20 * NANOS * 1_000_000_000_000_000_000, "20E"),
+            ("a plain number beyond int64 stays exact", "9223372036854775808", 9_223_372_036_854_775_808 * NANOS, "9223372036854775808"),
+        ];
+        for (behaviour, input, nanos, printed) in rows {
+            let q: Quantity = input.parse().unwrap_or_else(|e| panic!("{behaviour}: {e}"));
+            assert_eq!(q.nanos(), *nanos, "{behaviour}");
+            assert_eq!(q.to_string(), *printed, "{behaviour}");
+        }
+    }
+
+    #[test]
+    fn checked_value_refuses_what_int64_cannot_hold() {
+        #[rustfmt::skip]
+        let rows: &[(&str, Result<i64, QuantityError>)] = &[
+            ("1Gi", Ok(1 << 30)),
+            ("100m", Ok(1)),
+            ("-100m", Ok(0)),
+            ("10Ei", Ok(i64::MAX)),
+            ("9223372036854775807", Ok(i64::MAX)),
+            ("9223372036854775808", Err(QuantityError::OutOfRange)),
+            ("9223372036854775807.5", Err(QuantityError::OutOfRange)),
+            ("20E", Err(QuantityError::OutOfRange)),
+            ("-9223372036854775808", Ok(i64::MIN)),
+            ("-9223372036854775809", Err(QuantityError::OutOfRange)),
+        ];
+        for (input, expected) in rows {
+            let q: Quantity = input.parse().expect("a quantity");
+            assert_eq!(q.checked_value(), *expected, "{input}");
         }
     }
 

@@ -234,8 +234,15 @@ pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
 
 /// A non-negative whole amount written as a Kubernetes quantity or a plain number.
 fn amount(value: &Value, field: &str) -> Result<u64, ScenarioError> {
-    let q = quantity(value, field)?;
-    u64::try_from(q.value()).map_err(|_| field_error(field, "a quantity that is not negative"))
+    let q = whole(value, field)?;
+    u64::try_from(q).map_err(|_| field_error(field, "a quantity that is not negative"))
+}
+
+/// A quantity as a whole number (rounded up), refused rather than saturated beyond `i64`.
+fn whole(value: &Value, field: &str) -> Result<i64, ScenarioError> {
+    quantity(value, field)?
+        .checked_value()
+        .map_err(|_| field_error(field, "a quantity within the int64 range"))
 }
 
 fn quantity(value: &Value, field: &str) -> Result<Quantity, ScenarioError> {
@@ -456,8 +463,7 @@ fn parse_steps(
                                 ),
                             ));
                         }
-                        step.signals
-                            .push((signal, quantity(q, &signal_field)?.value()));
+                        step.signals.push((signal, whole(q, &signal_field)?));
                     }
                 }
                 "usage" => {

@@ -227,6 +227,18 @@ fn refused_configurations_name_the_field() {
             "evictionMaxPodGracePeriod: \"-5\" must not be negative",
         ),
         (
+            // KubeletConfiguration.EvictionMaxPodGracePeriod is an int32: the kubelet cannot
+            // decode a larger number.
+            "max pod grace period beyond int32",
+            "evictionMaxPodGracePeriod: 2147483648",
+            "evictionMaxPodGracePeriod: expected a whole number of seconds from 0 to 2147483647 (int32)",
+        ),
+        (
+            "max pod grace period beyond any YAML integer",
+            "evictionMaxPodGracePeriod: 99999999999999999999",
+            "invalid YAML: evictionMaxPodGracePeriod: invalid type: integer",
+        ),
+        (
             "malformed pressure transition period",
             "evictionPressureTransitionPeriod: 5 minutes",
             "evictionPressureTransitionPeriod: \"5 minutes\" is not a duration",
@@ -288,6 +300,14 @@ fn refused_flags_name_the_flag() {
             "max pod grace period that is not a number",
             EvictionFlags {
                 eviction_max_pod_grace_period: Some("1m"),
+                ..EvictionFlags::default()
+            },
+            "--eviction-max-pod-grace-period: expected a whole number of seconds",
+        ),
+        (
+            "max pod grace period flag beyond int32",
+            EvictionFlags {
+                eviction_max_pod_grace_period: Some("2147483648"),
                 ..EvictionFlags::default()
             },
             "--eviction-max-pod-grace-period: expected a whole number of seconds",

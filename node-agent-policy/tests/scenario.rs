@@ -143,6 +143,21 @@ fn invalid_scenarios_are_refused_naming_the_field() {
             "steps[0].signals[memory.available]: expected a Kubernetes quantity",
         ),
         (
+            "a signal value beyond int64",
+            format!("{NODE}steps:\n  - at: 0s\n    signals: {{memory.available: 20E}}\n"),
+            "steps[0].signals[memory.available]: expected a quantity within the int64 range",
+        ),
+        (
+            "a node capacity beyond int64",
+            "node:\n  capacity: {memory: 9223372036854775808}\nsteps:\n  - at: 0s\n".to_string(),
+            "node.capacity.memory: expected a quantity within the int64 range",
+        ),
+        (
+            "a pod usage beyond int64",
+            format!("{NODE}pods:\n  - name: a\n    usage: {{memory: 20E}}\n{step}"),
+            "pods[0].usage.memory: expected a quantity within the int64 range",
+        ),
+        (
             "usage for a pod that is not listed",
             format!("{NODE}steps:\n  - at: 0s\n    usage: {{ghost: {{memory: 1Gi}}}}\n"),
             "steps[0].usage.ghost: expected the name of a pod listed in pods",

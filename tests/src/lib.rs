@@ -112,7 +112,7 @@ impl Drop for TestCgroup {
 }
 
 /// Kills whatever runs in a cgroup tree and removes it, deepest directories first.
-fn remove_tree(dir: &Path) {
+pub(crate) fn remove_tree(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
@@ -150,8 +150,13 @@ fn remove_tree(dir: &Path) {
 pub struct Helper {
     child: Child,
     stdin: Option<std::process::ChildStdin>,
-    stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
+    /// The helper's stdout lines, read by a thread so that waiting for one is bounded.
+    stdout: Option<std::sync::mpsc::Receiver<String>>,
 }
+
+/// [`Helper::read_line`] waits at most this long for a line: a helper that hangs fails the
+/// test instead of holding it forever.
+pub const HELPER_LINE_BOUND: Duration = Duration::from_secs(120);
 
 impl Helper {
     /// Starts `program args...`, stopped at its "go" read.
@@ -163,7 +168,7 @@ impl Helper {
             .spawn()
             .with_context(|| format!("starting {program}"))?;
         let stdin = child.stdin.take();
-        let stdout = child.stdout.take().map(std::io::BufReader::new);
+        let stdout = child.stdout.take().map(|out| lines(out, Some));
         Ok(Self {
             child,
             stdin,
@@ -171,15 +176,23 @@ impl Helper {
         })
     }
 
-    /// Reads the helper's next line of output (blocking; the helpers print promptly).
+    /// Reads the helper's next line of output, trimmed; `""` once the helper closed its
+    /// stdout (it exited). An error after [`HELPER_LINE_BOUND`] without a line.
     pub fn read_line(&mut self) -> anyhow::Result<String> {
-        use std::io::BufRead as _;
-        let mut line = String::new();
-        self.stdout
-            .as_mut()
+        use std::sync::mpsc::RecvTimeoutError;
+        match self
+            .stdout
+            .as_ref()
             .context("helper stdout")?
-            .read_line(&mut line)?;
-        Ok(line.trim().to_string())
+            .recv_timeout(HELPER_LINE_BOUND)
+        {
+            Ok(line) => Ok(line.trim().to_string()),
+            Err(RecvTimeoutError::Disconnected) => Ok(String::new()),
+            Err(RecvTimeoutError::Timeout) => bail!(
+                "helper {} printed no line within {HELPER_LINE_BOUND:?}",
+                self.child.id()
+            ),
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -347,6 +360,12 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// The daemon's end-to-end harness: a fake cluster whose pods and answers a test sets, and the
 /// daemon as a subprocess to wait on.
 pub mod cluster;
+/// A real containerd for the CRI tests, started and removed by the test.
+pub mod containerd;
+/// OCI image tars written by the tests.
+pub mod oci;
+/// The DaemonSet's pod template as CRI requests.
+pub mod podspec;
 
 /// `cargo xtask bench`: detection latency, probe overhead, event throughput and footprint,
 /// measured on the real kernel by the `node-agent-bench` binary (see `docs/benchmarks.md`).

@@ -107,6 +107,41 @@ fn a_fork_burst_over_the_rate_yields_one_fork_storm_event() -> anyhow::Result<()
     Ok(())
 }
 
+#[test]
+fn each_fork_storm_after_a_quiet_window_is_reported_again() -> anyhow::Result<()> {
+    require_root();
+    let cgroup = TestCgroup::new("storms")?;
+    let id = cgroup.id();
+    let rt = runtime();
+    let mut programs = KernelPrograms::load()?;
+    programs.track_cgroup(id)?;
+    // Three bursts of 120 forks against 50 per 200 ms, each after 600 ms of silence (three
+    // windows without a fork): three storms, each reported once.
+    let window = Duration::from_millis(200);
+    programs.set_fork_limit(id, 50, window)?;
+    let mut events = rt.block_on(async { programs.events() })?;
+    for _ in 0..3 {
+        std::thread::sleep(3 * window);
+        let mut helper = Helper::spawn(FORK_HELPER, &["120".to_string()])?;
+        cgroup.add(helper.pid())?;
+        helper.go()?;
+        helper.wait(Duration::from_secs(10))?;
+    }
+    let storms = rt.block_on(collect_events(
+        &mut events,
+        Duration::from_millis(500),
+        |e| matches!(e, KernelEvent::ForkStorm(s) if s.cgroup_id == id),
+        |_| false,
+    ))?;
+    assert_eq!(
+        storms.len(),
+        3,
+        "one fork_storm event per storm: {storms:?}"
+    );
+    assert_eq!(programs.task_counts(id)?.expect("tracked").forks, 360);
+    Ok(())
+}
+
 /// Live PIDs as the kernel counts them right now (the running/total field of /proc/loadavg
 /// counts tasks, which is close to allocated PIDs; the test leaves a wide margin either way).
 fn live_tasks() -> anyhow::Result<i64> {

@@ -90,7 +90,25 @@ pub fn run(tc: &EbpfToolchain, release: bool, args: &[String]) -> anyhow::Result
     std::process::exit(status.code().unwrap_or(1));
 }
 
-/// Unit tests of every crate, then the kernel tests, which need root and never skip.
+/// The kernel and end-to-end test files (tests/tests/*.rs), by name.
+fn kernel_test_files() -> anyhow::Result<Vec<String>> {
+    let dir = workspace_root().join("tests/tests");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .flatten()
+        .filter_map(|entry| {
+            let path = entry.path();
+            (path.extension()? == "rs").then(|| path.file_stem()?.to_str().map(str::to_string))?
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Every test of every crate: unit tests, doc tests, then the kernel and end-to-end tests
+/// (root; they never skip). Each step runs even when an earlier one failed, every test file
+/// runs to its end (`--no-fail-fast`), and every test has a time bound (cargo-nextest,
+/// `.config/nextest.toml`); the error at the end names every step that failed.
 pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
     let object = ebpf(tc)?;
     if !is_root() {
@@ -99,26 +117,79 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
              run `sudo -E cargo xtask test` (plain `cargo test` runs the unprivileged unit tests)"
         );
     }
+    let tools = crate::tools::for_tests()?;
+    // The end-to-end tests run the agent binary itself, built with the same object.
+    let agent_bin = agent_with(&object, false)?;
+    let mut failed = Vec::new();
+
     eprintln!("xtask: unit tests");
-    let mut unit = cargo_with_object(&object, "test");
+    let mut unit = cargo_with_object(&object, "nextest");
     unit.args([
+        "run",
         "--workspace",
         "--exclude",
         "node-agent-tests",
         "--locked",
+        "--no-fail-fast",
+        "--no-tests=warn",
         "--",
     ])
     .args(extra);
-    run_cmd(&mut unit).context("unit tests failed")?;
+    if let Err(e) = run_cmd(&mut unit) {
+        eprintln!("xtask: unit tests failed: {e:#}");
+        failed.push("unit tests".to_string());
+    }
 
-    eprintln!("xtask: kernel tests (root, real kernel)");
-    // The end-to-end tests run the agent binary itself, built with the same object.
-    let agent_bin = agent_with(&object, false)?;
-    let mut kernel = cargo_with_object(&object, "test");
-    kernel
-        .args(["--package", "node-agent-tests", "--locked", "--"])
-        .args(extra)
-        .env("NODE_AGENT_BIN", agent_bin);
-    run_cmd(&mut kernel).context("kernel tests failed")?;
+    // nextest does not run doc tests.
+    if extra.is_empty() {
+        eprintln!("xtask: doc tests");
+        let mut doc = cargo_with_object(&object, "test");
+        doc.args([
+            "--doc",
+            "--workspace",
+            "--exclude",
+            "node-agent-tests",
+            "--locked",
+            "--no-fail-fast",
+        ]);
+        if let Err(e) = run_cmd(&mut doc) {
+            eprintln!("xtask: doc tests failed: {e:#}");
+            failed.push("doc tests".to_string());
+        }
+    }
+
+    // One test file at a time, as libtest runs them: the kernel tests size their margins for
+    // the other tests of their own file running alongside, not for every file at once.
+    for file in kernel_test_files()? {
+        eprintln!("xtask: kernel and end-to-end tests: {file} (root, real kernel)");
+        let mut kernel = cargo_with_object(&object, "nextest");
+        kernel
+            .args([
+                "run",
+                "--package",
+                "node-agent-tests",
+                "--test",
+                &file,
+                "--locked",
+                "--no-fail-fast",
+                "--no-tests=warn",
+                "--",
+            ])
+            .args(extra)
+            .env("NODE_AGENT_BIN", &agent_bin)
+            .env("KUBECTL", &tools.kubectl)
+            .env("KUBERNETES_VALIDATE", &tools.kubernetes_validate);
+        if let Err(e) = run_cmd(&mut kernel) {
+            eprintln!("xtask: {file} failed: {e:#}");
+            failed.push(file);
+        }
+    }
+
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "failed: {} (each one's failing tests are listed above)",
+            failed.join(", ")
+        );
+    }
     Ok(())
 }

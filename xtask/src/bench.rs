@@ -16,7 +16,11 @@ const DOC: &str = "docs/benchmarks.md";
 const BEGIN: &str = "<!-- bench:results:begin -->";
 const END: &str = "<!-- bench:results:end -->";
 
+/// Real workloads the bench runs: (program, Debian package).
+const BENCH_TOOLS: &[(&str, &str)] = &[("stress-ng", "stress-ng")];
+
 pub fn bench(tc: &EbpfToolchain, quick: bool) -> anyhow::Result<()> {
+    install_bench_tools()?;
     let root = workspace_root();
     let agent_bin = agent(tc, true)?;
     let object = ebpf(tc)?;
@@ -82,6 +86,37 @@ pub fn bench(tc: &EbpfToolchain, quick: bool) -> anyhow::Result<()> {
     update_doc(&root.join(DOC), &table)?;
     eprintln!("xtask: updated {DOC}");
     Ok(())
+}
+
+/// Installs the workloads the bench runs when they are missing (Debian packages).
+fn install_bench_tools() -> anyhow::Result<()> {
+    let on_path = |program: &str| {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .chain([std::path::PathBuf::from("/usr/bin")])
+            .any(|dir| dir.join(program).is_file())
+    };
+    let missing: Vec<&str> = BENCH_TOOLS
+        .iter()
+        .filter(|(program, _)| !on_path(program))
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        is_root() && Path::new("/usr/bin/apt-get").exists(),
+        "the bench runs {}: install it (`apt-get install -y {}`) and run again",
+        missing.join(", "),
+        missing.join(" ")
+    );
+    eprintln!("xtask: installing {}", missing.join(", "));
+    run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+    .context("installing the bench's workloads")
 }
 
 /// `git rev-parse --short HEAD`, with `-dirty` when tracked files have uncommitted changes.

@@ -18,6 +18,19 @@ pub fn all(tc: &EbpfToolchain) -> anyhow::Result<()> {
         .args(["--check", "--edition", "2021"])
         .arg(root.join("node-agent-ebpf/src/main.rs")))
     .context("rustfmt on node-agent-ebpf")?;
+    // The fuzz targets are their own workspace (built by `cargo xtask fuzz`, which also
+    // compiles them): formatting is checked here.
+    let mut fuzz_targets: Vec<_> = std::fs::read_dir(root.join("fuzz/fuzz_targets"))
+        .context("listing fuzz/fuzz_targets")?
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
+        .collect();
+    fuzz_targets.sort();
+    run(std::process::Command::new("rustfmt")
+        .args(["--check", "--edition", "2021"])
+        .args(&fuzz_targets))
+    .context("rustfmt on fuzz/fuzz_targets")?;
 
     run(cargo_with_object(&object, "clippy").args([
         "--workspace",

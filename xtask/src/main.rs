@@ -2,8 +2,11 @@
 
 mod agent;
 mod bench;
+mod fuzz;
+mod image;
 mod lint;
 mod toolchain;
+mod tools;
 
 use std::process::ExitCode;
 
@@ -21,7 +24,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Install what the eBPF build needs (Debian packages, bpf-linker); idempotent.
+    /// Install what the eBPF build, the tests, the container tests and fuzzing need (Debian
+    /// packages, bpf-linker, cargo-nextest, cargo-fuzz, kubectl, kubernetes-validate, containerd,
+    /// runc, buildah); idempotent.
     Setup,
     /// Build the kernel programs, then the agent that embeds them.
     Build {
@@ -37,14 +42,29 @@ enum Command {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Unit tests, then the privileged kernel tests (root required; they never skip).
+    /// Unit tests, doc tests, then the privileged kernel and end-to-end tests (root required;
+    /// they never skip). Every step runs; the end names each one that failed.
     Test {
         /// Extra arguments for the test binaries, e.g. a test name filter.
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// The agent as an OCI image (static binary, FROM scratch), saved as an OCI archive under
+    /// target/image/.
+    Image,
     /// rustfmt check and clippy with warnings denied, for every crate including the eBPF one.
     Lint,
+    /// Runs every fuzz target (fuzz/) for a bounded time, from its committed corpus.
+    Fuzz {
+        /// How long each target runs.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Sanitizer for the instrumented build (address is slower to build).
+        #[arg(long, value_enum, default_value_t = fuzz::Sanitizer::None)]
+        sanitizer: fuzz::Sanitizer,
+        /// Only these targets (default: all).
+        targets: Vec<String>,
+    },
     /// Benchmarks (root): detection latency against polling, eventfd and PSI, probe overhead,
     /// event throughput, footprint. Prints a table, writes target/bench/latest.json and
     /// updates docs/benchmarks.md.
@@ -58,16 +78,28 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Setup => toolchain::setup().map(|_| ()),
+        Command::Setup => toolchain::setup().and_then(|_| {
+            tools::for_tests()?;
+            tools::cargo_fuzz()?;
+            image::setup_runtime()
+        }),
         Command::Build { release } => {
             toolchain::require().and_then(|tc| agent::agent(&tc, release).map(|_| ()))
         }
         Command::Run { release, args } => {
             toolchain::setup().and_then(|tc| agent::run(&tc, release, &args))
         }
-        Command::Test { args } => toolchain::setup().and_then(|tc| agent::test(&tc, &args)),
+        Command::Test { args } => toolchain::setup()
+            .and_then(|tc| image::for_tests(&tc).map(|()| tc))
+            .and_then(|tc| agent::test(&tc, &args)),
+        Command::Image => toolchain::setup().and_then(|tc| image::image(&tc).map(drop)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
         Command::Bench { quick } => toolchain::setup().and_then(|tc| bench::bench(&tc, quick)),
+        Command::Fuzz {
+            seconds,
+            sanitizer,
+            targets,
+        } => fuzz::fuzz(seconds, &targets, sanitizer),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,6 +7,8 @@
 //! agent: {dry_run: false, listen: "0.0.0.0:9464"}       # below, every field with its default
 //! ```
 
+pub mod checks;
+
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use node_agent_kube::config::KubeConfig;
@@ -245,23 +247,11 @@ fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
         field: "listen",
         problem: format!("{listen_text:?} is not an address such as 0.0.0.0:9464 ({e})"),
     })?;
-    let memory_capacity = match &a.memory_capacity {
-        None => None,
-        Some(text) => {
-            let q: node_agent_policy::Quantity =
-                text.parse().map_err(|e| ConfigError::AgentField {
-                    field: "memory_capacity",
-                    problem: format!("{text:?}: {e}"),
-                })?;
-            if q.value() <= 0 {
-                return Err(ConfigError::AgentField {
-                    field: "memory_capacity",
-                    problem: format!("{text:?} must be positive"),
-                });
-            }
-            Some(q.value())
-        }
-    };
+    let memory_capacity = a
+        .memory_capacity
+        .as_deref()
+        .map(checks::memory_capacity)
+        .transpose()?;
     if !a.node_cgroup.starts_with('/') || a.node_cgroup.split('/').any(|c| c == "..") {
         return Err(ConfigError::AgentField {
             field: "node_cgroup",
@@ -281,12 +271,7 @@ fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
         .imagefs_path
         .map(|p| existing_dir("imagefs_path", p))
         .transpose()?;
-    if !a.ring_bytes.is_power_of_two() || a.ring_bytes < 4096 {
-        return Err(ConfigError::AgentField {
-            field: "ring_bytes",
-            problem: format!("{} must be a power of two of at least 4096", a.ring_bytes),
-        });
-    }
+    checks::ring_bytes(a.ring_bytes)?;
     Ok(Settings {
         dry_run: a.dry_run || o.dry_run,
         listen,

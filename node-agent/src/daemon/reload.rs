@@ -84,7 +84,16 @@ impl Daemon {
         // This reading covers the file as it is now: the change watcher need not read it again.
         self.source.mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
         let metrics = self.telemetry.metrics.clone();
-        let new = match AgentConfig::load(&path, &self.source.overrides) {
+        // The same machine checks as at start, against the node cgroup in use.
+        let loaded = AgentConfig::load(&path, &self.source.overrides).and_then(|new| {
+            super::config::checks::check_on_machine(
+                &new.settings,
+                &self.layout.memory,
+                &self.node.node_dir,
+            )?;
+            Ok(new)
+        });
+        let new = match loaded {
             Ok(new) => new,
             Err(e) => {
                 metrics.config_reload("invalid");

@@ -83,6 +83,8 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
     if !node_dir.is_dir() {
         return Err(DaemonError::NodeCgroup(node_dir));
     }
+    // Settings that parse but cannot be meant on this machine: refused before anything loads.
+    super::config::checks::check_on_machine(&config.settings, &layout.memory, &node_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -135,6 +137,7 @@ impl Daemon {
 
         let mut programs = KernelPrograms::load_with(&LoadOptions {
             ring_bytes: config.settings.ring_bytes,
+            ..LoadOptions::default()
         })?;
         let mut tracker = CgroupTracker::new(layout.memory.mount(), fork_limit(&config))?;
         let kube_counters = Arc::new(Counters::default());

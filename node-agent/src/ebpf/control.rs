@@ -2,9 +2,9 @@
 //! back (counts, losses).
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
-use node_agent_common::{ForkRateLimit, MemoryThreshold, PidLimits, TaskCounts};
+use node_agent_common::{ForkRateLimit, MemoryThreshold, PidLimits, SamplerStats, TaskCounts};
 
-use super::{KernelPrograms, LoadError};
+use super::{sampler::Sampler, KernelPrograms, LoadError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -19,9 +19,14 @@ pub enum ControlError {
     },
     #[error(transparent)]
     Setup(#[from] LoadError),
+    #[error(transparent)]
+    Sampler(#[from] super::sampler::SamplerError),
 }
 
-fn map_err(map: &'static str, key: u64) -> impl FnOnce(aya::maps::MapError) -> ControlError {
+pub(crate) fn map_err(
+    map: &'static str,
+    key: u64,
+) -> impl FnOnce(aya::maps::MapError) -> ControlError {
     move |source| ControlError::Map { map, key, source }
 }
 
@@ -79,12 +84,32 @@ impl KernelPrograms {
             HashMap::<&mut MapData, u64, ForkRateLimit>
         );
         gone(forks.remove(&cgroup)).map_err(map_err("FORK_LIMITS", cgroup))?;
+        self.clear_memory_threshold(cgroup)
+    }
+
+    /// Drops a cgroup's memory threshold (and its sampler line); absent is not an error.
+    pub fn clear_memory_threshold(&mut self, cgroup: u64) -> Result<(), ControlError> {
+        if let Some(sampler) = self.sampler.as_mut() {
+            sampler.unwatch(&mut self.ebpf, cgroup)?;
+        }
         let mut mem = typed_map!(
             self,
             "MEMORY_THRESHOLDS",
             HashMap::<&mut MapData, u64, MemoryThreshold>
         );
-        gone(mem.remove(&cgroup)).map_err(map_err("MEMORY_THRESHOLDS", cgroup))
+        match mem.remove(&cgroup) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(())
+            }
+            Err(source) => Err(ControlError::Map {
+                map: "MEMORY_THRESHOLDS",
+                key: cgroup,
+                source,
+            }),
+        }
     }
 
     /// Forks and exits counted for a tracked cgroup, summed over CPUs; `None` if not tracked.
@@ -124,7 +149,23 @@ impl KernelPrograms {
             HashMap::<&mut MapData, u64, MemoryThreshold>
         );
         map.insert(cgroup, value, 0)
-            .map_err(map_err("MEMORY_THRESHOLDS", cgroup))
+            .map_err(map_err("MEMORY_THRESHOLDS", cgroup))?;
+        // The sampler reads the counter of each line's cgroup; fexit finds it on the way.
+        if let Some(sampler) = self.sampler.as_mut() {
+            if let Err(e) = sampler.watch(&mut self.ebpf, cgroup) {
+                let _ = self.clear_memory_threshold(cgroup);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The sampler's ticks and the kernel time spent in them; `None` without the sampler.
+    pub fn sampler_stats(&mut self) -> Result<Option<SamplerStats>, ControlError> {
+        if self.sampler.is_none() {
+            return Ok(None);
+        }
+        Sampler::stats(&mut self.ebpf).map(Some)
     }
 
     /// Sets the fork-rate limit of a cgroup: more than `max_forks` per `window`.
@@ -164,6 +205,17 @@ impl KernelPrograms {
         };
         let mut map = typed_map!(self, "PID_LIMITS", Array::<&mut MapData, PidLimits>);
         map.set(0, value, 0).map_err(map_err("PID_LIMITS", 0))
+    }
+
+    /// Records the kernel programs tried to write, per CPU, since load (delivered + lost).
+    pub fn sent_events(&mut self) -> Result<Vec<u64>, ControlError> {
+        let map = typed_map!(self, "SENT", PerCpuArray::<&mut MapData, u64>);
+        Ok(map
+            .get(&0, 0)
+            .map_err(map_err("SENT", 0))?
+            .iter()
+            .copied()
+            .collect())
     }
 
     /// Ring-buffer records the kernel could not write, per CPU, since load.

@@ -5,8 +5,13 @@ pub mod events;
 mod object;
 mod offsets;
 mod ring;
+mod sampler;
 
 pub use control::ControlError;
 pub use events::{DecodeError, KernelEvent};
-pub use object::{KernelPrograms, LoadError, LoadOptions, MemoryMechanism};
+pub use object::{
+    enable_run_time_stats, KernelPrograms, LoadError, LoadOptions, MemoryChoice, MemoryMechanism,
+    ProgramStats,
+};
 pub use ring::EventStream;
+pub use sampler::SamplerError;

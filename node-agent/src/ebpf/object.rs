@@ -4,8 +4,11 @@ use aya::{
     programs::{BtfTracePoint, FExit},
     Ebpf, EbpfLoader,
 };
-use node_agent_common::DEFAULT_RING_BYTES;
+use std::time::Duration;
 
+use node_agent_common::{DEFAULT_RING_BYTES, DEFAULT_SAMPLER_PERIOD_NS};
+
+use super::sampler::Sampler;
 use crate::btf::{Btf, BtfError};
 
 /// The object `cargo xtask build` compiled; empty when built with plain `cargo build`.
@@ -19,8 +22,8 @@ pub enum LoadError {
     )]
     NotEmbedded,
     #[error(
-        "loading kernel programs needs root, or CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE \
-         (the kernel said: {source})"
+        "loading kernel programs needs root, or CAP_BPF and CAP_PERFMON (and CAP_SYS_RESOURCE \
+         before 5.11, which charges BPF memory to RLIMIT_MEMLOCK) (the kernel said: {source})"
     )]
     NotPermitted {
         #[source]
@@ -54,18 +57,26 @@ pub enum LoadError {
         #[source]
         source: aya::maps::MapError,
     },
+    #[error("opening the memory cgroup hierarchy at {path}")]
+    MemoryHierarchy {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("setting up the in-kernel memory sampler")]
+    Sampler(#[source] Box<super::control::ControlError>),
 }
 
-/// How memory thresholds are watched on this kernel.
+/// How memory thresholds are watched on this kernel, cheapest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryMechanism {
     /// fexit on the page-counter charge and uncharge functions: evaluated in the kernel once
-    /// per charge batch, on kernels with BTF and BPF trampolines but without the memcg
-    /// tracepoints (before 6.16). Not yet verified on such a kernel: the sandbox this was built
-    /// in refuses fexit programs (EPERM), and the 6.1/6.12 QEMU tests are still to come.
+    /// per charge batch (64 pages), right after the counter moved. Needs BPF trampolines.
     PageCounterFexit,
-    /// `memcg:*` BTF tracepoints (6.16+), throttled per CPU: used when fexit cannot attach.
-    MemcgTracepoints,
+    /// An in-kernel timer reads each watched line's page counter every period: nothing runs on
+    /// the fault path, a crossing is seen within one period. Needs `bpf_timer` and the cgroup
+    /// iterator (6.1+); used where fexit cannot attach.
+    CounterSampler,
     /// Neither: memory thresholds are not evaluated by the kernel programs; the daemon
     /// re-reads cgroupfs every `pressure_poll_interval` instead.
     Unavailable,
@@ -77,12 +88,22 @@ impl std::fmt::Display for MemoryMechanism {
             Self::PageCounterFexit => {
                 "fexit on page_counter charge/uncharge (in-kernel thresholds)"
             }
-            Self::MemcgTracepoints => "memcg BTF tracepoints (in-kernel thresholds, throttled)",
-            Self::Unavailable => {
-                "cgroupfs polling (neither fexit nor memcg tracepoints attach here)"
-            }
+            Self::CounterSampler => "in-kernel page-counter sampler (bpf_timer)",
+            Self::Unavailable => "cgroupfs polling (no in-kernel memory mechanism attaches here)",
         })
     }
+}
+
+/// Which memory mechanism to use: the cheapest that attaches, or one named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryChoice {
+    /// fexit where it attaches, else the sampler, else polling; says why at each step.
+    #[default]
+    Auto,
+    PageCounterFexit,
+    CounterSampler,
+    /// No in-kernel memory thresholds at all.
+    Polling,
 }
 
 /// Load-time choices.
@@ -90,12 +111,17 @@ impl std::fmt::Display for MemoryMechanism {
 pub struct LoadOptions {
     /// Ring buffer size in bytes: a power of two, at least one page.
     pub ring_bytes: u32,
+    pub memory: MemoryChoice,
+    /// The sampler's period (a crossing is seen at most this long after the charge).
+    pub sampler_period: Duration,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             ring_bytes: DEFAULT_RING_BYTES,
+            memory: MemoryChoice::Auto,
+            sampler_period: Duration::from_nanos(DEFAULT_SAMPLER_PERIOD_NS),
         }
     }
 }
@@ -114,18 +140,13 @@ const PAGE_COUNTER: &[&str] = &[
     "page_counter_charge",
     "page_counter_uncharge",
 ];
-/// Programs attached when fexit is not possible and the kernel has the memcg tracepoints.
-const MEMCG: &[&str] = &[
-    "mod_memcg_state",
-    "mod_memcg_lruvec_state",
-    "count_memcg_events",
-];
 
 /// The loaded and attached kernel programs. Dropping it detaches every program and frees the
-/// maps.
+/// maps (which cancels the sampler's timer).
 pub struct KernelPrograms {
     pub(crate) ebpf: Ebpf,
     memory: MemoryMechanism,
+    pub(crate) sampler: Option<Sampler>,
 }
 
 impl KernelPrograms {
@@ -146,7 +167,6 @@ impl KernelPrograms {
         }
         let btf = Btf::from_kernel().map_err(LoadError::Btf)?;
         let offsets = super::offsets::from_btf(&btf).map_err(LoadError::Btf)?;
-        let has_memcg_tracepoints = MEMCG.iter().all(|tp| btf.tracepoint_args(tp).is_some());
         let aya_btf = aya::Btf::from_sys_fs().map_err(|e| LoadError::Object(e.into()))?;
 
         raise_memlock_limit();
@@ -156,25 +176,7 @@ impl KernelPrograms {
             .map_max_entries("EVENTS", options.ring_bytes)
             .load(OBJECT)
             .map_err(classify_load_error)?;
-        // The memcg tracepoints are preferred where they exist: they are what the kernel tests
-        // prove here. fexit on the charge path is the way on older kernels.
-        let memory = if has_memcg_tracepoints {
-            MemoryMechanism::MemcgTracepoints
-        } else {
-            match attach_fexit(&mut ebpf, &aya_btf) {
-                Ok(()) => MemoryMechanism::PageCounterFexit,
-                Err(e) => {
-                    tracing::warn!(error = %error_chain(&e), "no memcg tracepoints and fexit on the page counter did not attach; memory is polled");
-                    MemoryMechanism::Unavailable
-                }
-            }
-        };
-        let memcg: &[&'static str] = if memory == MemoryMechanism::MemcgTracepoints {
-            MEMCG
-        } else {
-            &[]
-        };
-        for &name in ALWAYS.iter().chain(memcg) {
+        for &name in ALWAYS {
             let program: &mut BtfTracePoint = ebpf
                 .program_mut(name)
                 .ok_or(LoadError::MissingProgram(name))?
@@ -187,14 +189,69 @@ impl KernelPrograms {
                 .attach()
                 .map_err(|source| classify_program_error(name, source))?;
         }
+        let (memory, sampler) = choose_memory(&mut ebpf, &aya_btf, options)?;
         tracing::info!(memory = %memory, "kernel programs attached");
-        Ok(Self { ebpf, memory })
+        Ok(Self {
+            ebpf,
+            memory,
+            sampler,
+        })
     }
 
     /// How memory thresholds are watched on this kernel.
     pub fn memory_mechanism(&self) -> MemoryMechanism {
         self.memory
     }
+
+    /// The sampler's period, when the sampler is the mechanism.
+    pub fn sampler_period(&self) -> Option<Duration> {
+        self.sampler.as_ref().map(Sampler::period)
+    }
+}
+
+/// The cheapest memory mechanism that attaches (or the one asked for); each refusal is logged
+/// with the kernel's reason.
+fn choose_memory(
+    ebpf: &mut Ebpf,
+    btf: &aya::Btf,
+    options: &LoadOptions,
+) -> Result<(MemoryMechanism, Option<Sampler>), LoadError> {
+    let try_fexit = matches!(
+        options.memory,
+        MemoryChoice::Auto | MemoryChoice::PageCounterFexit
+    );
+    if try_fexit {
+        match attach_fexit(ebpf, btf) {
+            Ok(()) => return Ok((MemoryMechanism::PageCounterFexit, None)),
+            Err(e) if options.memory == MemoryChoice::PageCounterFexit => return Err(e),
+            Err(e) => tracing::info!(
+                reason = %error_chain(&e),
+                "fexit on the page counter does not attach here; trying the in-kernel sampler"
+            ),
+        }
+    }
+    if matches!(
+        options.memory,
+        MemoryChoice::Auto | MemoryChoice::CounterSampler
+    ) {
+        let sampler = crate::cgroup::detect()
+            .map_err(|e| LoadError::MemoryHierarchy {
+                path: "/proc/self/mountinfo".into(),
+                source: std::io::Error::other(e.to_string()),
+            })
+            .and_then(|layout| {
+                Sampler::load(ebpf, btf, layout.memory.mount(), options.sampler_period)
+            });
+        match sampler {
+            Ok(s) => return Ok((MemoryMechanism::CounterSampler, Some(s))),
+            Err(e) if options.memory == MemoryChoice::CounterSampler => return Err(e),
+            Err(e) => tracing::warn!(
+                reason = %error_chain(&e),
+                "the in-kernel memory sampler does not load here; memory is polled from cgroupfs"
+            ),
+        }
+    }
+    Ok((MemoryMechanism::Unavailable, None))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -214,13 +271,15 @@ fn attach_fexit(ebpf: &mut Ebpf, btf: &aya::Btf) -> Result<(), LoadError> {
                 .ok_or(LoadError::MissingProgram(name))?
                 .try_into()
                 .map_err(|source| LoadError::Program { name, source })?;
+            // Not `classify_program_error`: a refusal here is about this kernel (no
+            // trampolines, a lockdown), not about privileges, and the loader goes on.
             program
                 .load(name, btf)
-                .map_err(|source| classify_program_error(name, source))?;
+                .map_err(|source| LoadError::Program { name, source })?;
             attached.push(name);
             program
                 .attach()
-                .map_err(|source| classify_program_error(name, source))?;
+                .map_err(|source| LoadError::Program { name, source })?;
         }
         Ok(())
     })();
@@ -263,7 +322,10 @@ fn classify_load_error(e: aya::EbpfError) -> LoadError {
     }
 }
 
-fn classify_program_error(name: &'static str, e: aya::programs::ProgramError) -> LoadError {
+pub(crate) fn classify_program_error(
+    name: &'static str,
+    e: aya::programs::ProgramError,
+) -> LoadError {
     match e {
         aya::programs::ProgramError::SyscallError(aya::sys::SyscallError { io_error, .. })
             if is_permission(&io_error) =>
@@ -275,4 +337,37 @@ fn classify_program_error(name: &'static str, e: aya::programs::ProgramError) ->
             source: other,
         },
     }
+}
+
+/// What the kernel counted for one attached program while BPF statistics were enabled
+/// (`kernel.bpf_stats_enabled`, or an `aya::sys::enable_stats` guard).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramStats {
+    pub name: String,
+    pub run_count: u64,
+    pub run_time: Duration,
+}
+
+impl KernelPrograms {
+    /// Run counts and run time of every loaded program, by name.
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                Some(ProgramStats {
+                    name: name.to_string(),
+                    run_count: info.run_count(),
+                    run_time: info.run_time(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Turns the kernel's BPF run-time statistics on until the returned descriptor is closed (what
+/// `kernel.bpf_stats_enabled` does, scoped to this process). They cost two clock reads per
+/// program run, so overhead is measured without them.
+pub fn enable_run_time_stats() -> std::io::Result<std::os::fd::OwnedFd> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| e.io_error)
 }

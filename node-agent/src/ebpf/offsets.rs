@@ -25,6 +25,7 @@ pub fn from_btf(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         css_set_subsys: btf.member_offset("css_set", "subsys")?,
         css_cgroup: btf.member_offset("cgroup_subsys_state", "cgroup")?,
         cgroup_kn: btf.member_offset("cgroup", "kn")?,
+        cgroup_subsys: btf.member_offset("cgroup", "subsys")?,
         kernfs_node_id: btf.member_offset("kernfs_node", "id")?,
         signal_oom_score_adj: btf.member_offset("signal_struct", "oom_score_adj")?,
         mm_total_vm: btf.member_offset("mm_struct", "total_vm")?,
@@ -44,6 +45,7 @@ pub fn from_btf(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         pid_numbers: btf.member_offset("pid", "numbers")?,
         upid_ns: btf.member_offset("upid", "ns")?,
         pidns_pid_allocated: btf.member_offset("pid_namespace", "pid_allocated")?,
+        _pad: 0,
     })
 }
 

@@ -73,6 +73,11 @@ struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabels {
     operation: String,
 }
@@ -110,6 +115,7 @@ pub struct Metrics {
     no_evictable_pod: Family<SignalLabels, Gauge>,
     no_evictable_pod_events: Family<SignalLabels, Counter>,
     kube_counters: Arc<OnceLock<Arc<Counters>>>,
+    telemetry_connections_closed: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -137,6 +143,7 @@ impl Metrics {
             no_evictable_pod: Family::default(),
             no_evictable_pod_events: Family::default(),
             kube_counters: Arc::default(),
+            telemetry_connections_closed: Family::default(),
         };
         // Every reload result exists from the start, so `rate()` and alerts see a 0, not nothing.
         for result in ["ok", "invalid", "refused"] {
@@ -253,6 +260,11 @@ impl Metrics {
             "no_evictable_pod_events",
             "Times a threshold on this signal was found past its grace period with no pod that may be evicted",
             self.no_evictable_pod_events.clone(),
+        );
+        r.register(
+            "telemetry_connections_closed",
+            "Connections to this listener closed by the agent, by reason (client_limit, capacity, idle)",
+            self.telemetry_connections_closed.clone(),
         );
         r.register_collector(Box::new(KubeCounters(self.kube_counters.clone())));
         self

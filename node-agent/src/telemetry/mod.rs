@@ -5,9 +5,12 @@
 //! The daemon records into [`Metrics`] and [`Health`] (plain atomics, no I/O) and runs the
 //! [`Server`] from [`bind`]; the listener is the only I/O in this module.
 
+mod connections;
 mod health;
 mod metrics;
 mod server;
+#[cfg(test)]
+mod starvation_tests;
 #[cfg(test)]
 mod tests;
 

@@ -17,24 +17,30 @@ use hyper::{
     Method, Request, Response, StatusCode,
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::{net::TcpListener, sync::watch, task::JoinSet};
+use tokio::{
+    net::TcpListener,
+    sync::watch,
+    task::{AbortHandle, JoinSet},
+};
 
 use super::{
+    connections::{Activity, Client, Clock, Closed, Limits, Table, Tracked},
     health::{Health, Liveness},
     Metrics, TelemetryError, METRICS_CONTENT_TYPE,
 };
 
-/// A client gets this long to send a request's headers (slow or silent clients are closed).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Request line plus headers; a probe or scraper sends a few hundred bytes.
 const MAX_HEADER_BYTES: usize = 8 * 1024;
-/// Connections beyond this are closed on accept: the endpoints serve a scraper and probes.
-const MAX_CONNECTIONS: usize = 64;
 /// After shutdown, in-flight responses get this long to finish before their tasks are aborted
 /// (the daemon has 2 s to exit on SIGTERM).
 const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
 /// Pause after a failed accept (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How often idle connections are looked for.
+const SWEEP_EVERY: Duration = Duration::from_millis(500);
+/// Connections closed by the limits are summed up in one log line at most this often, so an
+/// attack does not turn into a log flood (each one is counted in the metric).
+const CLOSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 const TEXT: &str = "text/plain; charset=utf-8";
 
@@ -75,7 +81,9 @@ impl Server {
 
     /// Serves `GET` (and `HEAD`) on `/metrics`, `/healthz` and `/readyz` until `shutdown`
     /// resolves; then stops accepting, lets in-flight responses finish (idle keep-alive
-    /// connections close at once), and returns within [`DRAIN_TIMEOUT`].
+    /// connections close at once), and returns within [`DRAIN_TIMEOUT`]. Connections are held
+    /// to [`Limits::DEFAULT`] (see `telemetry::connections`), so clients that connect and
+    /// stay silent cannot keep the kubelet's `/healthz` probe out.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) {
         let Server {
             listener,
@@ -83,22 +91,44 @@ impl Server {
             metrics,
             health,
         } = self;
+        let limits = Limits::DEFAULT;
         let mut http = http1::Builder::new();
         http.timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .header_read_timeout(limits.header_timeout)
             .max_header_size(MAX_HEADER_BYTES);
         let (stop_tx, stop_rx) = watch::channel(());
+        let clock = Clock::new();
+        let mut table: Table<AbortHandle> = Table::new(limits);
+        let mut closed = ClosedLog::default();
+        let mut next_seq = 0u64;
         let mut connections = JoinSet::new();
+        let mut sweep = tokio::time::interval(SWEEP_EVERY);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut shutdown = std::pin::pin!(shutdown);
-        tracing::debug!(%local_addr, "serving metrics and health");
+        tracing::debug!(%local_addr, ?limits, "serving metrics and health");
 
         loop {
             tokio::select! {
                 () = &mut shutdown => break,
                 Some(joined) = connections.join_next(), if !connections.is_empty() => {
-                    if let Err(error) = joined {
-                        tracing::error!(%error, "a telemetry connection task failed");
+                    match joined {
+                        Ok(seq) => {
+                            table.remove(seq);
+                        }
+                        // Closed by the limits below: already out of the table.
+                        Err(error) if error.is_cancelled() => {}
+                        // Its entry goes with the next idle sweep.
+                        Err(error) => tracing::error!(%error, "a telemetry connection task failed"),
                     }
+                }
+                _ = sweep.tick() => {
+                    for seq in table.idle(clock.now()) {
+                        if let Some(handle) = table.remove(seq) {
+                            handle.abort();
+                            closed.count(Closed::Idle, &metrics);
+                        }
+                    }
+                    closed.report(local_addr, table.len());
                 }
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
@@ -109,10 +139,17 @@ impl Server {
                             continue;
                         }
                     };
-                    if connections.len() >= MAX_CONNECTIONS {
-                        tracing::warn!(%peer, limit = MAX_CONNECTIONS, "closing a telemetry connection: too many open");
-                        continue;
+                    let client = Client::of(peer.ip());
+                    if let Some((victim, why)) = table.make_room(client) {
+                        if let Some(handle) = table.remove(victim) {
+                            handle.abort();
+                            closed.count(why, &metrics);
+                        }
                     }
+                    let seq = next_seq;
+                    next_seq += 1;
+                    let activity = Activity::new(clock.now());
+                    let stream = Tracked::new(stream, Arc::clone(&activity), clock);
                     let metrics = Arc::clone(&metrics);
                     let health = Arc::clone(&health);
                     let service = service_fn(move |request: Request<Incoming>| {
@@ -127,7 +164,7 @@ impl Server {
                     });
                     let connection = http.serve_connection(TokioIo::new(stream), service);
                     let mut stop = stop_rx.clone();
-                    connections.spawn(async move {
+                    let handle = connections.spawn(async move {
                         let mut connection = std::pin::pin!(connection);
                         let result = tokio::select! {
                             result = connection.as_mut() => result,
@@ -142,7 +179,9 @@ impl Server {
                         if let Err(error) = result {
                             tracing::debug!(%peer, %error, "telemetry connection ended with an error");
                         }
+                        seq
                     });
+                    table.insert(seq, client, activity, handle);
                 }
             }
         }
@@ -160,7 +199,59 @@ impl Server {
             );
             connections.abort_all();
         }
+        closed.report(local_addr, 0);
         tracing::debug!(%local_addr, "stopped serving metrics and health");
+    }
+}
+
+/// Connections closed by the limits since the last log line.
+#[derive(Debug, Default)]
+struct ClosedLog {
+    client_limit: u64,
+    capacity: u64,
+    idle: u64,
+    last_report: Option<Instant>,
+}
+
+impl ClosedLog {
+    fn count(&mut self, why: Closed, metrics: &Metrics) {
+        metrics.telemetry_connection_closed(why.as_str());
+        match why {
+            Closed::ClientLimit => self.client_limit += 1,
+            Closed::Capacity => self.capacity += 1,
+            Closed::Idle => self.idle += 1,
+        }
+    }
+
+    /// One warning for the closures by the per-client and capacity limits (a sign of a
+    /// misbehaving or hostile client), at most every [`CLOSED_LOG_EVERY`]; idle closures
+    /// alone are normal keep-alive expiry and only logged at debug level.
+    fn report(&mut self, local_addr: std::net::SocketAddr, open: usize) {
+        let now = Instant::now();
+        if self
+            .last_report
+            .is_some_and(|last| now.duration_since(last) < CLOSED_LOG_EVERY)
+        {
+            return;
+        }
+        let ClosedLog {
+            client_limit,
+            capacity,
+            idle,
+            ..
+        } = *self;
+        if client_limit + capacity > 0 {
+            tracing::warn!(%local_addr, client_limit, capacity, idle, open,
+                "closed telemetry connections to let others in (too many from one client, or the listener full)");
+        } else if idle > 0 {
+            tracing::debug!(%local_addr, idle, open, "closed idle telemetry connections");
+        } else {
+            return;
+        }
+        *self = ClosedLog {
+            last_report: Some(now),
+            ..ClosedLog::default()
+        };
     }
 }
 

@@ -129,14 +129,35 @@ fn parse_threshold(spec: &str, root: &std::path::Path) -> Result<MemoryThreshold
         .split_once('=')
         .ok_or_else(|| flag("expected PATH=QUANTITY, e.g. /kubepods=6Gi".into()))?;
     let bytes = quantity_bytes(quantity).map_err(flag)?;
-    if path.split('/').any(|c| c == ".." || c == ".") {
+    let relative = std::path::Path::new(path.trim_start_matches('/'));
+    let leaves = relative.components().any(|c| {
+        !matches!(
+            c,
+            std::path::Component::Normal(_) | std::path::Component::CurDir
+        )
+    });
+    if leaves {
         return Err(flag(format!(
-            "{path:?} must stay below the hierarchy's root (no `.` or `..`)"
+            "{path:?} leaves the cgroup hierarchy; give a path below {} without `..`",
+            root.display()
         )));
     }
-    let path = root.join(path.trim_start_matches('/'));
+    let path = root.join(relative);
     if !path.is_dir() {
         return Err(flag(format!("no cgroup at {}", path.display())));
+    }
+    // `..` is not the only way out: a symbolic link could lead elsewhere too.
+    let resolve = |p: &std::path::Path| {
+        p.canonicalize()
+            .map_err(|e| flag(format!("resolving {}: {e}", p.display())))
+    };
+    let (resolved, root_resolved) = (resolve(&path)?, resolve(root)?);
+    if !resolved.starts_with(&root_resolved) {
+        return Err(flag(format!(
+            "{} leaves the cgroup hierarchy (it is {})",
+            path.display(),
+            resolved.display()
+        )));
     }
     Ok(MemoryThresholdArg { path, bytes })
 }
@@ -145,7 +166,10 @@ fn quantity_bytes(text: &str) -> Result<u64, String> {
     let q: node_agent_policy::Quantity = text
         .parse()
         .map_err(|e| format!("{text:?} is not a quantity such as 512Mi: {e}"))?;
-    u64::try_from(q.value())
+    let value = q
+        .checked_value()
+        .map_err(|_| format!("{text:?} is beyond what 64 bits of bytes hold"))?;
+    u64::try_from(value)
         .ok()
         .filter(|v| *v > 0)
         .ok_or_else(|| format!("{text:?} must be positive"))
@@ -183,7 +207,7 @@ pub fn run(args: TraceArgs) -> Result<(), TraceError> {
         }
     }
     runtime.block_on(async move {
-        let mut programs = KernelPrograms::load_with(&LoadOptions { ring_bytes: args.ring_bytes })?;
+        let mut programs = KernelPrograms::load_with(&LoadOptions { ring_bytes: args.ring_bytes, ..LoadOptions::default() })?;
         tracing::info!(%layout, memory = %programs.memory_mechanism(), "tracing");
         if !thresholds.is_empty() && programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable {
             tracing::warn!("this kernel has no memcg tracepoints: --memory-threshold is not evaluated");
@@ -325,6 +349,8 @@ mod tests {
     fn refuses_bad_threshold_specs_before_loading_anything() {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir(root.path().join("kubepods")).unwrap();
+        // A link out of the hierarchy: `..` is not the only way out.
+        std::os::unix::fs::symlink("/etc", root.path().join("escape")).unwrap();
         let ok = super::parse_threshold("/kubepods=6Gi", root.path()).unwrap();
         assert_eq!(ok.bytes, 6 << 30);
         for (spec, needle) in [
@@ -332,11 +358,10 @@ mod tests {
             ("/kubepods=lots", "not a quantity"),
             ("/kubepods=0", "must be positive"),
             ("/missing=1Gi", "no cgroup at"),
-            ("/../../etc=1Gi", "must stay below the hierarchy's root"),
-            (
-                "/kubepods/../..=1Gi",
-                "must stay below the hierarchy's root",
-            ),
+            ("/../../etc=1Gi", "leaves the cgroup hierarchy"),
+            ("/kubepods/../..=1Gi", "leaves the cgroup hierarchy"),
+            ("/escape=1Gi", "leaves the cgroup hierarchy"),
+            ("/kubepods=20E", "beyond"),
         ] {
             let err = super::parse_threshold(spec, root.path())
                 .unwrap_err()

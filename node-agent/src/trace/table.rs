@@ -149,6 +149,33 @@ mod tests {
         );
     }
 
+    /// Found by the ring_record fuzz target: `limit as i64 - live` overflowed (a panic in
+    /// debug builds, a wrapped figure in release ones) on figures no kernel sends but a
+    /// corrupt record can hold.
+    #[test]
+    fn pid_figures_out_of_range_saturate_instead_of_overflowing() {
+        use node_agent_common::PidThresholdEvent;
+        let dir = tempfile::tempdir().unwrap();
+        let index = CgroupIndex::scan(dir.path()).unwrap();
+        for (limit, live, available) in [
+            (32768, 30000, 2768),
+            (u64::MAX, -1, i64::MAX),
+            (u64::MAX, i64::MIN, i64::MAX),
+            (0, i64::MAX, -i64::MAX),
+            (0, i64::MIN, i64::MAX),
+        ] {
+            let ev = PidThresholdEvent {
+                limit,
+                live,
+                ..Default::default()
+            };
+            let a = attribute(&KernelEvent::PidThreshold(ev), &index, &NoNames, 4096).unwrap();
+            let v: serde_json::Value =
+                serde_json::from_str(&Record::event(&a, "t".into()).json()).unwrap();
+            assert_eq!(v["available"], available, "limit {limit}, live {live}");
+        }
+    }
+
     #[test]
     fn an_eviction_record_is_the_decision_and_its_outcome() {
         let report = Report {

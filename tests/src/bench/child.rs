@@ -65,9 +65,13 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         "fork" => {
             let n = num(1, "N")?;
             wait_line()?;
-            let start = Instant::now();
+            let (start, cpu) = (Instant::now(), cpu_ns());
             fork_loop(n)?;
-            say(&format!("ns {}", start.elapsed().as_nanos()));
+            say(&format!(
+                "ns {} {}",
+                start.elapsed().as_nanos(),
+                cpu_ns() - cpu
+            ));
             Ok(())
         }
         "oom" => {
@@ -81,12 +85,16 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         "fault" => {
             let (mib, rounds) = (num(1, "MIB")?, num(2, "ROUNDS")?);
             wait_line()?;
-            let start = Instant::now();
+            let (start, cpu) = (Instant::now(), cpu_ns());
             for _ in 0..rounds {
                 let region = Region::map(mib * MIB)?;
                 region.touch(0, region.len);
             }
-            say(&format!("ns {}", start.elapsed().as_nanos()));
+            say(&format!(
+                "ns {} {}",
+                start.elapsed().as_nanos(),
+                cpu_ns() - cpu
+            ));
             Ok(())
         }
         other => {
@@ -315,6 +323,22 @@ fn stdin_ready() -> bool {
     };
     // SAFETY: polls one pollfd we own, without waiting.
     unsafe { libc::poll(&mut pfd, 1, 0) > 0 }
+}
+
+/// CPU time (user + system) of this process and its reaped children, ns: what a loop costs
+/// whatever else the machine runs meanwhile, BPF programs running in its context included.
+fn cpu_ns() -> u64 {
+    let of = |who| {
+        // SAFETY: getrusage writes only the struct we pass.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(who, &mut u) };
+        let tv = |t: libc::timeval| {
+            u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(t.tv_usec).unwrap_or(0) * 1_000
+        };
+        tv(u.ru_utime) + tv(u.ru_stime)
+    };
+    of(libc::RUSAGE_SELF) + of(libc::RUSAGE_CHILDREN)
 }
 
 fn fork_loop(n: usize) -> anyhow::Result<()> {

@@ -50,20 +50,9 @@ impl Agent {
         self.0.id()
     }
 
-    /// CPU time of all its threads, ns (schedstat's first field).
+    /// CPU time of all its threads, ns.
     fn cpu_ns(&self) -> anyhow::Result<u64> {
-        let dir = format!("/proc/{}/task", self.pid());
-        let mut total = 0;
-        for task in std::fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
-            let path = task?.path().join("schedstat");
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            total += text
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-        Ok(total)
+        process_cpu_ns(self.pid())
     }
 
     /// VmRSS, bytes.
@@ -101,6 +90,109 @@ impl Drop for Agent {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Busy and total jiffies of the whole node (/proc/stat's `cpu` line).
+fn node_jiffies() -> anyhow::Result<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let fields: Vec<u64> = text
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("cpu "))
+        .context("no cpu line in /proc/stat")?
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    anyhow::ensure!(fields.len() >= 5, "short cpu line in /proc/stat");
+    let total: u64 = fields.iter().take(8).sum();
+    // idle and iowait are the 4th and 5th fields.
+    Ok((total - fields[3] - fields[4], total))
+}
+
+/// The daemon as deployed (`node-agent run`, standalone), idle: its own CPU, and the whole
+/// node's CPU with it running against without, alternated, which also counts what runs in the
+/// kernel on its behalf (the memory sampler's timer).
+pub fn daemon(
+    rows: &mut Vec<Row>,
+    agent: &Path,
+    work_dir: &Path,
+    sample: Duration,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let measure = || -> anyhow::Result<f64> {
+        let (b0, t0) = node_jiffies()?;
+        std::thread::sleep(sample);
+        let (b1, t1) = node_jiffies()?;
+        // Percent of one core: busy share of all CPUs times the CPU count.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        Ok((b1 - b0) as f64 / (t1 - t0).max(1) as f64 * cpus * 100.0)
+    };
+    let (mut with, mut without, mut own) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for on in order {
+            if on {
+                let d = super::stress::Daemon::start(agent, work_dir)?;
+                let c0 = process_cpu_ns(d.pid())?;
+                let t = Instant::now();
+                with.push(measure()?);
+                own.push(
+                    (process_cpu_ns(d.pid())? - c0) as f64 / t.elapsed().as_nanos() as f64 * 100.0,
+                );
+                d.stop()?;
+            } else {
+                without.push(measure()?);
+            }
+        }
+    }
+    let med = |v: &[f64]| super::median(v).unwrap_or(f64::NAN);
+    let own = med(&own);
+    let delta = med(&with) - med(&without);
+    rows.push(
+        Row::info(
+            SECTION,
+            "daemon idle CPU (its own threads)",
+            format!("{own:.3} % of one core"),
+        )
+        .value(own, "%")
+        .target("< 0.5 %", own < 0.5)
+        .note(format!(
+            "`node-agent run`, standalone, {} × {} s",
+            rounds,
+            sample.as_secs()
+        )),
+    );
+    rows.push(
+        Row::info(SECTION, "daemon idle: whole node's CPU, with − without", format!("{delta:+.3} % of one core"))
+            .value(delta, "%")
+            .target("< 0.5 %", delta < 0.5)
+            .note(format!(
+                "/proc/stat busy time, median of {rounds} alternated windows each way ({:.3} % without): \
+                 includes the kernel's work for the agent (the memory sampler's 1 ms timer)",
+                med(&without)
+            )),
+    );
+    Ok(())
+}
+
+/// CPU time of all a process's threads, ns (schedstat's first field).
+fn process_cpu_ns(pid: u32) -> anyhow::Result<u64> {
+    let dir = format!("/proc/{pid}/task");
+    let mut total = 0;
+    for task in std::fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
+        let path = task?.path().join("schedstat");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        total += text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
 }
 
 pub fn run(

@@ -6,7 +6,9 @@
 //! - [`e2e`]: the release daemon (`node-agent run`) against a fake kubelet/API server: a pod's
 //!   ramp crosses `memory.available` → the eviction request arrives.
 //! - [`psi`]: a PSI trigger on the same kind of ramp, pushed into reclaim.
-//! - [`overhead`]: fork+exit and page-fault loops with and without the programs attached.
+//! - [`overhead`]: fork+exit and page-fault loops with and without the programs attached, and
+//!   each program's cost per invocation.
+//! - [`stress`]: stress-ng's `vm` and `fork` stressors with and without `node-agent run`.
 //! - [`throughput`]: events drained without loss, an overflowed ring, a bounded fork storm.
 //! - [`footprint`]: the agent's idle CPU and RSS with 100 and 1000 pod cgroups.
 //! - [`policy`]: `evaluate()` time for 110 and 1000 pods.
@@ -25,6 +27,7 @@ pub mod policy;
 pub mod psi;
 pub mod ramp;
 pub mod report;
+pub mod stress;
 pub mod throughput;
 
 pub use report::{Report, Row, Verdict};

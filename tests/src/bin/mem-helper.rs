@@ -5,7 +5,12 @@
 //!   4 GiB, then exits 10 so a missing OOM kill fails the test instead of eating the machine).
 //! - `mem-helper hold MIB`: touches MIB MiB, prints `held`, waits for a line, frees it, prints
 //!   `freed`, waits for a line, exits.
-//! - `mem-helper oscillate LOW_MIB HIGH_MIB TIMES`: moves between LOW and HIGH MiB TIMES times.
+//! - `mem-helper oscillate LOW_MIB HIGH_MIB TIMES [HOLD_US]`: moves between LOW and HIGH MiB
+//!   TIMES times, staying HOLD_US microseconds (default 0) at each end.
+//! - `mem-helper cross KIB`: touches KIB KiB page by page, prints `held NS` (CLOCK_MONOTONIC
+//!   right after the last page was written, the clock of kernel event timestamps), then sleeps
+//!   until a line arrives: no memory event of its own follows the last charge. Then frees it,
+//!   prints `freed`, waits for a line and exits.
 
 use std::io::{BufRead as _, Write as _};
 
@@ -55,11 +60,55 @@ impl Drop for Mib {
     }
 }
 
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// `bytes` mapped and written page by page; unmapped on drop.
+struct Touched(*mut libc::c_void, usize);
+
+fn touched(bytes: usize) -> Touched {
+    // SAFETY: anonymous private mapping; checked for failure before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        std::process::exit(4);
+    }
+    for offset in (0..bytes).step_by(4096) {
+        // SAFETY: within the writable mapping.
+        unsafe { p.cast::<u8>().add(offset).write_volatile(0x5a) };
+    }
+    Touched(p, bytes)
+}
+
+impl Drop for Touched {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in touched.
+        unsafe { libc::munmap(self.0, self.1) };
+    }
+}
+
 fn arg(n: usize) -> usize {
     match std::env::args().nth(n).map(|a| a.parse()) {
         Some(Ok(v)) => v,
         _ => {
-            eprintln!("usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES");
+            eprintln!(
+                "usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES [HOLD_US] | cross KIB"
+            );
             std::process::exit(2);
         }
     }
@@ -85,18 +134,39 @@ fn main() {
             say("freed");
             wait_line();
         }
+        "cross" => {
+            let held = touched(arg(2) * 1024);
+            let done = monotonic_ns();
+            say(&format!("held {done}"));
+            wait_line();
+            drop(held);
+            say("freed");
+            wait_line();
+        }
         "oscillate" => {
             let (low, high, times) = (arg(2), arg(3), arg(4));
+            let hold = std::env::args()
+                .nth(5)
+                .map(|_| arg(5))
+                .map(|us| std::time::Duration::from_micros(us as u64));
             let base: Vec<Mib> = (0..low).map(|_| touched_mib()).collect();
             for _ in 0..times {
                 let extra: Vec<Mib> = (low..high).map(|_| touched_mib()).collect();
+                if let Some(hold) = hold {
+                    std::thread::sleep(hold);
+                }
                 drop(extra);
+                if let Some(hold) = hold {
+                    std::thread::sleep(hold);
+                }
             }
             drop(base);
             say("done");
         }
         _ => {
-            eprintln!("usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES");
+            eprintln!(
+                "usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES [HOLD_US] | cross KIB"
+            );
             std::process::exit(2);
         }
     }

@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::Context as _;
 use node_agent_tests::bench::{
-    cgroups, child, e2e, footprint, latency, oom, overhead, policy, psi, report::Machine,
+    cgroups, child, e2e, footprint, latency, oom, overhead, policy, psi, report::Machine, stress,
     throughput, Report, Rng, Row,
 };
 
@@ -103,7 +103,7 @@ fn bench(args: &Args) -> anyhow::Result<()> {
     let mut rng = Rng::from_clock();
     let q = args.quick;
     let opts = latency::Options {
-        fast: if q { 20 } else { 100 },
+        fast: if q { 50 } else { 1000 },
         poll_1s: if q { 3 } else { 20 },
         poll_10s: if q { 1 } else { 3 },
     };
@@ -146,13 +146,30 @@ fn bench(args: &Args) -> anyhow::Result<()> {
     section("latency: PSI trigger", &mut |rows| {
         psi::run(rows, if q { 2 } else { 6 }, &args.work_dir, &mut rng)
     });
-    section("probe overhead", &mut |rows| {
-        overhead::run(rows, if q { 2 } else { 7 })
+    section("probe overhead: loops", &mut |rows| {
+        overhead::run(rows, if q { 2 } else { 9 })
+    });
+    section("probe overhead: stress-ng", &mut |rows| {
+        let opts = stress::Options {
+            rounds: if q { 2 } else { 6 },
+            seconds: if q { 2 } else { 5 },
+        };
+        stress::run(rows, &args.agent, &args.work_dir, &opts)
     });
     section("event throughput", &mut throughput::run);
     section("footprint", &mut |rows| {
         let sample = Duration::from_secs(if q { 3 } else { 10 });
         footprint::run(rows, &args.agent, sample, &mut rng)
+    });
+    section("footprint: daemon idle", &mut |rows| {
+        let sample = Duration::from_secs(if q { 3 } else { 10 });
+        footprint::daemon(
+            rows,
+            &args.agent,
+            &args.work_dir,
+            sample,
+            if q { 1 } else { 3 },
+        )
     });
     section("policy evaluation", &mut |rows| {
         policy::run(rows, if q { 200 } else { 2000 })

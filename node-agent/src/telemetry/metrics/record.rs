@@ -4,6 +4,14 @@
 use super::*;
 
 impl Metrics {
+    /// Counter `node_agent_telemetry_connections_closed_total{reason}`: connections the
+    /// metrics and health listener closed so that others get in (see `telemetry::connections`).
+    pub fn telemetry_connection_closed(&self, reason: &'static str) {
+        self.telemetry_connections_closed
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
     /// Gauge `node_agent_signal_available{signal}` (bytes, inodes or PIDs as the kubelet's
     /// signal).
     pub fn set_signal_available(&self, signal: &str, available: i64) {

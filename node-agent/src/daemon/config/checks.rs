@@ -1,0 +1,337 @@
+//! Agent settings that parse but cannot be meant, refused with the reason.
+//!
+//! Two kinds of check:
+//! - on the text alone ([`memory_capacity`], [`ring_bytes`]), called from `validate`: a
+//!   capacity that is not a whole number of bytes (`1m` is a thousandth of a byte), implausibly
+//!   small or beyond int64; a ring buffer past [`MAX_RING_BYTES`];
+//! - against the machine ([`check_on_machine`]), called once the cgroup layout is known, at
+//!   start and on every reload: a `memory_capacity` below what the node already uses (every
+//!   memory threshold would be met at once), a ring buffer the agent's own memory limit cannot
+//!   hold (the kernel charges it to the agent's cgroup).
+
+use std::path::{Path, PathBuf};
+
+use node_agent_policy::Quantity;
+
+use super::{ConfigError, Settings};
+use crate::cgroup::{
+    paths::{self, Limit},
+    CgroupVersion, Hierarchy,
+};
+
+/// No node runs Kubernetes in less; a smaller capacity is a typo (`64m` for `64Mi`).
+pub const MIN_MEMORY_CAPACITY: i64 = 64 << 20;
+/// 1 MiB (the default) holds about 15,000 events; past 256 MiB the ring only pins memory.
+pub const MAX_RING_BYTES: u32 = 256 << 20;
+/// The ring buffer may take at most this share of the agent's memory limit (1/2): the agent
+/// itself needs the rest.
+const RING_SHARE_OF_LIMIT: u64 = 2;
+
+const NANOS_PER_UNIT: i128 = 1_000_000_000;
+
+fn field(field: &'static str, problem: String) -> ConfigError {
+    ConfigError::AgentField { field, problem }
+}
+
+/// `agent.memory_capacity`: a whole number of bytes from [`MIN_MEMORY_CAPACITY`] up to the
+/// int64 range.
+pub fn memory_capacity(text: &str) -> Result<i64, ConfigError> {
+    let q: Quantity = text
+        .parse()
+        .map_err(|e| field("memory_capacity", format!("{text:?}: {e}")))?;
+    if q.is_negative() || q.is_zero() {
+        return Err(field(
+            "memory_capacity",
+            format!("{text:?} must be positive"),
+        ));
+    }
+    if q.nanos() % NANOS_PER_UNIT != 0 {
+        return Err(field(
+            "memory_capacity",
+            format!(
+                "{text:?} is not a whole number of bytes (`m` is a thousandth; mebibytes are Mi)"
+            ),
+        ));
+    }
+    let bytes = q.checked_value().map_err(|_| {
+        field(
+            "memory_capacity",
+            format!("{text:?} is beyond what 64 bits of bytes hold"),
+        )
+    })?;
+    if bytes < MIN_MEMORY_CAPACITY {
+        return Err(field(
+            "memory_capacity",
+            format!("{text:?} is {bytes} bytes, less than any node runs on (at least 64Mi); did you mean Mi or Gi?"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// `agent.ring_bytes`: a power of two from 4096 to [`MAX_RING_BYTES`].
+pub fn ring_bytes(bytes: u32) -> Result<u32, ConfigError> {
+    if !bytes.is_power_of_two() || bytes < 4096 {
+        return Err(field(
+            "ring_bytes",
+            format!("{bytes} must be a power of two of at least 4096"),
+        ));
+    }
+    if bytes > MAX_RING_BYTES {
+        return Err(field(
+            "ring_bytes",
+            format!("{bytes} is more than {MAX_RING_BYTES} (256Mi): the kernel pins the whole ring in memory charged to the agent, and 1Mi already holds about 15,000 events"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// What the checks need to know about the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Machine {
+    /// The node cgroup's working set (usage − inactive file), when `memory_capacity` is set.
+    pub node_working_set: Option<(PathBuf, u64)>,
+    /// The tightest memory limit on the agent's own cgroup and its ancestors, if any.
+    pub agent_memory_limit: Option<(PathBuf, u64)>,
+}
+
+/// Reads the machine, then checks `settings` against it (see the module's documentation).
+/// `node_dir` is the node cgroup's directory in `memory`.
+pub fn check_on_machine(
+    settings: &Settings,
+    memory: &Hierarchy,
+    node_dir: &Path,
+) -> Result<(), ConfigError> {
+    let node_working_set = match settings.memory_capacity {
+        None => None,
+        Some(_) => Some((
+            node_dir.to_path_buf(),
+            working_set(memory, node_dir).map_err(|problem| {
+                field(
+                    "memory_capacity",
+                    format!("cannot be checked against the node's memory in use: {problem}"),
+                )
+            })?,
+        )),
+    };
+    let machine = Machine {
+        node_working_set,
+        agent_memory_limit: own_memory_limit(memory),
+    };
+    check(settings, &machine)
+}
+
+/// The checks against a [`Machine`] already read.
+pub fn check(settings: &Settings, machine: &Machine) -> Result<(), ConfigError> {
+    if let (Some(capacity), Some((dir, in_use))) =
+        (settings.memory_capacity, &machine.node_working_set)
+    {
+        if u64::try_from(capacity).is_ok_and(|c| c < *in_use) {
+            return Err(field(
+                "memory_capacity",
+                format!(
+                    "{capacity} bytes is below the {in_use} bytes the node already uses (working set of {}): memory.available would be negative and every memory threshold met at once",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    if let Some((dir, limit)) = &machine.agent_memory_limit {
+        let ring = u64::from(settings.ring_bytes);
+        if ring > limit / RING_SHARE_OF_LIMIT {
+            return Err(field(
+                "ring_bytes",
+                format!(
+                    "{ring} is more than half of the agent's memory limit ({limit} bytes on {}); the kernel charges the ring buffer to the agent",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The working set of the node cgroup, as the daemon computes `memory.available` from it.
+fn working_set(memory: &Hierarchy, node_dir: &Path) -> Result<u64, String> {
+    // The v2 root has no memory.current: there the machine's figures stand in.
+    if node_dir == memory.mount() && memory.version() == CgroupVersion::V2 {
+        let text = std::fs::read_to_string("/proc/meminfo")
+            .map_err(|e| format!("reading /proc/meminfo: {e}"))?;
+        let mem = crate::daemon::observe::parse_meminfo(&text)
+            .map_err(|e| format!("/proc/meminfo: {e}"))?;
+        return Ok(mem
+            .total
+            .saturating_sub(mem.free)
+            .saturating_sub(mem.inactive_file));
+    }
+    paths::read_memory(node_dir, memory.version())
+        .map(|reading| reading.working_set())
+        .map_err(|e| {
+            std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(": ")
+        })
+}
+
+/// The tightest memory limit on this process's cgroup in `memory` and its ancestors. `None`
+/// when there is none, or when the cgroup is not visible in the mounted hierarchy (a private
+/// cgroup namespace over the host's mount): then nothing is refused for it.
+fn own_memory_limit(memory: &Hierarchy) -> Option<(PathBuf, u64)> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let relative = own_cgroup(&text, memory.version())?;
+    let mount = memory.mount();
+    let mut dir = mount.join(relative.trim_start_matches('/'));
+    if !dir.is_dir() {
+        return None;
+    }
+    let file = match memory.version() {
+        CgroupVersion::V1 => "memory.limit_in_bytes",
+        CgroupVersion::V2 => "memory.max",
+    };
+    let mut tightest: Option<(PathBuf, u64)> = None;
+    loop {
+        let limit = std::fs::read_to_string(dir.join(file))
+            .ok()
+            .and_then(|text| paths::parse_memory_limit(memory.version(), &text).ok());
+        if let Some(Limit::At(bytes)) = limit {
+            if tightest.as_ref().is_none_or(|(_, t)| bytes < *t) {
+                tightest = Some((dir.clone(), bytes));
+            }
+        }
+        if dir == mount || !dir.pop() || !dir.starts_with(mount) {
+            return tightest;
+        }
+    }
+}
+
+/// This process's cgroup path on a hierarchy of `version`, from `/proc/self/cgroup`: the v2
+/// line `0::/path`, or the v1 line whose controllers include `memory`.
+fn own_cgroup(proc_self_cgroup: &str, version: CgroupVersion) -> Option<String> {
+    proc_self_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let wanted = match version {
+            CgroupVersion::V2 => id == "0" && controllers.is_empty(),
+            CgroupVersion::V1 => controllers.split(',').any(|c| c == "memory"),
+        };
+        wanted.then(|| path.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::config::{AgentConfig, Overrides};
+
+    fn settings(memory_capacity: Option<i64>, ring_bytes: u32) -> Settings {
+        let mut settings = AgentConfig::standalone(&Overrides::default())
+            .expect("defaults")
+            .settings;
+        settings.memory_capacity = memory_capacity;
+        settings.ring_bytes = ring_bytes;
+        settings
+    }
+
+    /// The whole error chain, as the daemon logs it.
+    fn chain(error: &dyn std::error::Error) -> String {
+        std::iter::successors(Some(error), |e| e.source())
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(": ")
+    }
+
+    #[test]
+    fn suspicious_settings_in_the_file_are_refused_with_the_reason() {
+        #[rustfmt::skip]
+        let rows: &[(&str, Option<&str>)] = &[
+            ("agent: {memory_capacity: 1Gi}", None),
+            ("agent: {memory_capacity: 64Mi}", None),
+            ("agent: {memory_capacity: 1m}", Some("agent.memory_capacity: \"1m\" is not a whole number of bytes")),
+            ("agent: {memory_capacity: '1'}", Some("agent.memory_capacity: \"1\" is 1 bytes, less than any node runs on")),
+            ("agent: {memory_capacity: 64M}", Some("less than any node runs on")),
+            ("agent: {memory_capacity: 20E}", Some("agent.memory_capacity: \"20E\" is beyond what 64 bits of bytes hold")),
+            ("agent: {memory_capacity: -1Gi}", Some("agent.memory_capacity: \"-1Gi\" must be positive")),
+            ("agent: {memory_capacity: lots}", Some("agent.memory_capacity: \"lots\"")),
+            ("agent: {ring_bytes: 4096}", None),
+            ("agent: {ring_bytes: 268435456}", None),
+            ("agent: {ring_bytes: 2147483648}", Some("agent.ring_bytes: 2147483648 is more than 268435456 (256Mi)")),
+            ("agent: {ring_bytes: 536870912}", Some("agent.ring_bytes: 536870912 is more than")),
+            ("agent: {ring_bytes: 1000}", Some("agent.ring_bytes: 1000 must be a power of two")),
+        ];
+        for (text, expected) in rows {
+            let parsed = AgentConfig::parse(text, &Overrides::default());
+            match (parsed, expected) {
+                (Ok(_), None) => {}
+                (Ok(_), Some(needle)) => panic!("{text}: accepted, expected {needle:?}"),
+                (Err(e), None) => panic!("{text}: refused: {}", chain(&e)),
+                (Err(e), Some(needle)) => {
+                    let chain = chain(&e);
+                    assert!(chain.contains(needle), "{text}: {chain}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn settings_are_checked_against_the_machine() {
+        let node = PathBuf::from("/sys/fs/cgroup/memory/node");
+        let agent = PathBuf::from("/sys/fs/cgroup/memory/agent");
+        let machine = |working_set: Option<u64>, limit: Option<u64>| Machine {
+            node_working_set: working_set.map(|w| (node.clone(), w)),
+            agent_memory_limit: limit.map(|l| (agent.clone(), l)),
+        };
+        #[rustfmt::skip]
+        let rows: &[(&str, Settings, Machine, Option<&str>)] = &[
+            ("capacity above the node's use", settings(Some(8 << 30), 1 << 20), machine(Some(3 << 30), None), None),
+            ("capacity equal to the node's use", settings(Some(3 << 30), 1 << 20), machine(Some(3 << 30), None), None),
+            ("capacity below the node's use", settings(Some(1 << 30), 1 << 20), machine(Some(3 << 30), None),
+             Some("agent.memory_capacity: 1073741824 bytes is below the 3221225472 bytes the node already uses (working set of /sys/fs/cgroup/memory/node)")),
+            ("no capacity set: nothing to compare", settings(None, 1 << 20), machine(None, None), None),
+            ("ring within half the agent's limit", settings(None, 128 << 20), machine(None, Some(256 << 20)), None),
+            ("ring past half the agent's limit", settings(None, 256 << 20), machine(None, Some(256 << 20)),
+             Some("agent.ring_bytes: 268435456 is more than half of the agent's memory limit (268435456 bytes on /sys/fs/cgroup/memory/agent)")),
+            ("no limit known: any valid ring", settings(None, 256 << 20), machine(None, None), None),
+        ];
+        for (behaviour, settings, machine, expected) in rows {
+            match (check(settings, machine), expected) {
+                (Ok(()), None) => {}
+                (Ok(()), Some(needle)) => panic!("{behaviour}: accepted, expected {needle:?}"),
+                (Err(e), None) => panic!("{behaviour}: refused: {e}"),
+                (Err(e), Some(needle)) => {
+                    assert!(e.to_string().contains(needle), "{behaviour}: {e}")
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_own_cgroup_is_found_for_either_version() {
+        let text = "12:pids:/user.slice\n4:cpu,cpuacct:/x\n9:memory:/kubepods/pod1/c1\n0::/system.slice/a.service\n";
+        assert_eq!(
+            own_cgroup(text, CgroupVersion::V1).as_deref(),
+            Some("/kubepods/pod1/c1")
+        );
+        assert_eq!(
+            own_cgroup(text, CgroupVersion::V2).as_deref(),
+            Some("/system.slice/a.service")
+        );
+        assert_eq!(own_cgroup("1:name=systemd:/\n", CgroupVersion::V1), None);
+    }
+
+    #[test]
+    fn this_machine_is_read_and_a_tiny_capacity_refused() {
+        let layout = crate::cgroup::detect().expect("cgroups");
+        let root = layout.memory.mount().to_path_buf();
+        let in_use = working_set(&layout.memory, &root).expect("the root's working set");
+        assert!(in_use > 0, "the machine uses some memory");
+
+        // Parsing allows 64Mi; a machine that runs these tests uses more than that.
+        assert!(in_use > 64 << 20, "{in_use} bytes in use at the root");
+        let small = settings(Some(MIN_MEMORY_CAPACITY), 1 << 20);
+        let error =
+            check_on_machine(&small, &layout.memory, &root).expect_err("below the machine's use");
+        assert!(error.to_string().contains("already uses"), "{error}");
+        let ample = settings(Some(i64::MAX), 1 << 20);
+        check_on_machine(&ample, &layout.memory, &root).expect("above the machine's use");
+    }
+}

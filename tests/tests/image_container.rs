@@ -1,0 +1,338 @@
+//! The agent's image (`cargo xtask image`) in a real containerd, run with the security context
+//! and mounts of `deploy/daemonset.yaml` translated as the kubelet would: it must load its
+//! kernel programs, report a real OOM kill on the host and answer `/healthz`. Then each added
+//! capability is taken away in turn and the agent must fail to start: the set is minimal.
+//!
+//! Differences from a cluster, all outside the security context: the ConfigMap is a standalone
+//! config (no API server here), and two hostPaths this machine lacks (it runs no kubelet) are
+//! stood in for: `/var/lib/kubelet` by an empty directory, `/var/lib/containerd` by the test
+//! containerd's own root.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+use node_agent_cri::{model::ContainerState, proto};
+use node_agent_tests::{
+    containerd::{Containerd, Options, Pod},
+    podspec::{check_container_fields, PodTemplate, Volume},
+    require_root, runtime, AgentProcess, Helper, TestCgroup,
+};
+
+const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
+const AGENT_UID: &str = "8c1f7a52-3d4e-4b6a-9f0e-1a2b3c4d5e6f";
+/// Capability numbers (linux/capability.h).
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+fn daemonset() -> anyhow::Result<PodTemplate> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let template = PodTemplate::from_daemonset(&text)?;
+    check_container_fields(&template)?;
+    Ok(template)
+}
+
+/// The image `cargo xtask test` built (`cargo xtask image`); the test fails without it.
+fn image() -> (PathBuf, String) {
+    let archive = std::env::var_os("NODE_AGENT_IMAGE_ARCHIVE").expect(
+        "NODE_AGENT_IMAGE_ARCHIVE names the image archive: run this through `cargo xtask test`, which builds it",
+    );
+    let reference = std::env::var("NODE_AGENT_IMAGE").expect("NODE_AGENT_IMAGE names the image");
+    (PathBuf::from(archive), reference)
+}
+
+/// The agent's pod as the kubelet would create it from the template (with `tweak` applied to
+/// the container's security context), and its container ID.
+struct AgentPod {
+    pod: Pod,
+    config: proto::ContainerConfig,
+    id: String,
+    run_dir: PathBuf,
+    port: u16,
+}
+
+async fn run_agent(
+    ctrd: &Containerd,
+    template: &PodTemplate,
+    reference: &str,
+    attempt: u32,
+    tweak: impl FnOnce(&mut proto::LinuxContainerSecurityContext),
+) -> anyhow::Result<AgentPod> {
+    let port = template.port("http")?;
+    let (resources, qos) = template.resources()?;
+    let volumes = ctrd.dir().join(format!("volumes-{attempt}"));
+    let config_dir = volumes.join("config");
+    let run_dir = volumes.join("run");
+    let kubelet_dir = volumes.join("kubelet");
+    for d in [&config_dir, &run_dir, &kubelet_dir] {
+        std::fs::create_dir_all(d)?;
+    }
+    // Standalone: no API server here. Everything else at its defaults, as in the ConfigMap.
+    std::fs::write(
+        config_dir.join("config.yaml"),
+        format!("agent:\n  listen: '0.0.0.0:{port}'\n"),
+    )?;
+
+    let mut sandbox = ctrd.pod_config(
+        "node-agent",
+        &format!("node-agent-{attempt}"),
+        AGENT_UID,
+        qos,
+    );
+    sandbox
+        .metadata
+        .as_mut()
+        .expect("pod_config sets metadata")
+        .attempt = attempt;
+    let linux = sandbox.linux.as_mut().expect("pod_config sets linux");
+    linux.security_context = Some(proto::LinuxSandboxSecurityContext {
+        namespace_options: Some(template.namespaces()),
+        ..Default::default()
+    });
+    let pod = ctrd.run_pod(sandbox).await?;
+
+    let (command, args) = template.command();
+    let fields: BTreeMap<&str, &str> = [
+        ("spec.nodeName", "test-node"),
+        ("metadata.name", "node-agent-test"),
+        ("metadata.namespace", "node-agent"),
+    ]
+    .into();
+    let root = ctrd.root().to_path_buf();
+    let mounts = template.mounts(|name, volume| {
+        Ok(match (name, volume) {
+            (_, Volume::ConfigMap { .. }) => Some(config_dir.clone()),
+            (_, Volume::EmptyDir) => Some(run_dir.clone()),
+            (_, Volume::HostPath { path }) if path == "/var/lib/kubelet" => {
+                Some(kubelet_dir.clone())
+            }
+            (_, Volume::HostPath { path }) if path == "/var/lib/containerd" => Some(root.clone()),
+            _ => None,
+        })
+    })?;
+    let mut security = template.security_context()?;
+    tweak(&mut security);
+    let mut config = Containerd::container_config(&pod, "node-agent", attempt, reference, &[]);
+    config.command = command;
+    config.args = args;
+    config.envs = template.env(&fields)?;
+    config.mounts = mounts;
+    config.linux = Some(proto::LinuxContainerConfig {
+        resources: Some(resources),
+        security_context: Some(security),
+    });
+    let id = ctrd.run_container(&pod, config.clone(), true).await?;
+    Ok(AgentPod {
+        pod,
+        config,
+        id,
+        run_dir,
+        port,
+    })
+}
+
+fn http_get(addr: &str, port: u16, path: &str) -> anyhow::Result<String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(
+        &format!("{addr}:{port}").parse()?,
+        Duration::from_secs(2),
+    )?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// The capability mask of a process (`CapEff` in /proc/PID/status), and two flags.
+fn process_security(pid: u32) -> anyhow::Result<(u64, String, String)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .with_context(|| format!("{name} in /proc/{pid}/status"))
+    };
+    let cap_eff = u64::from_str_radix(&field("CapEff:")?, 16)?;
+    Ok((cap_eff, field("NoNewPrivs:")?, field("Seccomp:")?))
+}
+
+#[test]
+fn the_image_runs_with_the_daemonsets_privileges_and_reports_a_host_oom_kill() {
+    require_root();
+    let (archive, reference) = image();
+    runtime()
+        .block_on(async {
+            let template = daemonset()?;
+            let ctrd = Containerd::start(Options::default()).await?;
+            ctrd.import_archive(&archive, &reference).await?;
+            let agent = run_agent(&ctrd, &template, &reference, 0, |_| {}).await?;
+            let ip = ctrd.pod_ip(&agent.pod).await?;
+
+            // Ready: /healthz answers on the pod's IP.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match http_get(&ip, agent.port, "/healthz") {
+                    Ok(reply) if reply.starts_with("HTTP/1.1 200") => break,
+                    _ if Instant::now() > deadline => bail!(
+                        "no 200 from /healthz at {ip}:{} within 30 s; the agent said:\n{}",
+                        agent.port,
+                        Containerd::container_log(&agent.pod, &agent.config)
+                    ),
+                    _ => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+
+            // It runs with exactly the named capabilities, no privilege escalation, seccomp.
+            let pid = ctrd.container_pid(&agent.id).await?;
+            let (cap_eff, no_new_privs, seccomp) = process_security(pid)?;
+            assert_eq!(
+                cap_eff,
+                (1 << CAP_BPF) | (1 << CAP_PERFMON),
+                "effective capabilities {cap_eff:#x}: BPF and PERFMON only"
+            );
+            assert_eq!(no_new_privs, "1", "allowPrivilegeEscalation: false");
+            assert_eq!(seccomp, "2", "seccomp filter mode (RuntimeDefault)");
+            let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+            let root = mountinfo
+                .lines()
+                .find(|l| l.split_whitespace().nth(4) == Some("/"))
+                .context("the container's root in its mountinfo")?;
+            assert!(
+                root.split_whitespace()
+                    .nth(5)
+                    .is_some_and(|o| o.split(',').any(|f| f == "ro")),
+                "read-only root filesystem: {root}"
+            );
+
+            // A real OOM kill on the host, outside any pod, seen through the trace socket.
+            let socket = agent.run_dir.join("trace.sock");
+            let trace = AgentProcess::spawn(&[
+                "trace".as_ref(),
+                "--output".as_ref(),
+                "json".as_ref(),
+                "--kind".as_ref(),
+                "oom_kill".as_ref(),
+                "--socket".as_ref(),
+                socket.as_os_str(),
+            ])?;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let left = deadline
+                    .checked_duration_since(Instant::now())
+                    .context("trace did not attach to the agent in the container within 20 s")?;
+                if trace
+                    .log
+                    .recv_timeout(left)
+                    .is_ok_and(|l| l.contains("attached"))
+                {
+                    break;
+                }
+            }
+            let cgroup = TestCgroup::new("image-oom")?;
+            cgroup.set_memory_limit(32 << 20)?;
+            let mut helper = Helper::spawn(MEM_HELPER, &["oom".to_string()])?;
+            let victim = helper.pid();
+            cgroup.add(victim)?;
+            helper.go()?;
+            helper.wait_killed(Duration::from_secs(20))?;
+
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut seen = None;
+            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                let Ok(v) = trace.json.recv_timeout(left) else {
+                    break;
+                };
+                if v["pid"] == victim {
+                    seen = Some(v);
+                    break;
+                }
+            }
+            let v = seen.with_context(|| {
+                format!(
+                    "the agent in the container reported no OOM kill of pid {victim}; it said:\n{}",
+                    Containerd::container_log(&agent.pod, &agent.config)
+                )
+            })?;
+            assert_eq!(v["kind"], "oom_kill");
+            assert_eq!(v["comm"], "mem-helper");
+            assert_eq!(
+                v["cgroup"]["id"],
+                cgroup.id(),
+                "attributed to the host cgroup: {v}"
+            );
+            let name = cgroup
+                .path()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            assert!(
+                v["cgroup"]["path"]
+                    .as_str()
+                    .is_some_and(|p| p.ends_with(&name)),
+                "the agent names the host cgroup, read through its cgroupfs mount: {v}"
+            );
+            let metrics = http_get(&ip, agent.port, "/metrics")?;
+            assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+            assert_eq!(
+                ctrd.client()
+                    .list_containers(Some(ContainerState::Running))
+                    .await?
+                    .len(),
+                1,
+                "the agent is still running"
+            );
+            anyhow::Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn without_any_one_of_its_capabilities_the_agent_refuses_to_start() {
+    require_root();
+    let (archive, reference) = image();
+    runtime()
+        .block_on(async {
+            let template = daemonset()?;
+            let added = template
+                .security_context()?
+                .capabilities
+                .unwrap_or_default()
+                .add_capabilities;
+            assert!(!added.is_empty(), "the DaemonSet adds capabilities");
+            let ctrd = Containerd::start(Options::default()).await?;
+            ctrd.import_archive(&archive, &reference).await?;
+            for (attempt, missing) in (1..).zip(&added) {
+                let agent = run_agent(&ctrd, &template, &reference, attempt, |sc| {
+                    if let Some(caps) = sc.capabilities.as_mut() {
+                        caps.add_capabilities.retain(|c| c != missing);
+                    }
+                })
+                .await?;
+                ctrd.wait_state(&agent.id, ContainerState::Exited, Duration::from_secs(30))
+                    .await
+                    .with_context(|| format!("without {missing} the agent kept running"))?;
+                let status = ctrd.client().container_status(&agent.id).await?;
+                let exit = status.status.map(|s| s.exit_code).unwrap_or(0);
+                let log = Containerd::container_log(&agent.pod, &agent.config);
+                eprintln!("without {missing}: exit code {exit}; the agent said:\n{log}");
+                assert_ne!(exit, 0, "without {missing} the agent fails: {log}");
+                assert!(
+                    log.contains("Operation not permitted"),
+                    "without {missing} the kernel refuses the agent, and it says so: {log}"
+                );
+            }
+            anyhow::Ok(())
+        })
+        .unwrap();
+}

@@ -1,0 +1,157 @@
+//! Tools the tests and fuzzing need besides the compilers, each installed when missing and
+//! said so: cargo-nextest (runs every test file with a per-test time bound), cargo-fuzz
+//! (libFuzzer targets), kubectl (renders deploy/ with kustomize) and kubernetes-validate
+//! (checks the rendered objects against Kubernetes' OpenAPI schemas, offline).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _};
+
+use crate::{
+    agent::workspace_root,
+    toolchain::{is_root, run},
+};
+
+const NEXTEST_VERSION: &str = "0.9.143";
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+
+/// Where the tests find kubectl and kubernetes-validate (environment variables of the same
+/// names in upper case).
+#[derive(Debug, Clone)]
+pub struct DeployTools {
+    pub kubectl: PathBuf,
+    pub kubernetes_validate: PathBuf,
+}
+
+/// Everything `cargo xtask test` needs.
+pub fn for_tests() -> anyhow::Result<DeployTools> {
+    nextest()?;
+    deploy_tools()
+}
+
+fn host_cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn cargo_subcommand_works(subcommand: &str) -> bool {
+    host_cargo()
+        .args([subcommand, "--version"])
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+fn cargo_install(krate: &str, version: &str, what: &str) -> anyhow::Result<()> {
+    eprintln!("xtask: installing {krate} {version} from crates.io ({what})");
+    run(host_cargo().args(["install", krate, "--version", version, "--locked"]))
+}
+
+/// cargo-nextest: every test in its own process with a time bound (`.config/nextest.toml`).
+pub fn nextest() -> anyhow::Result<()> {
+    if cargo_subcommand_works("nextest") {
+        return Ok(());
+    }
+    cargo_install(
+        "cargo-nextest",
+        NEXTEST_VERSION,
+        "a few minutes; the test runner",
+    )
+}
+
+/// cargo-fuzz, for `cargo xtask fuzz`.
+pub fn cargo_fuzz() -> anyhow::Result<()> {
+    if cargo_subcommand_works("fuzz") {
+        return Ok(());
+    }
+    cargo_install("cargo-fuzz", CARGO_FUZZ_VERSION, "about a minute")
+}
+
+fn on_path(program: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+fn apt_install(packages: &[&str], why: &str) -> anyhow::Result<()> {
+    let list = packages.join(" ");
+    if !Path::new("/usr/bin/apt-get").exists() {
+        bail!("{why}: this host has no apt-get; install {list} by hand");
+    }
+    if !is_root() {
+        bail!("{why}: installing Debian packages needs root: run `sudo apt-get install -y {list}`");
+    }
+    eprintln!("xtask: installing Debian packages ({why}): {list}");
+    let install = || {
+        run(Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    };
+    // A fresh machine may have no package lists yet.
+    install().or_else(|_| {
+        run(Command::new("apt-get")
+            .arg("update")
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        install()
+    })
+}
+
+/// kubectl from PATH, or Debian's `kubernetes-client`; kubernetes-validate from PyPI in a
+/// virtual environment under target/tools (Debian's Python refuses system-wide pip installs).
+pub fn deploy_tools() -> anyhow::Result<DeployTools> {
+    let kubectl = match on_path("kubectl") {
+        Some(path) => path,
+        None => {
+            apt_install(&["kubernetes-client"], "kubectl renders deploy/")?;
+            on_path("kubectl").context("kubernetes-client installed no kubectl on PATH")?
+        }
+    };
+    let venv = workspace_root().join("target/tools/python");
+    let kubernetes_validate = venv.join("bin/kubernetes-validate");
+    let installed = Command::new(venv.join("bin/pip"))
+        .args(["show", "kubernetes-validate"])
+        .output()
+        .is_ok_and(|out| {
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .any(|l| l == format!("Version: {KUBERNETES_VALIDATE_VERSION}"))
+        });
+    if !installed {
+        // Debian's own interpreter first: a `python3` earlier on PATH may be a version
+        // manager's shim.
+        let python = Some(PathBuf::from("/usr/bin/python3"))
+            .filter(|p| p.is_file())
+            .or_else(|| on_path("python3"))
+            .context("python3 is needed for kubernetes-validate")?;
+        let make_venv = || run(Command::new(&python).args(["-m", "venv"]).arg(&venv));
+        if make_venv().is_err() {
+            apt_install(
+                &["python3-venv"],
+                "a Python virtual environment for kubernetes-validate",
+            )?;
+            make_venv()?;
+        }
+        eprintln!(
+            "xtask: installing kubernetes-validate {KUBERNETES_VALIDATE_VERSION} from PyPI into {}",
+            venv.display()
+        );
+        run(Command::new(venv.join("bin/pip")).args([
+            "install",
+            "--quiet",
+            &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
+        ]))?;
+    }
+    anyhow::ensure!(
+        kubernetes_validate.is_file(),
+        "pip installed no {}",
+        kubernetes_validate.display()
+    );
+    Ok(DeployTools {
+        kubectl,
+        kubernetes_validate,
+    })
+}
