@@ -6,7 +6,14 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use node_agent::{cgroup::CgroupIndex, ebpf::events::decode, trace::Record};
+use node_agent::{
+    cgroup::{
+        attribution::{attribute, NoNames},
+        CgroupIndex,
+    },
+    ebpf::events::decode,
+    trace::Record,
+};
 
 /// An index of an empty directory: every cgroup id is unknown, as for a cgroup gone by now.
 fn index() -> &'static CgroupIndex {
@@ -22,7 +29,8 @@ fuzz_target!(|bytes: &[u8]| {
     let Ok(event) = decode(bytes) else {
         return;
     };
-    if let Some(record) = Record::from_event(&event, index(), String::new(), 4096) {
+    if let Some(attributed) = attribute(&event, index(), &NoNames, 4096) {
+        let record = Record::event(&attributed, String::new());
         let _ = record.json();
         let _ = record.table_row();
     }

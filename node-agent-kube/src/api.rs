@@ -1,16 +1,37 @@
-//! HTTP answers turned into typed errors, and retrying with backoff.
+//! HTTP answers turned into typed errors, retrying with backoff, and the context every client
+//! of one endpoint shares.
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     time::Duration,
 };
 
 use http::{Method, StatusCode};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 
 use crate::{
     config::RetryConfig,
     transport::{ApiRequest, HttpResponse, Transport, TransportError},
 };
+
+/// `policyv1.DisruptionBudgetCause`: the cause the Eviction API names when a
+/// PodDisruptionBudget forbids an eviction (`details.causes[].reason` of its 429 Status).
+pub const DISRUPTION_BUDGET_CAUSE: &str = "DisruptionBudget";
+/// A `Retry-After` longer than this is capped: a misbehaving proxy cannot park the agent.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// What every client of one endpoint shares: the transport, the retry policy, the failure
+/// counters and the node this agent runs on.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub transport: Transport,
+    pub backoff: Backoff,
+    pub counters: Arc<Counters>,
+    pub node: String,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -39,6 +60,10 @@ pub enum ApiError {
         path: String,
         code: u16,
         message: String,
+        /// The `metav1.Status` body, when the answer was one.
+        status: Option<Box<Status>>,
+        /// From the `Retry-After` header, else the Status' `details.retryAfterSeconds`.
+        retry_after: Option<Duration>,
     },
     #[error("{endpoint}: {method} {path}: the answer is not a valid {expected}")]
     Decode {
@@ -72,6 +97,14 @@ impl ApiError {
         }
     }
 
+    /// How long the server asked to wait before trying again, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
     /// An error for an answer whose status the caller did not expect.
     pub fn from_response(endpoint: &'static str, req: &ApiRequest, resp: &HttpResponse) -> Self {
         let message = status_message(resp);
@@ -95,9 +128,47 @@ impl ApiError {
                 path,
                 code: s.as_u16(),
                 message,
+                status: decode_status(resp).map(Box::new),
+                retry_after: retry_after(resp),
             },
         }
     }
+}
+
+/// The answer's body as a `metav1.Status`, when it is one.
+pub fn decode_status(resp: &HttpResponse) -> Option<Status> {
+    let status: Status = serde_json::from_slice(&resp.body).ok()?;
+    (status.code.is_some() || status.reason.is_some() || status.status.is_some()).then_some(status)
+}
+
+/// Whether a Status names a PodDisruptionBudget among its causes.
+pub fn names_disruption_budget(status: &Status) -> bool {
+    status
+        .details
+        .as_ref()
+        .and_then(|d| d.causes.as_ref())
+        .is_some_and(|causes| {
+            causes
+                .iter()
+                .any(|c| c.reason.as_deref() == Some(DISRUPTION_BUDGET_CAUSE))
+        })
+}
+
+/// `Retry-After` in seconds (the API server and API Priority and Fairness send seconds), else
+/// the Status' `details.retryAfterSeconds`; zero and unreadable values count as none.
+pub fn retry_after(resp: &HttpResponse) -> Option<Duration> {
+    let header = resp
+        .headers
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let seconds = header.or_else(|| {
+        decode_status(resp)
+            .and_then(|s| s.details)
+            .and_then(|d| d.retry_after_seconds)
+            .and_then(|s| u64::try_from(s).ok())
+    })?;
+    (seconds > 0).then(|| Duration::from_secs(seconds).min(MAX_RETRY_AFTER))
 }
 
 /// `message` of a `metav1.Status` body, else the body's start.
@@ -194,7 +265,9 @@ impl Backoff {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is_retryable() && tried < self.attempts => {
                     Counters::bump(&counters.retries);
-                    let pause = self.delay(tried);
+                    // As long as the server asked, at least: a rate-limited client that comes
+                    // back early only gets limited again.
+                    let pause = self.delay(tried).max(e.retry_after().unwrap_or_default());
                     tracing::warn!(error = %e, try_ = tried, ?pause, "{what} failed; trying again");
                     tokio::time::sleep(pause).await;
                 }
@@ -255,6 +328,8 @@ mod tests {
             path: "/".into(),
             code,
             message: String::new(),
+            status: None,
+            retry_after: None,
         };
         let rows = [
             (500, true),

@@ -5,16 +5,16 @@
 //! as for the kubelet's own conditions. When to report pressure and when to clear it (after the
 //! transition period) is the policy's decision; this module only writes it.
 
-use std::{sync::Arc, time::SystemTime};
+use std::time::SystemTime;
 
 use http::{Method, StatusCode};
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use serde_json::json;
 
 use crate::{
-    api::{call, decode, ApiError, Backoff, Counters},
+    api::{call, decode, ApiError, Context},
     time::time,
-    transport::{ApiRequest, Transport},
+    transport::ApiRequest,
 };
 
 /// The condition type this agent owns on its node.
@@ -49,75 +49,70 @@ pub fn condition_patch(condition: &NodeCondition) -> serde_json::Value {
     json!({ "status": { "conditions": [condition] } })
 }
 
-#[derive(Debug, Clone)]
+/// Writes the condition and remembers what it wrote: one owner (the executor), so the node is
+/// read once, at the first report, and patches go out in the order they were decided.
+#[derive(Debug, Default)]
 pub struct NodeConditionReporter {
-    transport: Transport,
-    backoff: Backoff,
-    counters: Arc<Counters>,
-    node: String,
-    dry_run: bool,
+    /// The condition as last written (or found on the node at the first report).
     last: Option<NodeCondition>,
+    /// The node was read (its existing condition, if any, is in `last`).
+    read: bool,
 }
 
 impl NodeConditionReporter {
-    pub fn new(
-        transport: Transport,
-        backoff: Backoff,
-        counters: Arc<Counters>,
-        node: impl Into<String>,
-        dry_run: bool,
-    ) -> Self {
-        Self {
-            transport,
-            backoff,
-            counters,
-            node: node.into(),
-            dry_run,
-            last: None,
-        }
+    pub fn new() -> Self {
+        Self::default()
     }
 
-    /// Writes the condition. The first report reads the node so that an agent restart keeps
-    /// the condition's transition time.
+    /// Writes the condition; in dry run only says what it would write. The first report reads
+    /// the node so that an agent restart keeps the condition's transition time.
     pub async fn report(
         &mut self,
+        ctx: &Context,
         pressure: bool,
         reason: &str,
         message: &str,
         now: SystemTime,
+        dry_run: bool,
     ) -> Result<NodeCondition, ApiError> {
-        if self.last.is_none() {
-            let req = ApiRequest::get(format!("/api/v1/nodes/{}", self.node));
-            let node: Node = self
+        if !self.read {
+            let req = ApiRequest::get(format!("/api/v1/nodes/{}", ctx.node));
+            let node: Node = ctx
                 .backoff
-                .run(&self.counters, "node read", || async {
-                    let resp = call(&self.transport, &req, &[StatusCode::OK]).await?;
-                    decode(self.transport.endpoint().name, &req, &resp, "v1.Node")
+                .run(&ctx.counters, "node read", || async {
+                    let resp = call(&ctx.transport, &req, &[StatusCode::OK]).await?;
+                    decode(ctx.transport.endpoint().name, &req, &resp, "v1.Node")
                 })
                 .await?;
             self.last = node
                 .status
                 .and_then(|s| s.conditions)
                 .and_then(|cs| cs.into_iter().find(|c| c.type_ == CONDITION_TYPE));
+            self.read = true;
         }
         let condition = next_condition(self.last.as_ref(), pressure, reason, message, now);
-        if self.dry_run {
+        if dry_run {
             tracing::info!(status = %condition.status, reason, "dry run: node condition not patched");
             return Ok(condition);
         }
         let req = ApiRequest::with_json(
             Method::PATCH,
-            format!("/api/v1/nodes/{}/status", self.node),
+            format!("/api/v1/nodes/{}/status", ctx.node),
             "application/strategic-merge-patch+json",
             &condition_patch(&condition),
         );
-        self.backoff
-            .run(&self.counters, "node condition patch", || {
-                call(&self.transport, &req, &[StatusCode::OK])
+        ctx.backoff
+            .run(&ctx.counters, "node condition patch", || {
+                call(&ctx.transport, &req, &[StatusCode::OK])
             })
             .await?;
         self.last = Some(condition.clone());
         Ok(condition)
+    }
+
+    /// Forgets what was written (another cluster connection: read the node again).
+    pub fn reset(&mut self) {
+        *self = Self::default();
     }
 }
 

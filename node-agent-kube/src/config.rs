@@ -4,8 +4,9 @@
 //! value that cannot have a default, the node name, comes from the `NODE_NAME` environment
 //! variable (the downward API) when the file leaves it out.
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
+pub use node_agent_policy::{Exclusions, LabelOperator, LabelRequirement, LabelSelector};
 use serde::Deserialize;
 
 /// Where the service account's files are mounted in every pod.
@@ -33,6 +34,10 @@ pub struct KubeConfig {
     pub eviction_burst: u32,
     /// After an eviction, wait at most this long for the pod's cgroup to disappear.
     pub eviction_wait_timeout_seconds: u64,
+    /// A pod whose eviction a PodDisruptionBudget blocked, or the API server refused, is passed
+    /// over for this long (or as long as the server's Retry-After, if longer); the next-ranked
+    /// pod goes meanwhile.
+    pub pass_over_seconds: u64,
     /// Pod and usage data older than this is not acted upon.
     pub staleness_bound_seconds: u64,
     pub exclusions: Exclusions,
@@ -56,6 +61,7 @@ impl Default for KubeConfig {
             eviction_burst: 1,
             // The kubelet's own wait for a pod's cleanup after an eviction.
             eviction_wait_timeout_seconds: 30,
+            pass_over_seconds: 30,
             // Three kubelet housekeeping periods.
             staleness_bound_seconds: 30,
             exclusions: Exclusions::default(),
@@ -138,69 +144,6 @@ impl Default for RetryConfig {
             initial_backoff_millis: 200,
             max_backoff_millis: 5_000,
         }
-    }
-}
-
-/// Pods that are never evicted, on top of the agent's own pod and the kubelet's critical pods.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Exclusions {
-    pub namespaces: Vec<String>,
-    /// A pod matching this selector is excluded. Empty selects nothing.
-    pub label_selector: LabelSelector,
-}
-
-/// The `metav1.LabelSelector` shape, in this file's snake_case.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LabelSelector {
-    pub match_labels: BTreeMap<String, String>,
-    pub match_expressions: Vec<LabelRequirement>,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LabelRequirement {
-    pub key: String,
-    pub operator: LabelOperator,
-    #[serde(default)]
-    pub values: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum LabelOperator {
-    In,
-    NotIn,
-    Exists,
-    DoesNotExist,
-}
-
-impl LabelSelector {
-    /// Whether the selector has no requirement at all (and so selects nothing here).
-    pub fn is_empty(&self) -> bool {
-        self.match_labels.is_empty() && self.match_expressions.is_empty()
-    }
-
-    /// Whether `labels` satisfy every requirement. An empty selector matches nothing, so that
-    /// an absent `label_selector` excludes no pod.
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        if self.is_empty() {
-            return false;
-        }
-        let labels_ok = self
-            .match_labels
-            .iter()
-            .all(|(k, v)| labels.get(k) == Some(v));
-        let exprs_ok = self.match_expressions.iter().all(|r| {
-            let value = labels.get(&r.key);
-            match r.operator {
-                LabelOperator::In => value.is_some_and(|v| r.values.contains(v)),
-                LabelOperator::NotIn => value.is_none_or(|v| !r.values.contains(v)),
-                LabelOperator::Exists => value.is_some(),
-                LabelOperator::DoesNotExist => value.is_none(),
-            }
-        });
-        labels_ok && exprs_ok
     }
 }
 
@@ -339,6 +282,12 @@ impl KubeConfig {
                 format!("{} is outside 1..=600", self.eviction_wait_timeout_seconds),
             ));
         }
+        if !(1..=3600).contains(&self.pass_over_seconds) {
+            return Err(invalid(
+                "pass_over_seconds",
+                format!("{} is outside 1..=3600", self.pass_over_seconds),
+            ));
+        }
         if !(1..=3600).contains(&self.staleness_bound_seconds) {
             return Err(invalid(
                 "staleness_bound_seconds",
@@ -445,6 +394,10 @@ impl KubeConfig {
         Duration::from_secs(self.eviction_wait_timeout_seconds)
     }
 
+    pub fn pass_over(&self) -> Duration {
+        Duration::from_secs(self.pass_over_seconds)
+    }
+
     pub fn staleness_bound(&self) -> Duration {
         Duration::from_secs(self.staleness_bound_seconds)
     }
@@ -525,39 +478,6 @@ mod tests {
                 KubeConfig::from_yaml(yaml, None),
                 Err(ConfigError::Parse { .. })
             ));
-        }
-    }
-
-    #[test]
-    fn label_selector_matches_like_kubernetes() {
-        let labels: BTreeMap<String, String> = [("app".to_string(), "db".to_string())]
-            .into_iter()
-            .collect();
-        let sel = |yaml: &str| serde_yaml_ng::from_str::<LabelSelector>(yaml).unwrap();
-        let rows = [
-            ("{}", false),
-            ("match_labels: {app: db}", true),
-            ("match_labels: {app: web}", false),
-            (
-                "match_expressions: [{key: app, operator: In, values: [db, x]}]",
-                true,
-            ),
-            (
-                "match_expressions: [{key: app, operator: NotIn, values: [db]}]",
-                false,
-            ),
-            (
-                "match_expressions: [{key: tier, operator: NotIn, values: [db]}]",
-                true,
-            ),
-            ("match_expressions: [{key: app, operator: Exists}]", true),
-            (
-                "match_expressions: [{key: app, operator: DoesNotExist}]",
-                false,
-            ),
-        ];
-        for (yaml, want) in rows {
-            assert_eq!(sel(yaml).matches(&labels), want, "{yaml}");
         }
     }
 }

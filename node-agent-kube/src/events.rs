@@ -1,21 +1,21 @@
 //! `events.k8s.io/v1` events: what happened, on the pod (`Evicted`) or the node
 //! (`EvictionThresholdMet`, `OOMKilling`), worded as the kubelet words them.
 //!
-//! The `build_*` functions are pure; [`EventRecorder`] posts what they build.
+//! The `build_*` functions are pure; [`post`] sends what they build.
 
-use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
+use std::{collections::BTreeMap, time::SystemTime};
 
 use http::{Method, StatusCode};
 use k8s_openapi::{
     api::{core::v1::ObjectReference, events::v1::Event},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
+use node_agent_policy::Eviction;
 
 use crate::{
-    api::{call, ApiError, Counters},
-    evict::EvictionRequest,
+    api::{call, ApiError, Context, Counters},
     time::{micro_time, unix_nanos},
-    transport::{ApiRequest, Transport},
+    transport::ApiRequest,
 };
 
 /// `reportingController` of every event this agent writes.
@@ -71,24 +71,31 @@ fn node_ref(node: &str) -> ObjectReference {
     }
 }
 
-/// `Evicted` on the pod, with the kubelet's message and annotations.
-pub fn build_pod_evicted(req: &EvictionRequest, node: &str, now: SystemTime) -> Event {
+/// `Evicted` on the pod, with the decision's own message and the annotations the kubelet
+/// derives from the same figures (the containers the message names, their usage, the
+/// resource the node is short of).
+pub fn build_pod_evicted(decision: &Eviction, node: &str, now: SystemTime) -> Event {
     let regarding = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
-        namespace: Some(req.namespace.clone()),
-        name: Some(req.name.clone()),
-        uid: Some(req.uid.clone()),
+        namespace: Some(decision.namespace.clone()),
+        name: Some(decision.name.clone()),
+        uid: decision.uid.clone(),
         ..ObjectReference::default()
     };
-    let mut e = base(&req.namespace, &req.name, node, now, regarding);
+    let mut e = base(&decision.namespace, &decision.name, node, now, regarding);
+    let join = |f: &dyn Fn(&node_agent_policy::OffendingContainer) -> String| {
+        decision
+            .offending_containers
+            .iter()
+            .map(f)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
     let annotations: BTreeMap<String, String> = [
-        (OFFENDING_CONTAINERS, req.offending_containers.join(",")),
-        (
-            OFFENDING_CONTAINERS_USAGE,
-            req.offending_containers_usage.join(","),
-        ),
-        (STARVED_RESOURCE, req.starved_resource.clone()),
+        (OFFENDING_CONTAINERS, join(&|c| c.name.clone())),
+        (OFFENDING_CONTAINERS_USAGE, join(&|c| c.usage.to_string())),
+        (STARVED_RESOURCE, decision.resource.as_str().to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -96,7 +103,7 @@ pub fn build_pod_evicted(req: &EvictionRequest, node: &str, now: SystemTime) -> 
     e.metadata.annotations = Some(annotations);
     e.action = Some("Evicting".into());
     e.reason = Some("Evicted".into());
-    e.note = Some(req.message.clone());
+    e.note = Some(decision.message.clone());
     e
 }
 
@@ -125,51 +132,24 @@ pub fn build_oom_killing(node: &str, kill: &OomKill, now: SystemTime) -> Event {
     e
 }
 
-/// Posts events. A failure is logged, counted and returned; it never stops an eviction.
-#[derive(Debug, Clone)]
-pub struct EventRecorder {
-    transport: Transport,
-    counters: Arc<Counters>,
-    /// Send nothing (dry run): log the event instead.
-    dry_run: bool,
-}
-
-impl EventRecorder {
-    pub fn new(transport: Transport, counters: Arc<Counters>, dry_run: bool) -> Self {
-        Self {
-            transport,
-            counters,
-            dry_run,
-        }
+/// Posts an event. A failure is logged, counted and returned; it never stops an eviction.
+pub async fn post(ctx: &Context, event: &Event) -> Result<(), ApiError> {
+    let namespace = event
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(NODE_EVENT_NAMESPACE);
+    let body = serde_json::to_value(event).expect("an Event always serializes");
+    let req = ApiRequest::with_json(
+        Method::POST,
+        format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events"),
+        "application/json",
+        &body,
+    );
+    let result = call(&ctx.transport, &req, &[StatusCode::OK, StatusCode::CREATED]).await;
+    if let Err(e) = &result {
+        Counters::bump(&ctx.counters.request_failures);
+        tracing::warn!(error = %e, reason = ?event.reason, "event not recorded");
     }
-
-    pub async fn post(&self, event: &Event) -> Result<(), ApiError> {
-        let namespace = event
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or(NODE_EVENT_NAMESPACE);
-        if self.dry_run {
-            tracing::info!(reason = ?event.reason, note = ?event.note, "dry run: event not posted");
-            return Ok(());
-        }
-        let body = serde_json::to_value(event).expect("an Event always serializes");
-        let req = ApiRequest::with_json(
-            Method::POST,
-            format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events"),
-            "application/json",
-            &body,
-        );
-        let result = call(
-            &self.transport,
-            &req,
-            &[StatusCode::OK, StatusCode::CREATED],
-        )
-        .await;
-        if let Err(e) = &result {
-            Counters::bump(&self.counters.request_failures);
-            tracing::warn!(error = %e, reason = ?event.reason, "event not recorded");
-        }
-        result.map(|_| ())
-    }
+    result.map(|_| ())
 }

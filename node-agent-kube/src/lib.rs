@@ -2,15 +2,17 @@
 //! kubelet or the API server), and the one executor that changes the cluster: evictions, events
 //! and the agent's node condition.
 //!
-//! Data flows one way: a pod source hands out [`pods::PodSnapshot`]s stamped with the time they
-//! were observed; the daemon's policy decides; [`evict::Executor`] acts, or in dry-run mode only
-//! says what it would do.
+//! Data flows one way: a pod source hands out [`pods::PodSnapshot`]s of the policy's `PodInfo`,
+//! stamped with the time they were observed; the daemon's policy decides; the one
+//! [`executor::Executor`] acts (or in dry-run mode only says what it would do) and reports each
+//! outcome back.
 
 pub mod api;
 pub mod condition;
 pub mod config;
 pub mod events;
 pub mod evict;
+pub mod executor;
 #[cfg(feature = "fake")]
 pub mod fake;
 pub mod pacing;

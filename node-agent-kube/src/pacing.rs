@@ -1,5 +1,6 @@
-//! Pacing evictions: a token bucket capping evictions per minute, and the wait after each
-//! eviction until the pod's cgroup is gone (as the kubelet waits for pod cleanup).
+//! Pacing evictions: a token bucket capping evictions per minute. (The wait after each
+//! eviction until the pod's cgroup is gone, as the kubelet waits for pod cleanup, is the
+//! daemon's: it watches the cgroup.)
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,21 @@ impl TokenBucket {
         self.last = self.last.max(now);
     }
 
+    /// New rates from a reload; the tokens held stay (up to the new burst), so a reload neither
+    /// grants a fresh burst nor takes one away.
+    pub fn reconfigure(&mut self, per_minute: u32, burst: u32, now: Instant) {
+        self.refill(now);
+        self.burst = f64::from(burst.max(1));
+        self.per_second = f64::from(per_minute) / 60.0;
+        self.tokens = self.tokens.min(self.burst);
+    }
+
+    /// Gives back a token taken for a request that changed nothing (the server refused it).
+    pub fn refund(&mut self, now: Instant) {
+        self.refill(now);
+        self.tokens = (self.tokens + 1.0).min(self.burst);
+    }
+
     /// Takes a token, or says how long until one is available.
     pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
         self.refill(now);
@@ -43,38 +59,6 @@ impl TokenBucket {
         Err(Duration::from_secs_f64(
             (1.0 - self.tokens) / self.per_second,
         ))
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaitOutcome {
-    /// The predicate said the pod's cgroup is gone, after this long.
-    Gone(Duration),
-    /// Still there when the timeout ran out.
-    TimedOut(Duration),
-}
-
-/// Polls `is_gone` (e.g. "the pod's cgroup directory no longer exists") every `poll` until it
-/// says yes or `timeout` passes.
-pub async fn wait_until_gone<F, Fut>(
-    mut is_gone: F,
-    timeout: Duration,
-    poll: Duration,
-) -> WaitOutcome
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = tokio::time::Instant::now();
-    loop {
-        if is_gone().await {
-            return WaitOutcome::Gone(start.elapsed());
-        }
-        let elapsed = start.elapsed();
-        if elapsed >= timeout {
-            return WaitOutcome::TimedOut(elapsed);
-        }
-        tokio::time::sleep(poll.min(timeout - elapsed)).await;
     }
 }
 
@@ -116,26 +100,36 @@ mod tests {
         assert!(b.try_take(t0 - Duration::from_secs(50)).is_err());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn wait_returns_when_gone_or_at_timeout() {
-        let mut polls = 0;
-        let out = wait_until_gone(
-            || {
-                polls += 1;
-                let gone = polls >= 3;
-                async move { gone }
-            },
-            Duration::from_secs(30),
-            Duration::from_secs(1),
-        )
-        .await;
-        assert_eq!(out, WaitOutcome::Gone(Duration::from_secs(2)));
-        let out = wait_until_gone(
-            || async { false },
-            Duration::from_secs(5),
-            Duration::from_secs(2),
-        )
-        .await;
-        assert_eq!(out, WaitOutcome::TimedOut(Duration::from_secs(5)));
+    #[test]
+    fn refunds_and_new_rates_keep_what_is_held() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut b = TokenBucket::new(6, 1, t0);
+        assert!(b.try_take(t0).is_ok());
+        b.refund(t0);
+        assert!(
+            b.try_take(t0).is_ok(),
+            "a refunded token can be taken again"
+        );
+        assert!(b.try_take(t0).is_err());
+        b.reconfigure(60, 3, t0);
+        assert_eq!(
+            b.try_take(t0).map_err(|d| d.as_millis()),
+            Err(1000),
+            "no fresh burst from a reload: the next token comes at the new rate"
+        );
+        assert!(b.try_take(t0 + s(3)).is_ok());
+        assert!(b.try_take(t0 + s(3)).is_ok());
+        assert!(b.try_take(t0 + s(3)).is_ok(), "up to the new burst");
+        b.refund(t0 + s(3));
+        b.refund(t0 + s(3));
+        b.refund(t0 + s(3));
+        b.refund(t0 + s(3));
+        b.reconfigure(6, 1, t0 + s(3));
+        assert!(b.try_take(t0 + s(3)).is_ok());
+        assert!(
+            b.try_take(t0 + s(3)).is_err(),
+            "a smaller burst caps what is held"
+        );
     }
 }

@@ -131,6 +131,7 @@ impl TransportError {
 #[derive(Debug, Clone)]
 pub struct HttpResponse {
     pub status: StatusCode,
+    pub headers: http::HeaderMap,
     pub body: Vec<u8>,
 }
 
@@ -231,6 +232,7 @@ impl Transport {
         let fut = async {
             let response = self.open(req).await?;
             let status = response.status();
+            let headers = response.headers().clone();
             let body = response
                 .into_body()
                 .collect()
@@ -243,7 +245,11 @@ impl Transport {
                 })?
                 .to_bytes()
                 .to_vec();
-            Ok(HttpResponse { status, body })
+            Ok(HttpResponse {
+                status,
+                headers,
+                body,
+            })
         };
         tokio::time::timeout(timeout, fut)
             .await

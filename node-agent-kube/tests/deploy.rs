@@ -339,7 +339,15 @@ fn configmap_config_parses_with_the_agent_loader() {
     assert_eq!(config.pod_source, PodSourceKind::Kubelet);
     assert_eq!(config.node_name, "worker-1");
     assert!(!config.dry_run);
-    assert_eq!(config.exclusions.namespaces, ["kube-system", "node-agent"]);
+    assert_eq!(
+        config
+            .exclusions
+            .namespaces
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        ["kube-system", "node-agent"]
+    );
 
     // The eviction section carries the kubelet's field names.
     let whole: serde_json::Value = serde_yaml_ng::from_str(text).unwrap();

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::config::{EvictionConfig, Threshold};
-use crate::message::eviction_message;
+use crate::eligible::{Eligibility, PassReason};
+use crate::message::{eviction_message, OffendingContainer};
 use crate::observe::{NodeCapacity, Observations, PodInfo};
 use crate::quantity::{Quantity, NANOS};
 use crate::rank::rank;
@@ -57,17 +58,30 @@ pub struct Eviction {
     pub grace_period_seconds: i64,
     /// The kubelet's wording, for the pod's status and the event.
     pub message: String,
+    /// The containers the message names, with the usage it gives (the event's annotations).
+    pub offending_containers: Vec<OffendingContainer>,
     /// The threshold quantity at the observed capacity.
     pub threshold_quantity: Quantity,
     /// The observed available value.
     pub available: Quantity,
 }
 
-/// A pod passed over because the kubelet never evicts it.
+impl Eviction {
+    /// How the executor's reports name the pod (see [`PodInfo::id`]).
+    pub fn pod_id(&self) -> String {
+        self.uid
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}", self.namespace, self.name))
+    }
+}
+
+/// A pod ranked ahead of the evicted one (or of none) and passed over, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkippedPod {
+pub struct PassedOver {
     pub namespace: String,
     pub name: String,
+    pub uid: Option<String>,
+    pub reason: PassReason,
 }
 
 /// The outcome of one evaluation, as data for the executor.
@@ -82,8 +96,8 @@ pub struct Decision {
     pub reclaim: Option<Signal>,
     /// At most one pod to evict.
     pub evict: Option<Eviction>,
-    /// Critical pods ranked ahead of the evicted one (or of none) and passed over.
-    pub skipped_critical: Vec<SkippedPod>,
+    /// Pods ranked ahead of the evicted one (or of none) and passed over, in rank order.
+    pub passed_over: Vec<PassedOver>,
 }
 
 impl Decision {
@@ -93,6 +107,12 @@ impl Decision {
         signals.sort_by_key(|s| s.as_str());
         signals.dedup();
         signals
+    }
+
+    /// A threshold is past its grace period and no pod may be evicted for it: the kubelet's
+    /// "unable to evict any pods from the node".
+    pub fn no_evictable_pod(&self) -> bool {
+        self.reclaim.is_some() && self.evict.is_none()
     }
 }
 
@@ -111,12 +131,36 @@ fn is_met(threshold: &Threshold, observations: &Observations, enforce_min_reclai
     quantity > i128::from(observed.available) * NANOS
 }
 
-/// Evaluates the policy once. Pure: `now` is any monotonic time since a fixed epoch.
+/// Evaluates the policy once with every pod a candidate unless the kubelet deems it critical
+/// (`simulate`, benches). Pure: `now` is any monotonic time since a fixed epoch.
 pub fn evaluate(
     config: &EvictionConfig,
     node: &NodeCapacity,
     observations: &Observations,
     pods: &[PodInfo],
+    now: Duration,
+    state: &PolicyState,
+) -> (Decision, PolicyState) {
+    evaluate_among(
+        config,
+        node,
+        observations,
+        pods,
+        &Eligibility::default(),
+        now,
+        state,
+    )
+}
+
+/// Evaluates the policy once, choosing among the pods `eligibility` allows: pods passed over
+/// (critical, the agent's own, excluded, not evictable now) are skipped in rank order and the
+/// next-ranked pod is chosen in the same evaluation, as the kubelet moves past critical pods.
+pub fn evaluate_among(
+    config: &EvictionConfig,
+    node: &NodeCapacity,
+    observations: &Observations,
+    pods: &[PodInfo],
+    eligibility: &Eligibility,
     now: Duration,
     state: &PolicyState,
 ) -> (Decision, PolicyState) {
@@ -205,13 +249,17 @@ pub fn evaluate(
 
     for i in rank(pods, threshold.signal, node.has_imagefs) {
         let pod = &pods[i];
-        if pod.is_critical() {
-            decision.skipped_critical.push(SkippedPod {
+        if let Some(reason) = eligibility.check(pod) {
+            decision.passed_over.push(PassedOver {
                 namespace: pod.namespace.clone(),
                 name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                reason,
             });
             continue;
         }
+        let (message, offending_containers) =
+            eviction_message(resource, pod, Some((threshold_quantity, available)));
         decision.evict = Some(Eviction {
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),
@@ -220,7 +268,8 @@ pub fn evaluate(
             resource,
             hard: threshold.is_hard(),
             grace_period_seconds: grace_period_seconds(config, threshold, pod),
-            message: eviction_message(resource, pod, Some((threshold_quantity, available))),
+            message,
+            offending_containers,
             threshold_quantity,
             available,
         });

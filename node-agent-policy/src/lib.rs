@@ -1,11 +1,13 @@
 //! The eviction policy core (kubelet parity). Pure: no I/O, `now` is always an argument.
 //!
 //! Data flows one way: [`config::EvictionConfig`] and [`observe::Observations`] go into
-//! [`evaluate::evaluate`], which returns the thresholds met, the node conditions and at most
+//! [`evaluate::evaluate_among`] with the pods and which of them the agent may act on
+//! ([`eligible::Eligibility`]); it returns the thresholds met, the node conditions and at most
 //! one pod to evict as a [`evaluate::Decision`]. [`scenario::run`] replays a timeline through it.
 
 pub mod config;
 pub mod duration;
+pub mod eligible;
 pub mod evaluate;
 pub mod message;
 pub mod observe;
@@ -17,7 +19,14 @@ mod yaml;
 
 pub use config::{ConfigError, EvictionConfig, EvictionFlags, Threshold, ThresholdValue};
 pub use duration::{parse_go_duration, DurationError};
-pub use evaluate::{evaluate, Decision, Eviction, MetThreshold, PolicyState, SkippedPod};
+pub use eligible::{
+    Eligibility, Exclusions, LabelOperator, LabelRequirement, LabelSelector, NotEvictableNow,
+    PassReason,
+};
+pub use evaluate::{
+    evaluate, evaluate_among, Decision, Eviction, MetThreshold, PassedOver, PolicyState,
+};
+pub use message::OffendingContainer;
 pub use observe::{
     ContainerInfo, ContainerUsage, FsUsage, NodeCapacity, Observation, Observations, PodInfo,
     PodUsage, Resources,

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::eligible::PassReason;
 use crate::quantity::Quantity;
 use crate::signal::{Resource, Signal};
 
@@ -97,6 +98,11 @@ pub struct PodInfo {
     pub namespace: String,
     pub name: String,
     pub uid: Option<String>,
+    /// `metadata.labels`, for the exclusions' label selector.
+    pub labels: BTreeMap<String, String>,
+    /// Deletion was requested (`metadata.deletionTimestamp` is set): the pod is on its way out
+    /// and is never chosen again.
+    pub terminating: bool,
     /// `spec.priority`; 0 when unset.
     pub priority: i32,
     /// A static pod (from a manifest file on the node).
@@ -114,7 +120,28 @@ impl PodInfo {
     /// The kubelet's `IsCriticalPod`: static, mirror, or priority at or above
     /// [`SYSTEM_CRITICAL_PRIORITY`]. Critical pods are never evicted.
     pub fn is_critical(&self) -> bool {
-        self.is_static || self.is_mirror || self.priority >= SYSTEM_CRITICAL_PRIORITY
+        self.critical_reason().is_some()
+    }
+
+    /// Which of the kubelet's critical-pod rules applies, if any.
+    pub fn critical_reason(&self) -> Option<PassReason> {
+        if self.is_static {
+            Some(PassReason::Static)
+        } else if self.is_mirror {
+            Some(PassReason::Mirror)
+        } else if self.priority >= SYSTEM_CRITICAL_PRIORITY {
+            Some(PassReason::CriticalPriority)
+        } else {
+            None
+        }
+    }
+
+    /// How the executor's reports name the pod: its UID, else `namespace/name` (standalone
+    /// workloads have no UID).
+    pub fn id(&self) -> String {
+        self.uid
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}", self.namespace, self.name))
     }
 
     /// Sum of the containers' requests for `resource`, in nano-units (0 when none).

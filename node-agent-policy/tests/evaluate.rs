@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use node_agent_policy::{
-    evaluate, ContainerInfo, ContainerUsage, Decision, EvictionConfig, FsUsage, NodeCapacity,
-    NodeCondition, Observation, Observations, PodInfo, PodUsage, PolicyState, Resources, Signal,
+    evaluate, evaluate_among, ContainerInfo, ContainerUsage, Decision, Eligibility, EvictionConfig,
+    FsUsage, NodeCapacity, NodeCondition, NotEvictableNow, Observation, Observations, PassReason,
+    PodInfo, PodUsage, PolicyState, Resources, Signal,
 };
 
 const MI: i64 = 1 << 20;
@@ -504,7 +505,7 @@ fn selection() {
             "{behaviour}: the next ranked pod is chosen in the same evaluation"
         );
         assert_eq!(
-            d.skipped_critical.len(),
+            d.passed_over.len(),
             usize::from(expected == Some("next")),
             "{behaviour}"
         );
@@ -515,6 +516,168 @@ fn selection() {
         (d.reclaim, evicted(d)),
         (Some(MEM), None),
         "only critical pods: none evicted"
+    );
+    assert!(d.no_evictable_pod(), "and the decision says so");
+}
+
+/// One evaluation among the pods the agent may act on: ranked "top" (far over its request),
+/// "middle", then "last" (within its request).
+fn among(eligibility: &Eligibility, tweak: &dyn Fn(&mut Vec<PodInfo>)) -> Decision {
+    let mut pods = vec![
+        pod("top", 0, 6 * GI, Some("1Gi")),
+        pod("middle", 0, 3 * GI, Some("1Gi")),
+        pod("last", 0, 512 * MI, Some("1Gi")),
+    ];
+    for p in &mut pods {
+        p.uid = Some(format!("uid-{}", p.name));
+        p.labels = [("app".to_string(), p.name.clone())].into_iter().collect();
+    }
+    tweak(&mut pods);
+    let c = config("evictionHard: {memory.available: 500Mi}");
+    let (d, _) = evaluate_among(
+        &c,
+        &node(),
+        &observe(&[(MEM, 100 * MI)]),
+        &pods,
+        eligibility,
+        Duration::ZERO,
+        &PolicyState::default(),
+    );
+    d
+}
+
+#[test]
+fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
+    let excluding = |yaml: &str| Eligibility {
+        exclusions: serde_yaml_ng::from_str(yaml).unwrap(),
+        ..Eligibility::default()
+    };
+    let not_now = |entries: &[(&str, NotEvictableNow)]| Eligibility {
+        not_evictable_now: entries.iter().map(|(id, n)| (id.to_string(), *n)).collect(),
+        ..Eligibility::default()
+    };
+    let none = |_: &mut Vec<PodInfo>| {};
+    type Tweak = fn(&mut Vec<PodInfo>);
+    type Row<'a> = (
+        &'a str,
+        Eligibility,
+        Tweak,
+        &'a str,
+        Vec<(&'a str, PassReason)>,
+    );
+    let rows: Vec<Row> = vec![
+        ("every pod a candidate: the top one", Eligibility::default(), none, "top", vec![]),
+        (
+            "top pod in an excluded namespace",
+            excluding("{namespaces: [kube-system]}"),
+            |p| p[0].namespace = "kube-system".into(),
+            "middle",
+            vec![("top", PassReason::ExcludedNamespace)],
+        ),
+        (
+            "top pod matches the excluding label selector",
+            excluding("{label_selector: {match_labels: {app: top}}}"),
+            none,
+            "middle",
+            vec![("top", PassReason::ExcludedByLabelSelector)],
+        ),
+        (
+            "top pod is the agent's own",
+            Eligibility {
+                own_pod: Some(("default".into(), "top".into())),
+                ..Eligibility::default()
+            },
+            none,
+            "middle",
+            vec![("top", PassReason::OwnPod)],
+        ),
+        (
+            "top pod blocked by its disruption budget",
+            not_now(&[("uid-top", NotEvictableNow::BlockedByDisruptionBudget)]),
+            none,
+            "middle",
+            vec![("top", PassReason::NotEvictableNow(NotEvictableNow::BlockedByDisruptionBudget))],
+        ),
+        (
+            "top pod refused, middle failed: the last one",
+            not_now(&[
+                ("uid-top", NotEvictableNow::Refused),
+                ("uid-middle", NotEvictableNow::Failed),
+            ]),
+            none,
+            "last",
+            vec![
+                ("top", PassReason::NotEvictableNow(NotEvictableNow::Refused)),
+                ("middle", PassReason::NotEvictableNow(NotEvictableNow::Failed)),
+            ],
+        ),
+        (
+            "top pod evicted already and still terminating",
+            not_now(&[("uid-top", NotEvictableNow::Terminating)]),
+            none,
+            "middle",
+            vec![("top", PassReason::NotEvictableNow(NotEvictableNow::Terminating))],
+        ),
+        (
+            "top pod's deletion requested (deletionTimestamp)",
+            Eligibility::default(),
+            |p| p[0].terminating = true,
+            "middle",
+            vec![("top", PassReason::NotEvictableNow(NotEvictableNow::Terminating))],
+        ),
+        (
+            "a critical pod and an excluded one ahead of the candidate, in rank order",
+            excluding("{label_selector: {match_expressions: [{key: app, operator: In, values: [middle]}]}}"),
+            |p| p[0].is_static = true,
+            "last",
+            vec![("top", PassReason::Static), ("middle", PassReason::ExcludedByLabelSelector)],
+        ),
+        (
+            "a pod ranked below the chosen one is not listed as passed over",
+            not_now(&[("uid-last", NotEvictableNow::Refused)]),
+            none,
+            "top",
+            vec![],
+        ),
+    ];
+    for (behaviour, eligibility, tweak, want, want_passed) in rows {
+        let d = among(&eligibility, &tweak);
+        assert_eq!(evicted(&d), Some(want), "{behaviour}");
+        let passed: Vec<(&str, PassReason)> = d
+            .passed_over
+            .iter()
+            .map(|p| (p.name.as_str(), p.reason))
+            .collect();
+        assert_eq!(passed, want_passed, "{behaviour}");
+        assert!(!d.no_evictable_pod(), "{behaviour}");
+    }
+}
+
+#[test]
+fn no_evictable_pod_is_a_decision_of_its_own() {
+    let all_out = Eligibility {
+        exclusions: serde_yaml_ng::from_str("{namespaces: [default]}").unwrap(),
+        ..Eligibility::default()
+    };
+    let d = among(&all_out, &|_| {});
+    assert_eq!(d.reclaim, Some(MEM));
+    assert_eq!(evicted(&d), None);
+    assert!(d.no_evictable_pod());
+    let names: Vec<&str> = d.passed_over.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["top", "middle", "last"], "every pod, in rank order");
+    assert!(d
+        .passed_over
+        .iter()
+        .all(|p| p.reason == PassReason::ExcludedNamespace && p.uid.is_some()));
+
+    let calm = timeline(
+        &config("evictionHard: {memory.available: 500Mi}"),
+        &[],
+        &[(0, &[(MEM, 5 * GI)])],
+    );
+    assert!(
+        !calm[0].no_evictable_pod(),
+        "no threshold met: nothing to say"
     );
 }
 
@@ -592,7 +755,14 @@ fn eviction_messages_match_the_kubelet_wording() {
         usage: None,
         ..pod("no-stats", 0, 0, Some("1Gi"))
     };
-    type Row<'a> = (&'a str, &'a str, PodInfo, &'a [(Signal, i64)], &'a str);
+    type Row<'a> = (
+        &'a str,
+        &'a str,
+        PodInfo,
+        &'a [(Signal, i64)],
+        &'a str,
+        &'a [(&'a str, &'a str)],
+    );
     let rows: Vec<Row> = vec![
         (
             "memory: threshold, available and each container above its request",
@@ -600,6 +770,7 @@ fn eviction_messages_match_the_kubelet_wording() {
             pod("web", 0, 1536 * MI, Some("1Gi")),
             &[(MEM, 400 * MI)],
             "The node was low on resource: memory. Threshold quantity: 500Mi, available: 400Mi. Container app was using 1536Mi, request is 1Gi, has larger consumption of memory. ",
+            &[("app", "1536Mi")],
         ),
         (
             "a container without a request is reported with request 0",
@@ -607,6 +778,7 @@ fn eviction_messages_match_the_kubelet_wording() {
             two,
             &[(MEM, 400 * MI)],
             "The node was low on resource: memory. Threshold quantity: 500Mi, available: 400Mi. Container app was using 3Gi, request is 1Gi, has larger consumption of memory. Container sidecar was using 100Mi, request is 0, has larger consumption of memory. ",
+            &[("app", "3Gi"), ("sidecar", "100Mi")],
         ),
         (
             "containers within their request are not named",
@@ -614,6 +786,7 @@ fn eviction_messages_match_the_kubelet_wording() {
             within,
             &[(MEM, 400 * MI)],
             "The node was low on resource: memory. Threshold quantity: 500Mi, available: 400Mi. ",
+            &[],
         ),
         (
             "a pod without stats gets no container lines",
@@ -621,6 +794,7 @@ fn eviction_messages_match_the_kubelet_wording() {
             no_stats,
             &[(MEM, 400 * MI)],
             "The node was low on resource: memory. Threshold quantity: 500Mi, available: 400Mi. ",
+            &[],
         ),
         (
             "percentage thresholds print the quantity the kubelet computes",
@@ -628,6 +802,7 @@ fn eviction_messages_match_the_kubelet_wording() {
             pod("web", 0, 0, None),
             &[(Signal::NodeFsInodesFree, 1000)],
             "The node was low on resource: inodes. Threshold quantity: 50000, available: 1k. ",
+            &[],
         ),
         (
             "pids",
@@ -635,11 +810,25 @@ fn eviction_messages_match_the_kubelet_wording() {
             pod("web", 0, 0, None),
             &[(Signal::PidAvailable, 900)],
             "The node was low on resource: pids. Threshold quantity: 1k, available: 900. ",
+            &[],
         ),
     ];
-    for (behaviour, yaml, pod, signals, expected) in rows {
+    for (behaviour, yaml, pod, signals, expected, offending) in rows {
         let d = &timeline(&config(yaml), &[pod], &[(0, signals)])[0];
         let eviction = d.evict.as_ref().expect(behaviour);
         assert_eq!(eviction.message, expected, "{behaviour}");
+        let named: Vec<(String, String)> = eviction
+            .offending_containers
+            .iter()
+            .map(|c| (c.name.clone(), c.usage.to_string()))
+            .collect();
+        let want: Vec<(String, String)> = offending
+            .iter()
+            .map(|(n, u)| (n.to_string(), u.to_string()))
+            .collect();
+        assert_eq!(
+            named, want,
+            "{behaviour}: the annotations name what the message names"
+        );
     }
 }

@@ -30,9 +30,9 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Run(args) => node_agent::daemon::run(args),
-        Command::Trace(args) => node_agent::trace::run(args),
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
+        Command::Run(args) => node_agent::daemon::run(args).map_err(Into::into),
+        Command::Trace(args) => node_agent::trace::run(args).map_err(Into::into),
         // Its own exit codes: 2 for an invalid scenario, as for any other bad input.
         Command::Simulate(args) => {
             return match node_agent::simulate::run(&args) {
@@ -47,15 +47,15 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("node-agent: {}", error_chain(&e));
+            eprintln!("node-agent: {}", error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
 }
 
 /// One line: the error and its causes, so an operator sees the root cause without a backtrace.
-fn error_chain(e: &anyhow::Error) -> String {
-    e.chain()
+fn error_chain(e: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(e), |e| e.source())
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(": ")

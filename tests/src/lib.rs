@@ -470,6 +470,9 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// The daemon's end-to-end harness: a fake cluster whose pods and answers a test sets, and the
+/// daemon as a subprocess to wait on.
+pub mod cluster;
 /// A real containerd for the CRI tests, started and removed by the test.
 pub mod containerd;
 /// OCI image tars written by the tests.

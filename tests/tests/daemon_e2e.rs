@@ -1,5 +1,7 @@
 //! `node-agent run` end to end: real cgroups in the kubelet's layout, real memory pressure, the
-//! real kernel, and a fake kubelet/API server speaking HTTPS and the real JSON.
+//! real kernel, and a fake kubelet/API server speaking HTTPS and the real JSON, as strict as the
+//! API server (every test ends with nothing refused). Tests wait on what the daemon does (its
+//! requests, logs, live stream, metrics), never on fixed sleeps.
 
 use std::{
     path::{Path, PathBuf},
@@ -7,263 +9,198 @@ use std::{
     time::{Duration, Instant},
 };
 
-use node_agent_kube::fake::{Fake, Reply, Seen};
+use node_agent_kube::fake::{Fake, Reply};
 use node_agent_tests::{
-    move_into, require_root, scaled, set_memory_limit, time_scale, AgentProcess, Helper, TestCgroup,
+    cluster::{
+        attach_trace, free_port, monotonic_ns, next_record, responder, wait_until, ClusterState,
+        Config, Daemon, PodSpec, SharedCluster,
+    },
+    move_into, require_root, scaled, set_memory_limit, time_scale, AgentProcess, Helper,
+    TestCgroup,
 };
-use serde_json::{json, Value};
 
 const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
 const HOG_UID: &str = "1b4e28ba-2fa1-11d2-883f-0016d3cca427";
 const CALM_UID: &str = "6ba7b810-9dad-11d1-80b4-00c04fd430c8";
-const NODE: &str = "test-node";
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes only `ts`.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+/// How long a test waits for what the daemon does: 10 s, scaled under emulation (the VM tests).
+fn wait() -> Duration {
+    scaled(Duration::from_secs(10))
 }
 
-fn pod(name: &str, uid: &str, memory_request: &str, container_id: &str) -> Value {
-    json!({
-        "metadata": {"name": name, "namespace": "shop", "uid": uid,
-                     "annotations": {"kubernetes.io/config.source": "api"}},
-        "spec": {"nodeName": NODE, "priority": 0, "terminationGracePeriodSeconds": 30,
-                 "containers": [{"name": "app", "image": "app:1",
-                                 "resources": {"requests": {"memory": memory_request}}}]},
-        "status": {"phase": "Running", "qosClass": "Burstable",
-                   "containerStatuses": [{"name": "app", "containerID": format!("containerd://{container_id}"),
-                                          "ready": true, "restartCount": 0, "image": "app:1", "imageID": ""}]}
-    })
+/// hog: far over its 16Mi request (ranked first); calm: within its 512Mi request.
+fn hog() -> PodSpec {
+    PodSpec::new("shop", "hog", HOG_UID, "16Mi", 'a')
 }
 
-/// The fake cluster: the kubelet's /pods and /stats/summary, and the API server's eviction,
-/// events and node endpoints. Eviction requests are stamped with CLOCK_MONOTONIC on arrival.
-fn cluster(
-    evictions: Arc<Mutex<Vec<(String, u64)>>>,
-) -> impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static {
-    move |seen: &Seen, _| {
-        let path = seen.path.split('?').next().unwrap_or("");
-        match (seen.method.as_str(), path) {
-            ("GET", "/pods") => Reply::json(
-                200,
-                json!({"kind": "PodList", "apiVersion": "v1", "metadata": {},
-                       "items": [pod("hog", HOG_UID, "16Mi", &"a".repeat(64)), pod("calm", CALM_UID, "512Mi", &"b".repeat(64))]})
-                .to_string(),
-            ),
-            ("GET", "/stats/summary") => Reply::json(200, json!({"node": {"nodeName": NODE}, "pods": []}).to_string()),
-            ("POST", p) if p.ends_with("/eviction") => {
-                evictions.lock().unwrap().push((p.to_string(), monotonic_ns()));
-                Reply::json(201, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}).to_string())
-            }
-            ("POST", p) if p.contains("/events") => Reply::json(201, seen.body.to_string()),
-            ("GET", p) if p == format!("/api/v1/nodes/{NODE}") => Reply::json(
-                200,
-                json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}, "status": {"conditions": []}}).to_string(),
-            ),
-            ("PATCH", _) => Reply::json(200, json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}}).to_string()),
-            _ => Reply::status(404, "NotFound", "not served by the fake"),
-        }
-    }
+fn calm() -> PodSpec {
+    PodSpec::new("shop", "calm", CALM_UID, "512Mi", 'b')
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Setup {
+/// One test's world: the fake cluster, its pods' cgroups below a test node cgroup, the
+/// config file and the daemon. Everything goes on drop.
+struct World {
+    state: SharedCluster,
+    fake: Fake,
     node: TestCgroup,
-    hog_dir: PathBuf,
-    calm_dir: PathBuf,
     dir: PathBuf,
     config: PathBuf,
     socket: PathBuf,
     port: u16,
+    pods: Vec<(PodSpec, PathBuf)>,
+    _rt: tokio::runtime::Runtime,
 }
 
-/// Cgroups in the kubelet's cgroupfs layout below a test "node" cgroup, and a config file.
-fn setup(fake: &Fake, label: &str) -> anyhow::Result<Setup> {
-    let node = TestCgroup::new(label)?;
-    let hog_dir = node.child(&format!(
-        "kubepods/burstable/pod{HOG_UID}/{}",
-        "a".repeat(64)
-    ))?;
-    let calm_dir = node.child(&format!(
-        "kubepods/burstable/pod{CALM_UID}/{}",
-        "b".repeat(64)
-    ))?;
-    let dir = std::env::temp_dir().join(format!("node-agent-e2e-{label}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let socket = dir.join("trace.sock");
-    let port = free_port();
-    let config = dir.join("config.yaml");
-    std::fs::write(&config, config_text(fake, &node, &socket, port, "824Mi"))?;
-    Ok(Setup {
-        node,
-        hog_dir,
-        calm_dir,
-        dir,
-        config,
-        socket,
-        port,
-    })
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
-/// Node capacity 1Gi and memory.available<824Mi: the node crosses once its pods use 200Mi.
-fn config_text(
-    fake: &Fake,
-    node: &TestCgroup,
-    socket: &Path,
-    port: u16,
-    threshold: &str,
-) -> String {
-    format!(
-        "eviction:\n  evictionHard: {{memory.available: {threshold}}}\n\
-         kubernetes:\n  pod_source: kubelet\n  node_name: {NODE}\n  kubelet: {{url: '{url}', ca_file: '{ca}'}}\n  \
-         api_server: {{url: '{url}', ca_file: '{ca}'}}\n  token_path: '{token}'\n  evictions_per_minute: 60\n\
-         agent:\n  listen: '127.0.0.1:{port}'\n  trace_socket: '{socket}'\n  node_cgroup: '{cg}'\n  memory_capacity: 1Gi\n  \
-         resync_interval: 60s\n  pod_refresh_interval: 500ms\n  fork_limit: 0\n",
-        url = fake.url(),
-        ca = fake.pki.ca_file.display(),
-        token = fake.token_file.display(),
-        socket = socket.display(),
-        cg = node.cgroup_path(),
-    )
-}
+impl World {
+    fn new(label: &str, pods: &[PodSpec]) -> anyhow::Result<World> {
+        let rt = tokio::runtime::Runtime::new()?;
+        let state = SharedCluster::default();
+        state.lock().unwrap().pods = pods.iter().map(PodSpec::json).collect();
+        let fake = rt.block_on(Fake::start(responder(state.clone())));
+        let node = TestCgroup::new(label)?;
+        let pods = pods
+            .iter()
+            .map(|p| Ok((p.clone(), p.cgroup(&node)?)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let dir =
+            std::env::temp_dir().join(format!("node-agent-e2e-{label}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(World {
+            socket: dir.join("trace.sock"),
+            config: dir.join("config.yaml"),
+            port: free_port()?,
+            state,
+            fake,
+            node,
+            dir,
+            pods,
+            _rt: rt,
+        })
+    }
 
-/// The daemon as a subprocess, with the log lines seen so far. Killed on drop.
-struct Agent {
-    process: AgentProcess,
-    seen_log: Vec<String>,
-}
-
-impl Agent {
-    fn start(config: &Path) -> anyhow::Result<Agent> {
-        let process =
-            AgentProcess::spawn(&["run".as_ref(), "--config".as_ref(), config.as_os_str()])?;
-        let mut agent = Agent {
-            process,
-            seen_log: Vec::new(),
+    /// The config with the test's `kubernetes:` and `agent:` lines; evictions paced at 60 a
+    /// minute unless the test says otherwise.
+    fn config(&self, kube: &str, agent: &str) -> String {
+        let kube = if kube.contains("evictions_per_minute") {
+            kube.to_string()
+        } else {
+            format!("  evictions_per_minute: 60\n{kube}")
         };
-        agent.wait_log("node-agent running", scaled(Duration::from_secs(20)))?;
-        Ok(agent)
+        Config {
+            fake: &self.fake,
+            node: &self.node,
+            socket: &self.socket,
+            port: self.port,
+            threshold: "824Mi",
+            kube: &kube,
+            agent,
+        }
+        .text()
     }
 
-    fn wait_log(&mut self, needle: &str, limit: Duration) -> anyhow::Result<String> {
-        let deadline = Instant::now() + limit;
-        if let Some(line) = self.seen_log.iter().find(|l| l.contains(needle)) {
-            return Ok(line.clone());
-        }
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.process.log.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen_log.push(line.clone());
-                    if line.contains(needle) {
-                        return Ok(line);
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        anyhow::bail!("the agent did not log {needle:?} within {limit:?}")
+    fn start(&self, kube: &str, agent: &str) -> anyhow::Result<Daemon> {
+        std::fs::write(&self.config, self.config(kube, agent))?;
+        let daemon = Daemon::start(&self.config, self.port)?;
+        // The pods are known once the kubelet was asked twice since start.
+        let lists = self.cluster().pod_lists;
+        wait_until(wait(), "two pod list fetches", || {
+            self.cluster().pod_lists >= lists + 2
+        })?;
+        Ok(daemon)
     }
-}
 
-/// `node-agent trace` attached to the daemon's socket.
-fn attach_trace(socket: &Path) -> anyhow::Result<AgentProcess> {
-    AgentProcess::spawn(&[
-        "trace".as_ref(),
-        "--output".as_ref(),
-        "json".as_ref(),
-        "--socket".as_ref(),
-        socket.as_os_str(),
-    ])
-}
+    fn reload(&self, daemon: &mut Daemon, kube: &str, agent: &str) -> anyhow::Result<()> {
+        let before = daemon.log_count("config reloaded");
+        std::fs::write(&self.config, self.config(kube, agent))?;
+        daemon.process.signal(libc::SIGHUP);
+        daemon.wait_logs("config reloaded", before + 1, wait())?;
+        Ok(())
+    }
 
-fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
-    use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(scaled(Duration::from_secs(5))))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
+    fn cluster(&self) -> std::sync::MutexGuard<'_, ClusterState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn dir_of(&self, name: &str) -> &Path {
+        &self
+            .pods
+            .iter()
+            .find(|(p, _)| p.name == name)
+            .expect("a pod of this world")
+            .1
+    }
+
+    /// A helper holding `mib` MiB in the named pod's container cgroup.
+    fn load(&self, name: &str, mib: u32) -> anyhow::Result<Helper> {
+        let mut helper = Helper::spawn(MEM_HELPER, &["hold".into(), mib.to_string()])?;
+        move_into(self.dir_of(name), helper.pid())?;
+        helper.go()?;
+        anyhow::ensure!(
+            helper.read_line()? == "held",
+            "the helper in {name} did not hold its memory"
+        );
+        Ok(helper)
+    }
+
+    /// The paths of eviction requests so far.
+    fn evictions(&self) -> Vec<(String, u16)> {
+        self.cluster()
+            .evictions()
+            .iter()
+            .map(|a| (a.path.clone(), a.status))
+            .collect()
+    }
+
+    fn assert_nothing_refused(&self) {
+        assert!(
+            self.fake.rejected().is_empty(),
+            "the API server would have refused: {:?}",
+            self.fake.rejected()
+        );
+    }
 }
 
 #[test]
-fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_within_100ms() -> anyhow::Result<()> {
+fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_with_the_decisions_own_figures(
+) -> anyhow::Result<()> {
     require_root();
-    let rt = tokio::runtime::Runtime::new()?;
-    let evictions = Arc::new(Mutex::new(Vec::new()));
-    let fake = rt.block_on(Fake::start(cluster(evictions.clone())));
-    let s = setup(&fake, "e2e-evict")?;
-    let mut agent = Agent::start(&s.config)?;
-    let trace = attach_trace(&s.socket)?;
-    std::thread::sleep(Duration::from_millis(1500)); // pods fetched, trace attached
+    let w = World::new("e2e-evict", &[hog(), calm()])?;
+    let daemon = w.start("", "")?;
+    let trace = attach_trace(&w.socket, &[])?;
+    let evictions_only = attach_trace(&w.socket, &["--kind", "eviction"])?;
 
-    // calm: 120Mi, well under its 512Mi request; hog: 100Mi, far over its 16Mi request.
-    // Together they take the node past 200Mi used: memory.available < 824Mi.
-    let mut calm = Helper::spawn(MEM_HELPER, &["hold".into(), "120".into()])?;
-    move_into(&s.calm_dir, calm.pid())?;
-    calm.go()?;
-    assert_eq!(calm.read_line()?, "held");
-    std::thread::sleep(Duration::from_millis(300));
+    let _calm = w.load("calm", 120)?;
     assert!(
-        evictions.lock().unwrap().is_empty(),
+        w.evictions().is_empty(),
         "no eviction before the threshold is crossed"
     );
-    let mut hog = Helper::spawn(MEM_HELPER, &["hold".into(), "100".into()])?;
-    move_into(&s.hog_dir, hog.pid())?;
-    hog.go()?;
-    assert_eq!(hog.read_line()?, "held");
-    std::thread::sleep(Duration::from_secs(2));
+    let _hog = w.load("hog", 100)?;
+    wait_until(wait(), "the eviction request", || !w.evictions().is_empty())?;
+    let request_at = w.cluster().evictions()[0].at_ns;
 
-    let evicted = evictions.lock().unwrap().clone();
-    assert_eq!(evicted.len(), 1, "exactly one eviction: {evicted:?}");
-    assert_eq!(
-        evicted[0].0, "/api/v1/namespaces/shop/pods/hog/eviction",
-        "the pod over its request goes first"
-    );
-    let request_at = evicted[0].1;
-
-    // The trace client saw the kernel's crossing and the eviction.
-    let mut crossing_ktime = None;
-    let mut eviction = None;
-    let deadline = Instant::now() + scaled(Duration::from_secs(3));
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        let Ok(v) = trace.json.recv_timeout(left) else {
-            break;
-        };
+    let mut crossing = None;
+    let eviction = loop {
+        let v = trace.json.recv_timeout(wait())?;
         match v["kind"].as_str() {
-            Some("memory_threshold") if v["direction"] == "up" && crossing_ktime.is_none() => {
-                crossing_ktime = v["ktime_ns"].as_u64();
+            Some("memory_threshold") if v["direction"] == "up" && crossing.is_none() => {
+                crossing = v["ktime_ns"].as_u64()
             }
-            Some("eviction") => {
-                eviction = Some(v);
-                break;
-            }
+            Some("eviction") => break v,
             _ => {}
         }
-    }
-    let crossing = crossing_ktime.expect("trace saw the memory_threshold crossing");
-    let eviction = eviction.expect("trace saw the eviction");
+    };
+    let crossing = crossing.expect("trace saw the memory_threshold crossing");
     assert_eq!(
         (eviction["name"].as_str(), eviction["result"].as_str()),
         (Some("hog"), Some("evicted"))
     );
     assert_eq!(eviction["signal"], "memory.available");
-    let latency_ms = (request_at.saturating_sub(crossing)) as f64 / 1e6;
+    let latency_ms = request_at.saturating_sub(crossing) as f64 / 1e6;
     eprintln!("kernel crossing → eviction request: {latency_ms:.2} ms");
     assert!(request_at > crossing, "the request follows the crossing");
     // A latency figure means something on hardware only: under emulation (`time_scale` > 1,
@@ -275,130 +212,441 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_within_100ms() -> 
         );
     }
 
-    let metrics = http_get(s.port, "/metrics")?;
-    assert!(
-        metrics.contains(
-            r#"node_agent_evictions_total{signal="memory.available",result="evicted"} 1"#
-        ),
-        "evictions are counted: {metrics}"
+    // `trace --kind eviction` shows the eviction and nothing else.
+    let only = evictions_only.json.recv_timeout(wait())?;
+    assert_eq!(
+        (only["kind"].as_str(), only["name"].as_str()),
+        (Some("eviction"), Some("hog"))
     );
-    drop(trace);
-    hog.go().ok();
-    calm.go().ok();
-    agent.process.signal(libc::SIGTERM);
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = agent.process.child.try_wait()? {
-            break status;
-        }
-        assert!(
-            started.elapsed() < scaled(Duration::from_secs(2)),
-            "the agent exits within 2 s of SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(10));
+
+    // The pod's event carries the decision's own figures and the per-container sentence.
+    wait_until(wait(), "the Evicted event", || {
+        w.cluster()
+            .answered
+            .iter()
+            .any(|a| a.body["reason"] == "Evicted")
+    })?;
+    let event = w
+        .cluster()
+        .answered
+        .iter()
+        .find(|a| a.body["reason"] == "Evicted")
+        .cloned()
+        .unwrap();
+    let message = eviction["message"].as_str().unwrap();
+    assert_eq!(
+        event.body["note"], message,
+        "the event's note is the decision's message"
+    );
+    let threshold = node_agent_policy::Quantity::from_int(
+        eviction["threshold"].as_i64().unwrap(),
+        node_agent_policy::Format::BinarySi,
+    );
+    let available = node_agent_policy::Quantity::from_int(
+        eviction["observed"].as_i64().unwrap(),
+        node_agent_policy::Format::BinarySi,
+    );
+    assert!(
+        message.contains(&format!(
+            "Threshold quantity: {threshold}, available: {available}. "
+        )),
+        "{message}"
+    );
+    let usage = event.body["metadata"]["annotations"]["offending_containers_usage"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        event.body["metadata"]["annotations"]["offending_containers"],
+        "app"
+    );
+    assert!(
+        message.contains(&format!(
+            "Container app was using {usage}, request is 16Mi, has larger consumption of memory. "
+        )),
+        "{message}"
+    );
+    // The usage is the pod's own container figure at the decision: above its request, and
+    // within what the decision saw the node use.
+    let used = usage.parse::<node_agent_policy::Quantity>()?.value();
+    let node_used = (1i64 << 30) - eviction["observed"].as_i64().unwrap();
+    assert!(
+        used > 16 << 20 && used <= node_used,
+        "{usage} of a node using {node_used} bytes"
+    );
+
+    assert_eq!(
+        w.evictions().len(),
+        1,
+        "exactly one eviction: {:?}",
+        w.evictions()
+    );
+    assert_eq!(
+        daemon
+            .metric("node_agent_evictions_total{signal=\"memory.available\",result=\"evicted\"}")?,
+        Some(1.0)
+    );
+    w.assert_nothing_refused();
+    drop((trace, evictions_only));
+    daemon.stop()
+}
+
+#[test]
+fn an_excluded_top_pod_is_passed_over_and_the_next_is_evicted_in_the_same_evaluation(
+) -> anyhow::Result<()> {
+    require_root();
+    let batch_hog = PodSpec {
+        namespace: "batch".into(),
+        ..hog()
     };
-    assert!(status.success(), "exit 0 on SIGTERM: {status}");
-    let _ = std::fs::remove_dir_all(&s.dir);
-    drop(s.node);
-    Ok(())
+    let w = World::new("e2e-excluded", &[batch_hog, calm()])?;
+    let daemon = w.start("  exclusions: {namespaces: [batch]}\n", "")?;
+    let trace = attach_trace(&w.socket, &[])?;
+    let _calm = w.load("calm", 120)?;
+    let _hog = w.load("hog", 100)?;
+    let eviction = next_record(&trace, "eviction", wait())?;
+    assert_eq!(
+        (eviction["name"].as_str(), eviction["result"].as_str()),
+        (Some("calm"), Some("evicted"))
+    );
+    assert!(
+        eviction["trigger_ktime_ns"].as_u64().is_some(),
+        "decided on the kernel's crossing itself: {eviction}"
+    );
+    let evictions = w.evictions();
+    assert_eq!(
+        evictions,
+        [(calm().eviction_path(), 201)],
+        "no request names the excluded pod"
+    );
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+#[test]
+fn a_disruption_budget_429_moves_on_to_the_next_pod_and_leaves_the_blocked_one_alone(
+) -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("e2e-pdb", &[hog(), calm()])?;
+    w.cluster().evict_reply = Some(Arc::new(|name: &str| {
+        if name == "hog" {
+            Reply::pdb_blocked("hog-budget")
+        } else {
+            Reply::json(
+                201,
+                r#"{"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}"#,
+            )
+        }
+    }));
+    let daemon = w.start("  pdb_policy: respect\n", "")?;
+    let trace = attach_trace(&w.socket, &[])?;
+    let _calm = w.load("calm", 120)?;
+    let _hog = w.load("hog", 100)?;
+    let blocked = next_record(&trace, "eviction", wait())?;
+    assert_eq!(
+        (blocked["name"].as_str(), blocked["result"].as_str()),
+        (Some("hog"), Some("blocked_by_pdb"))
+    );
+    assert!(
+        blocked["reason"].as_str().unwrap().contains("hog-budget"),
+        "{blocked}"
+    );
+    let next = next_record(&trace, "eviction", wait())?;
+    assert_eq!(
+        (next["name"].as_str(), next["result"].as_str()),
+        (Some("calm"), Some("evicted"))
+    );
+    // Several more evaluations under pressure: the blocked pod is left alone.
+    daemon.wait_evaluations(10.0, wait())?;
+    assert_eq!(
+        w.evictions(),
+        [(hog().eviction_path(), 429), (calm().eviction_path(), 201)]
+    );
+    assert!(
+        w.cluster().answered.iter().all(|a| a.method != "DELETE"),
+        "respect never deletes"
+    );
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+#[test]
+fn after_an_api_outage_the_next_eviction_follows_within_a_second() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("e2e-outage", &[hog(), calm()])?;
+    let back = Arc::new(Mutex::new(false));
+    w.cluster().evict_reply = Some(Arc::new({
+        let back = back.clone();
+        move |_: &str| {
+            if *back.lock().unwrap() {
+                Reply::json(
+                    201,
+                    r#"{"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}"#,
+                )
+            } else {
+                Reply::status(503, "ServiceUnavailable", "the API server is restarting")
+            }
+        }
+    }));
+    let daemon = w.start(
+        "  evictions_per_minute: 600\n  retry: {attempts: 2, initial_backoff_millis: 50, max_backoff_millis: 100}
+",
+        "",
+    )?;
+    let _calm = w.load("calm", 120)?;
+    let _hog = w.load("hog", 100)?;
+    // The outage: several attempts fail (each one tried twice).
+    wait_until(wait(), "four failed eviction requests", || {
+        w.evictions().iter().filter(|(_, s)| *s == 503).count() >= 4
+    })?;
+    let api_back = monotonic_ns();
+    *back.lock().unwrap() = true;
+    wait_until(wait(), "an eviction once the API is back", || {
+        w.evictions().iter().any(|(_, s)| *s == 201)
+    })?;
+    let evicted_at = w
+        .cluster()
+        .evictions()
+        .iter()
+        .find(|a| a.status == 201)
+        .unwrap()
+        .at_ns;
+    let after_ms = evicted_at.saturating_sub(api_back) as f64 / 1e6;
+    eprintln!("API back → eviction request: {after_ms:.1} ms");
+    assert!(
+        after_ms < 1000.0,
+        "the eviction came {after_ms:.1} ms after the API was back"
+    );
+    assert!(
+        daemon
+            .metric("node_agent_evictions_total{signal=\"memory.available\",result=\"failed\"}")?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+#[test]
+fn only_critical_pods_over_the_threshold_log_once_per_transition_and_count() -> anyhow::Result<()> {
+    require_root();
+    let static_hog = PodSpec {
+        source: "file",
+        ..hog()
+    };
+    let critical_calm = PodSpec {
+        priority: 2_000_001_000,
+        ..calm()
+    };
+    let w = World::new("e2e-critical", &[static_hog, critical_calm])?;
+    let mut daemon = w.start("", "")?;
+    const LINE: &str = "threshold met but no pod may be evicted";
+    let gauge = "node_agent_no_evictable_pod{signal=\"memory.available\"}";
+    let _calm = w.load("calm", 120)?;
+    let mut hog = w.load("hog", 100)?;
+    let line = daemon.wait_log(LINE, wait())?;
+    assert!(
+        line.contains("hog (static)") && line.contains("calm (critical_priority)"),
+        "names what was passed over and why: {line}"
+    );
+    daemon.wait_evaluations(10.0, wait())?;
+    assert_eq!(
+        daemon.log_count(LINE),
+        1,
+        "one line while it lasts, not one per evaluation"
+    );
+    assert_eq!(daemon.metric(gauge)?, Some(1.0));
+    // Pressure gone, then back: one line per transition.
+    hog.go()?;
+    assert_eq!(hog.read_line()?, "freed");
+    daemon.wait_log("a pod may be evicted again, or none needs to be", wait())?;
+    assert_eq!(daemon.metric(gauge)?, Some(0.0));
+    let mut again = w.load("hog", 100)?;
+    daemon.wait_logs(LINE, 2, wait())?;
+    daemon.wait_evaluations(10.0, wait())?;
+    assert_eq!(daemon.log_count(LINE), 2);
+    assert_eq!(
+        daemon.metric("node_agent_no_evictable_pod_events_total{signal=\"memory.available\"}")?,
+        Some(2.0)
+    );
+    assert!(
+        w.evictions().is_empty(),
+        "critical pods are never evicted: {:?}",
+        w.evictions()
+    );
+    again.go()?;
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+#[test]
+fn a_reload_to_dry_run_stops_every_further_request() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("e2e-reload-dry", &[hog(), calm()])?;
+    // The hog's cgroup stays (the fake does not kill it): after a 3 s wait the next pod is due,
+    // by then under dry run.
+    let kube = "  eviction_wait_timeout_seconds: 3\n";
+    let mut daemon = w.start(kube, "")?;
+    let trace = attach_trace(&w.socket, &[])?;
+    let _calm = w.load("calm", 120)?;
+    let _hog = w.load("hog", 100)?;
+    let first = next_record(&trace, "eviction", wait())?;
+    assert_eq!(
+        (first["name"].as_str(), first["result"].as_str()),
+        (Some("hog"), Some("evicted"))
+    );
+    w.reload(&mut daemon, kube, "  dry_run: true\n")?;
+    let next = next_record(&trace, "eviction", wait())?;
+    assert_eq!(
+        (next["name"].as_str(), next["result"].as_str()),
+        (Some("calm"), Some("dry_run")),
+        "{next}"
+    );
+    let mutating: Vec<_> = w
+        .cluster()
+        .answered
+        .iter()
+        .filter(|a| a.path.ends_with("/eviction") || a.method == "DELETE")
+        .map(|a| a.path.clone())
+        .collect();
+    assert_eq!(
+        mutating,
+        [hog().eviction_path()],
+        "nothing after the reload"
+    );
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+#[test]
+fn an_exclusion_added_by_reload_is_never_evicted() -> anyhow::Result<()> {
+    require_root();
+    let batch_hog = PodSpec {
+        namespace: "batch".into(),
+        ..hog()
+    };
+    let w = World::new("e2e-reload-exclude", &[batch_hog.clone(), calm()])?;
+    let kube = "  eviction_wait_timeout_seconds: 1\n";
+    let mut daemon = w.start(kube, "")?;
+    w.reload(
+        &mut daemon,
+        &format!("{kube}  exclusions: {{namespaces: [batch]}}\n"),
+        "",
+    )?;
+    let trace = attach_trace(&w.socket, &[])?;
+    let _calm = w.load("calm", 120)?;
+    let _hog = w.load("hog", 100)?;
+    let first = next_record(&trace, "eviction", wait())?;
+    assert_eq!(first["name"], "calm", "{first}");
+    // With calm on its way out, only the excluded pod is left: the daemon says so.
+    daemon.wait_log("threshold met but no pod may be evicted", wait())?;
+    assert!(
+        w.evictions()
+            .iter()
+            .all(|(p, _)| *p != batch_hog.eviction_path()),
+        "{:?}",
+        w.evictions()
+    );
+    w.assert_nothing_refused();
+    daemon.stop()
 }
 
 #[test]
 fn an_oom_kill_in_a_pod_is_reported_on_the_node_as_oomkilling() -> anyhow::Result<()> {
     require_root();
-    let rt = tokio::runtime::Runtime::new()?;
-    let fake = rt.block_on(Fake::start(cluster(Arc::new(Mutex::new(Vec::new())))));
-    let s = setup(&fake, "e2e-oom")?;
+    let w = World::new("e2e-oom", &[hog(), calm()])?;
     // The pod's own limit: the OOM killer acts inside the pod, not the agent.
-    set_memory_limit(s.hog_dir.parent().unwrap(), 32 << 20)?;
-    let _agent = Agent::start(&s.config)?;
-    std::thread::sleep(Duration::from_millis(1500));
-
+    let pod_dir = w.dir_of("hog").parent().unwrap().to_path_buf();
+    set_memory_limit(&pod_dir, 32 << 20)?;
+    let daemon = w.start("", "")?;
     let mut helper = Helper::spawn(MEM_HELPER, &["oom".into()])?;
-    move_into(&s.hog_dir, helper.pid())?;
+    move_into(w.dir_of("hog"), helper.pid())?;
     helper.go()?;
-    helper.wait_killed(Duration::from_secs(20))?;
-
-    let deadline = Instant::now() + scaled(Duration::from_secs(3));
-    let event = loop {
-        let found = fake
-            .seen()
-            .into_iter()
-            .find(|r| r.method == "POST" && r.body["reason"] == "OOMKilling");
-        if let Some(e) = found {
-            break e;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "an OOMKilling event was posted: {:?}",
-            fake.calls()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    helper.wait_killed(scaled(Duration::from_secs(20)))?;
+    wait_until(wait(), "the OOMKilling event", || {
+        w.cluster()
+            .answered
+            .iter()
+            .any(|a| a.body["reason"] == "OOMKilling")
+    })?;
+    let event = w
+        .cluster()
+        .answered
+        .iter()
+        .find(|a| a.body["reason"] == "OOMKilling")
+        .cloned()
+        .unwrap();
     let note = event.body["note"].as_str().unwrap_or_default().to_string();
     assert!(
         note.contains("mem-helper"),
         "names the killed process: {note}"
     );
-    assert!(
-        note.contains("shop/hog") || note.contains("hog"),
-        "names the pod: {note}"
-    );
+    assert!(note.contains("in pod shop/hog"), "names the pod: {note}");
     assert_eq!(event.body["regarding"]["kind"], "Node");
-    let _ = std::fs::remove_dir_all(&s.dir);
-    Ok(())
+    w.assert_nothing_refused();
+    daemon.stop()
 }
 
 #[test]
-fn an_invalid_reload_keeps_the_agent_on_its_old_config() -> anyhow::Result<()> {
+fn a_reload_is_taken_whole_or_refused_naming_what_is_wrong() -> anyhow::Result<()> {
     require_root();
-    let rt = tokio::runtime::Runtime::new()?;
-    let fake = rt.block_on(Fake::start(cluster(Arc::new(Mutex::new(Vec::new())))));
-    let s = setup(&fake, "e2e-reload")?;
-    let mut agent = Agent::start(&s.config)?;
-
-    std::fs::write(
-        &s.config,
-        "eviction:\n  evictionHard: {memory.available: '<lots'}\n",
-    )?;
-    agent.process.signal(libc::SIGHUP);
-    let line = agent.wait_log(
-        "invalid config; keeping the previous one",
-        scaled(Duration::from_secs(5)),
-    )?;
-    assert!(
-        line.contains("memory.available"),
-        "says what was wrong: {line}"
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(agent.process.child.try_wait()?.is_none(), "still running");
-    let health = http_get(s.port, "/healthz")?;
+    let w = World::new("e2e-reload", &[hog(), calm()])?;
+    let mut daemon = w.start("", "")?;
+    let refusals: [(&str, &str, &str); 3] = [
+        (
+            "eviction:\n  evictionHard: {memory.available: '<lots'}\n",
+            "invalid config; keeping the previous one",
+            "memory.available",
+        ),
+        (
+            "",
+            "invalid config; keeping the previous one",
+            "config file is empty",
+        ),
+        (
+            &w.config("", "")
+                .replace(&format!("127.0.0.1:{}", w.port), "127.0.0.1:1"),
+            "config reload refused",
+            "agent.listen",
+        ),
+    ];
+    for (i, (text, line, names)) in refusals.iter().enumerate() {
+        std::fs::write(&w.config, text)?;
+        daemon.process.signal(libc::SIGHUP);
+        let logged = daemon.wait_logs(
+            line,
+            refusals[..=i].iter().filter(|r| r.1 == *line).count(),
+            wait(),
+        )?;
+        assert!(logged.contains(names), "says what was wrong: {logged}");
+        assert!(daemon.process.child.try_wait()?.is_none(), "still running");
+    }
+    let health = daemon.get("/healthz")?;
     assert!(
         health.starts_with("HTTP/1.1 200"),
         "healthy on the old config: {health}"
     );
-    // SIGHUP and the file watcher may both have read the bad file: each refusal counts.
-    let metrics = http_get(s.port, "/metrics")?;
-    let count = |result: &str| -> u64 {
-        let key = format!("node_agent_config_reloads_total{{result=\"{result}\"}} ");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(key.as_str()))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    assert!(count("invalid") >= 1, "the refusal is counted: {metrics}");
-    assert_eq!(count("ok"), 0, "nothing invalid was taken");
-
+    assert_eq!(
+        daemon.metric("node_agent_config_reloads_total{result=\"ok\"}")?,
+        Some(0.0),
+        "nothing invalid was taken"
+    );
+    assert!(
+        daemon
+            .metric("node_agent_config_reloads_total{result=\"refused\"}")?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert!(
+        daemon
+            .metric("node_agent_config_reloads_total{result=\"invalid\"}")?
+            .unwrap_or(0.0)
+            >= 2.0
+    );
     // A valid change is then taken.
-    std::fs::write(
-        &s.config,
-        config_text(&fake, &s.node, &s.socket, s.port, "700Mi"),
-    )?;
-    agent.process.signal(libc::SIGHUP);
-    agent.wait_log("config reloaded", scaled(Duration::from_secs(5)))?;
-    let _ = std::fs::remove_dir_all(&s.dir);
-    Ok(())
+    w.reload(&mut daemon, "", "  pressure_poll_interval: 50ms\n")?;
+    w.assert_nothing_refused();
+    daemon.stop()
 }
 
 #[test]
@@ -417,40 +665,29 @@ fn standalone_mode_decides_in_dry_run_and_shows_it_on_stdout() -> anyhow::Result
         format!(
             "eviction:\n  evictionHard: {{memory.available: 900Mi}}\nagent:\n  listen: '127.0.0.1:{}'\n  \
              trace_socket: '{}'\n  node_cgroup: '{}'\n  memory_capacity: 1Gi\n  resync_interval: 60s\n",
-            free_port(),
+            free_port()?,
             dir.join("trace.sock").display(),
             node.cgroup_path()
         ),
     )?;
-    let mut agent = Agent {
-        process: AgentProcess::spawn(&[
-            "run".as_ref(),
-            "--trace".as_ref(),
-            "json".as_ref(),
-            "--config".as_ref(),
-            config.as_os_str(),
-        ])?,
-        seen_log: Vec::new(),
-    };
-    agent.wait_log("node-agent running", scaled(Duration::from_secs(20)))?;
-
+    let agent = AgentProcess::spawn(&[
+        "run".as_ref(),
+        "--trace".as_ref(),
+        "json".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ])?;
+    let deadline = Instant::now() + scaled(Duration::from_secs(20));
+    while !agent
+        .log
+        .recv_timeout(deadline.saturating_duration_since(Instant::now()))?
+        .contains("node-agent running")
+    {}
     let mut hog = Helper::spawn(MEM_HELPER, &["hold".into(), "150".into()])?;
     move_into(&big, hog.pid())?;
     hog.go()?;
     assert_eq!(hog.read_line()?, "held");
-
-    let deadline = Instant::now() + scaled(Duration::from_secs(5));
-    let mut decision = None;
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        let Ok(v) = agent.process.json.recv_timeout(left) else {
-            break;
-        };
-        if v["kind"] == "eviction" {
-            decision = Some(v);
-            break;
-        }
-    }
-    let decision = decision.expect("a dry-run eviction decision on stdout");
+    let decision = next_record(&agent, "eviction", wait())?;
     assert_eq!(decision["result"], "dry_run", "standalone never acts");
     assert_eq!(
         decision["name"].as_str(),

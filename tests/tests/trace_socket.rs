@@ -282,7 +282,10 @@ fn out_of_descriptors_the_trace_socket_backs_off_and_recovers() -> anyhow::Resul
     );
     // The loop says it recovered: after the clients left, or already while they stayed, when
     // a descriptor the daemon closed meanwhile let one accept through.
-    if !log.iter().any(|line| line.contains("accepting clients again")) {
+    if !log
+        .iter()
+        .any(|line| line.contains("accepting clients again"))
+    {
         daemon.wait_log("accepting clients again", STEP)?;
     }
     assert!(daemon.healthz()?, "/healthz answers 200");

@@ -1,113 +1,157 @@
-//! The one executor that changes the cluster for an eviction: checks protection, posts the
-//! policy/v1 Eviction, handles a PodDisruptionBudget's 429 per `pdb_policy`, records the event.
+//! One eviction through the API: the policy/v1 Eviction, and under `pdb_policy: override` for
+//! a hard threshold the kubelet's own delete-and-mark. Every answer the API server may give is
+//! turned into an [`Attempt`]: what happened, why, and how long the server asked to wait.
+//!
+//! A 429 is a PodDisruptionBudget block only when its Status names the `DisruptionBudget`
+//! cause (the eviction REST handler's `checkAndDecrement`); any other 429 is the API server
+//! shedding load (API Priority and Fairness, with `Retry-After`): it is waited out, never
+//! overridden with a DELETE.
 
-pub mod protect;
+mod answer;
 
-use std::{sync::Arc, time::SystemTime};
+use std::time::{Duration, SystemTime};
 
 use http::{Method, StatusCode};
 use k8s_openapi::{
-    api::{core::v1::PodCondition, policy::v1::Eviction},
+    api::{core::v1::PodCondition, policy::v1::Eviction as EvictionBody},
     apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions},
 };
+use node_agent_policy::Eviction;
 use serde_json::json;
 
+pub use answer::{classify, Classified};
+
 use crate::{
-    api::{call, status_message, ApiError, Backoff, Counters},
+    api::{ApiError, Context},
     config::PdbPolicy,
-    events::{build_pod_evicted, EventRecorder},
-    pods::model::NodePod,
     time::time,
-    transport::{ApiRequest, Transport},
+    transport::{ApiRequest, HttpResponse},
 };
-pub use protect::{Protected, Protection};
-
-/// What the daemon's policy decided for one pod, mirroring what the kubelet's eviction manager
-/// knows when it evicts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EvictionRequest {
-    pub namespace: String,
-    pub name: String,
-    /// The pod must still be this one (sent as a UID precondition).
-    pub uid: String,
-    pub grace_period_seconds: i64,
-    /// The kubelet's wording: "The node was low on resource: memory. ...".
-    pub message: String,
-    /// The eviction signal, e.g. `memory.available`.
-    pub signal: String,
-    /// Whether a hard threshold (no grace period) was crossed: only then may `override` apply.
-    pub hard: bool,
-    /// The resource the node is short of, e.g. `memory` (event annotation `starved_resource`).
-    pub starved_resource: String,
-    /// Containers using more than requested, and their usage (event annotations).
-    pub offending_containers: Vec<String>,
-    pub offending_containers_usage: Vec<String>,
-}
-
-/// What the executor did (or in dry-run mode, would have done).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EvictionOutcome {
-    /// The API server accepted the eviction.
-    Evicted,
-    /// The pod no longer exists (404): nothing to do.
-    AlreadyGone,
-    /// A PodDisruptionBudget refused (429) and policy says respect it (or the threshold is
-    /// soft): move on to the next candidate or retry later.
-    BlockedByPdb { message: String },
-    /// A PodDisruptionBudget refused, the threshold is hard and policy says override: the pod
-    /// was deleted and marked Evicted as the kubelet does.
-    PdbOverridden { message: String },
-    /// Dry run: nothing was sent.
-    DryRun,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EvictError {
-    #[error("refusing to evict {namespace}/{name}: {reason}")]
-    Protected {
-        namespace: String,
-        name: String,
-        reason: Protected,
-    },
-    #[error("eviction request for {namespace}/{name} does not match the pod (request uid {requested}, pod uid {actual})")]
-    WrongPod {
-        namespace: String,
-        name: String,
-        requested: String,
-        actual: String,
-    },
-    #[error("evicting {namespace}/{name}: {step} failed")]
-    Api {
-        namespace: String,
-        name: String,
-        step: &'static str,
-        #[source]
-        source: ApiError,
-    },
-}
 
 /// Reason and condition the kubelet sets on a pod it evicts.
 pub const EVICTED_REASON: &str = "Evicted";
 pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
 pub const TERMINATION_BY_KUBELET: &str = "TerminationByKubelet";
 
-/// The policy/v1 Eviction body: grace period and the pod's UID as precondition.
-pub fn eviction_body(req: &EvictionRequest) -> Eviction {
-    Eviction {
-        metadata: ObjectMeta {
-            name: Some(req.name.clone()),
-            namespace: Some(req.namespace.clone()),
-            ..ObjectMeta::default()
-        },
-        delete_options: Some(delete_options(req)),
+/// What became of one eviction decision. The wire and metric names are [`Self::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EvictionResult {
+    /// The API server accepted the eviction.
+    Evicted,
+    /// A PodDisruptionBudget refused, the threshold is hard and policy says override: the pod
+    /// was deleted and marked Evicted as the kubelet does.
+    PdbOverridden,
+    /// Dry run: nothing was sent.
+    DryRun,
+    /// A PodDisruptionBudget refused (and policy respects it, or the threshold is soft).
+    BlockedByPdb,
+    /// The agent's own pacing (`evictions_per_minute`) has no token now; nothing was sent.
+    RateLimited,
+    /// The API server answered 429 without naming a disruption budget: it sheds load.
+    ApiRateLimited,
+    /// The pod is gone, or its name belongs to another pod now.
+    AlreadyGone,
+    /// The pod may not be evicted: the executor's last check, or the API server's refusal
+    /// (forbidden, invalid, more than one disruption budget).
+    Refused,
+    /// The request failed after its retries (outage, timeout, server error).
+    Failed,
+}
+
+impl EvictionResult {
+    pub const ALL: [EvictionResult; 9] = [
+        Self::Evicted,
+        Self::PdbOverridden,
+        Self::DryRun,
+        Self::BlockedByPdb,
+        Self::RateLimited,
+        Self::ApiRateLimited,
+        Self::AlreadyGone,
+        Self::Refused,
+        Self::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Evicted => "evicted",
+            Self::PdbOverridden => "pdb_overridden",
+            Self::DryRun => "dry_run",
+            Self::BlockedByPdb => "blocked_by_pdb",
+            Self::RateLimited => "rate_limited",
+            Self::ApiRateLimited => "api_rate_limited",
+            Self::AlreadyGone => "already_gone",
+            Self::Refused => "refused",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// The pod is on its way out (or would be, in dry run): wait for it before the next.
+    pub fn pod_goes(self) -> bool {
+        matches!(self, Self::Evicted | Self::PdbOverridden | Self::DryRun)
+    }
+
+    /// The server said plainly that nothing was done: the pacing token is given back.
+    /// (A failure after retries may have been done; its token stays spent.)
+    pub fn nothing_done(self) -> bool {
+        matches!(
+            self,
+            Self::BlockedByPdb
+                | Self::ApiRateLimited
+                | Self::AlreadyGone
+                | Self::Refused
+                | Self::RateLimited
+        )
     }
 }
 
-fn delete_options(req: &EvictionRequest) -> DeleteOptions {
+impl std::str::FromStr for EvictionResult {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("unknown eviction result {s:?}"))
+    }
+}
+
+/// One eviction attempt's result, with the server's words and wishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub result: EvictionResult,
+    /// Why: the Status message, the error, or what was checked.
+    pub detail: Option<String>,
+    /// How long the server asked to wait (`Retry-After`, `retryAfterSeconds`).
+    pub retry_after: Option<Duration>,
+}
+
+impl Attempt {
+    pub fn new(result: EvictionResult, detail: impl Into<String>) -> Self {
+        Self {
+            result,
+            detail: Some(detail.into()),
+            retry_after: None,
+        }
+    }
+}
+
+/// The policy/v1 Eviction body: grace period and the pod's UID as precondition.
+pub fn eviction_body(e: &Eviction) -> EvictionBody {
+    EvictionBody {
+        metadata: ObjectMeta {
+            name: Some(e.name.clone()),
+            namespace: Some(e.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        delete_options: Some(delete_options(e)),
+    }
+}
+
+fn delete_options(e: &Eviction) -> DeleteOptions {
     DeleteOptions {
-        grace_period_seconds: Some(req.grace_period_seconds),
+        grace_period_seconds: Some(e.grace_period_seconds),
         preconditions: Some(Preconditions {
-            uid: Some(req.uid.clone()),
+            uid: e.uid.clone(),
             resource_version: None,
         }),
         ..DeleteOptions::default()
@@ -115,12 +159,12 @@ fn delete_options(req: &EvictionRequest) -> DeleteOptions {
 }
 
 /// The strategic merge patch of `pods/status` the kubelet's eviction amounts to.
-pub fn evicted_status_patch(req: &EvictionRequest, now: SystemTime) -> serde_json::Value {
+pub fn evicted_status_patch(e: &Eviction, now: SystemTime) -> serde_json::Value {
     let condition = PodCondition {
         type_: DISRUPTION_TARGET.into(),
         status: "True".into(),
         reason: Some(TERMINATION_BY_KUBELET.into()),
-        message: Some(req.message.clone()),
+        message: Some(e.message.clone()),
         last_transition_time: Some(time(now)),
         ..PodCondition::default()
     };
@@ -128,177 +172,141 @@ pub fn evicted_status_patch(req: &EvictionRequest, now: SystemTime) -> serde_jso
         "status": {
             "phase": "Failed",
             "reason": EVICTED_REASON,
-            "message": req.message,
+            "message": e.message,
             "conditions": [condition],
         }
     })
 }
 
-#[derive(Debug, Clone)]
-pub struct Executor {
-    transport: Transport,
-    backoff: Backoff,
-    counters: Arc<Counters>,
-    pdb_policy: PdbPolicy,
-    dry_run: bool,
-    protection: Protection,
-    node: String,
-    events: EventRecorder,
+fn pod_path(e: &Eviction) -> String {
+    format!("/api/v1/namespaces/{}/pods/{}", e.namespace, e.name)
 }
 
-impl Executor {
-    pub fn new(
-        transport: Transport,
-        backoff: Backoff,
-        counters: Arc<Counters>,
-        pdb_policy: PdbPolicy,
-        dry_run: bool,
-        protection: Protection,
-        node: impl Into<String>,
-    ) -> Self {
-        let events = EventRecorder::new(transport.clone(), counters.clone(), dry_run);
-        Self {
-            transport,
-            backoff,
-            counters,
-            pdb_policy,
-            dry_run,
-            protection,
-            node: node.into(),
-            events,
-        }
-    }
-
-    pub fn events(&self) -> &EventRecorder {
-        &self.events
-    }
-
-    /// Evicts `pod` as `req` says. Protected pods are refused before any request; in dry-run
-    /// mode the decision is logged and nothing is sent.
-    pub async fn evict(
-        &self,
-        pod: &NodePod,
-        req: &EvictionRequest,
-        now: SystemTime,
-    ) -> Result<EvictionOutcome, EvictError> {
-        let (namespace, name) = (req.namespace.clone(), req.name.clone());
-        if pod.namespace != req.namespace || pod.name != req.name || pod.uid != req.uid {
-            return Err(EvictError::WrongPod {
-                namespace,
-                name,
-                requested: req.uid.clone(),
-                actual: pod.uid.clone(),
-            });
-        }
-        if let Some(reason) = self.protection.check(pod) {
-            tracing::warn!(%namespace, %name, %reason, "eviction refused: protected pod");
-            return Err(EvictError::Protected {
-                namespace,
-                name,
-                reason,
-            });
-        }
-        if self.dry_run {
-            tracing::info!(%namespace, %name, signal = %req.signal, hard = req.hard,
-                grace = req.grace_period_seconds, message = %req.message, "dry run: would evict");
-            return Ok(EvictionOutcome::DryRun);
-        }
-        let api_err = |step, source| EvictError::Api {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            step,
-            source,
-        };
-
-        let body = serde_json::to_value(eviction_body(req)).expect("an Eviction always serializes");
-        let post = ApiRequest::with_json(
-            Method::POST,
-            format!(
-                "/api/v1/namespaces/{}/pods/{}/eviction",
-                req.namespace, req.name
-            ),
-            "application/json",
-            &body,
-        );
-        let ok = [
-            StatusCode::OK,
-            StatusCode::CREATED,
-            StatusCode::NOT_FOUND,
-            StatusCode::TOO_MANY_REQUESTS,
-        ];
-        let resp = self
-            .backoff
-            .run(&self.counters, "eviction", || {
-                call(&self.transport, &post, &ok)
-            })
-            .await
-            .map_err(|e| api_err("eviction", e))?;
-        let outcome = match resp.status {
-            StatusCode::NOT_FOUND => return Ok(EvictionOutcome::AlreadyGone),
-            StatusCode::TOO_MANY_REQUESTS => {
-                let message = status_message(&resp);
-                if self.pdb_policy == PdbPolicy::Override && req.hard {
-                    tracing::warn!(%namespace, %name, %message, "PodDisruptionBudget overridden for a hard threshold");
-                    self.delete_and_mark_evicted(req, now)
-                        .await
-                        .map_err(|(step, e)| api_err(step, e))?;
-                    EvictionOutcome::PdbOverridden { message }
-                } else {
-                    tracing::info!(%namespace, %name, %message, hard = req.hard, "eviction blocked by a PodDisruptionBudget");
-                    return Ok(EvictionOutcome::BlockedByPdb { message });
+/// Sends `req` with the context's retries, asking `dry_run` before every try: dry run holds
+/// from the moment it is set, between retries too. `Ok(None)`: dry run was set meanwhile.
+async fn send(
+    ctx: &Context,
+    what: &str,
+    req: &ApiRequest,
+    dry_run: &(dyn Fn() -> bool + Sync),
+) -> Result<Option<HttpResponse>, ApiError> {
+    ctx.backoff
+        .run(&ctx.counters, what, || async {
+            if dry_run() {
+                return Ok(None);
+            }
+            let resp = ctx.transport.send(req).await?;
+            // Server errors and 401 are worth another try; everything else is an answer.
+            let code = resp.status;
+            if code.is_server_error() || code == StatusCode::UNAUTHORIZED {
+                let err = ApiError::from_response(ctx.transport.endpoint().name, req, &resp);
+                if err.is_retryable() && !answer::is_pod_specific(&resp) {
+                    return Err(err);
                 }
             }
-            _ => EvictionOutcome::Evicted,
-        };
-        // The eviction happened; a lost event is logged and counted by the recorder.
-        let _ = self
-            .events
-            .post(&build_pod_evicted(req, &self.node, now))
-            .await;
-        Ok(outcome)
-    }
+            Ok(Some(resp))
+        })
+        .await
+}
 
-    /// What the kubelet does: delete with the grace period, then set phase Failed, reason
-    /// Evicted, its message and a DisruptionTarget condition.
-    async fn delete_and_mark_evicted(
-        &self,
-        req: &EvictionRequest,
-        now: SystemTime,
-    ) -> Result<(), (&'static str, ApiError)> {
-        let path = format!("/api/v1/namespaces/{}/pods/{}", req.namespace, req.name);
-        let delete = ApiRequest::with_json(
-            Method::DELETE,
-            path.clone(),
-            "application/json",
-            &serde_json::to_value(delete_options(req)).expect("DeleteOptions always serialize"),
-        );
-        self.backoff
-            .run(&self.counters, "pod delete", || {
-                call(
-                    &self.transport,
-                    &delete,
-                    &[StatusCode::OK, StatusCode::ACCEPTED],
-                )
-            })
-            .await
-            .map_err(|e| ("delete", e))?;
-        let patch = ApiRequest::with_json(
-            Method::PATCH,
-            format!("{path}/status"),
-            "application/strategic-merge-patch+json",
-            &evicted_status_patch(req, now),
-        );
-        let ok = [StatusCode::OK, StatusCode::NOT_FOUND];
-        let resp = self
-            .backoff
-            .run(&self.counters, "pod status patch", || {
-                call(&self.transport, &patch, &ok)
-            })
-            .await
-            .map_err(|e| ("status patch", e))?;
-        if resp.status == StatusCode::NOT_FOUND {
-            tracing::info!(namespace = %req.namespace, name = %req.name, "pod gone before its status was marked Evicted");
+/// Evicts the pod `e` names. `dry_run` is asked before every request that changes anything.
+pub async fn evict(
+    ctx: &Context,
+    e: &Eviction,
+    pdb_policy: PdbPolicy,
+    dry_run: &(dyn Fn() -> bool + Sync),
+    now: SystemTime,
+) -> Attempt {
+    let (namespace, name) = (&e.namespace, &e.name);
+    let body = serde_json::to_value(eviction_body(e)).expect("an Eviction always serializes");
+    let post = ApiRequest::with_json(
+        Method::POST,
+        format!("{}/eviction", pod_path(e)),
+        "application/json",
+        &body,
+    );
+    let resp = match send(ctx, "eviction", &post, dry_run).await {
+        Ok(Some(resp)) => resp,
+        Ok(None) => return Attempt::new(EvictionResult::DryRun, "dry run set before the request"),
+        Err(err) => return Attempt::new(EvictionResult::Failed, err.to_string()),
+    };
+    let attempt = match classify(&resp) {
+        Classified::Done(attempt) => attempt,
+        Classified::DisruptionBudget {
+            message,
+            retry_after,
+        } => {
+            if pdb_policy == PdbPolicy::Override && e.hard {
+                tracing::warn!(%namespace, %name, %message, "PodDisruptionBudget overridden for a hard threshold");
+                match delete_and_mark_evicted(ctx, e, dry_run, now).await {
+                    Ok(true) => Attempt::new(EvictionResult::PdbOverridden, message),
+                    Ok(false) => {
+                        Attempt::new(EvictionResult::DryRun, "dry run set before the delete")
+                    }
+                    Err((step, err)) => {
+                        Attempt::new(EvictionResult::Failed, format!("override: {step}: {err}"))
+                    }
+                }
+            } else {
+                Attempt {
+                    result: EvictionResult::BlockedByPdb,
+                    detail: Some(message),
+                    retry_after,
+                }
+            }
         }
-        Ok(())
+    };
+    tracing::info!(%namespace, %name, result = attempt.result.as_str(), detail = ?attempt.detail,
+        retry_after = ?attempt.retry_after, "eviction request answered");
+    attempt
+}
+
+/// What the kubelet does: delete with the grace period, then set phase Failed, reason
+/// Evicted, its message and a DisruptionTarget condition. `Ok(false)`: dry run was set.
+async fn delete_and_mark_evicted(
+    ctx: &Context,
+    e: &Eviction,
+    dry_run: &(dyn Fn() -> bool + Sync),
+    now: SystemTime,
+) -> Result<bool, (&'static str, String)> {
+    let path = pod_path(e);
+    let delete = ApiRequest::with_json(
+        Method::DELETE,
+        path.clone(),
+        "application/json",
+        &serde_json::to_value(delete_options(e)).expect("DeleteOptions always serialize"),
+    );
+    let resp = match send(ctx, "pod delete", &delete, dry_run).await {
+        Ok(Some(resp)) => resp,
+        Ok(None) => return Ok(false),
+        Err(err) => return Err(("delete", err.to_string())),
+    };
+    match resp.status {
+        StatusCode::OK | StatusCode::ACCEPTED => {}
+        StatusCode::NOT_FOUND => return Ok(true),
+        _ => {
+            let err = ApiError::from_response(ctx.transport.endpoint().name, &delete, &resp);
+            return Err(("delete", err.to_string()));
+        }
+    }
+    let patch = ApiRequest::with_json(
+        Method::PATCH,
+        format!("{path}/status"),
+        "application/strategic-merge-patch+json",
+        &evicted_status_patch(e, now),
+    );
+    match send(ctx, "pod status patch", &patch, dry_run).await {
+        // Deleted already: marking it is what remains of the kubelet's sequence.
+        Ok(None) => Ok(true),
+        Ok(Some(resp)) if resp.status == StatusCode::OK => Ok(true),
+        Ok(Some(resp)) if resp.status == StatusCode::NOT_FOUND => {
+            tracing::info!(namespace = %e.namespace, name = %e.name, "pod gone before its status was marked Evicted");
+            Ok(true)
+        }
+        Ok(Some(resp)) => {
+            let err = ApiError::from_response(ctx.transport.endpoint().name, &patch, &resp);
+            Err(("status patch", err.to_string()))
+        }
+        Err(err) => Err(("status patch", err.to_string())),
     }
 }

@@ -17,8 +17,8 @@ use serde::Deserialize;
 
 use super::PodSnapshot;
 use crate::{
-    api::{call, decode, ApiError, Backoff, Counters},
-    transport::{ApiRequest, Transport, TransportError},
+    api::{call, decode, ApiError, Context, Counters},
+    transport::{ApiRequest, TransportError},
 };
 
 #[derive(Debug, Default)]
@@ -67,27 +67,17 @@ struct WatchLine {
     object: serde_json::Value,
 }
 
+/// The pods of `ctx.node`, listed and watched on the API server (`ctx.transport`).
 #[derive(Debug, Clone)]
 pub struct ApiServerPodSource {
-    transport: Transport,
-    backoff: Backoff,
-    counters: Arc<Counters>,
-    node: String,
+    ctx: Context,
     store: PodStore,
 }
 
 impl ApiServerPodSource {
-    pub fn new(
-        transport: Transport,
-        backoff: Backoff,
-        counters: Arc<Counters>,
-        node: impl Into<String>,
-    ) -> Self {
+    pub fn new(ctx: Context) -> Self {
         Self {
-            transport,
-            backoff,
-            counters,
-            node: node.into(),
+            ctx,
             store: PodStore::default(),
         }
     }
@@ -97,17 +87,26 @@ impl ApiServerPodSource {
     }
 
     fn list_path(&self) -> String {
-        format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{}", self.node)
+        format!(
+            "/api/v1/pods?fieldSelector=spec.nodeName%3D{}",
+            self.ctx.node
+        )
     }
 
     /// Replaces the store with a fresh list, retried with backoff.
     pub async fn relist(&self) -> Result<(), ApiError> {
         let req = ApiRequest::get(self.list_path());
         let list: List<Pod> = self
+            .ctx
             .backoff
-            .run(&self.counters, "api server list pods", || async {
-                let resp = call(&self.transport, &req, &[StatusCode::OK]).await?;
-                decode(self.transport.endpoint().name, &req, &resp, "v1.PodList")
+            .run(&self.ctx.counters, "api server list pods", || async {
+                let resp = call(&self.ctx.transport, &req, &[StatusCode::OK]).await?;
+                decode(
+                    self.ctx.transport.endpoint().name,
+                    &req,
+                    &resp,
+                    "v1.PodList",
+                )
             })
             .await?;
         let now = SystemTime::now();
@@ -139,13 +138,14 @@ impl ApiServerPodSource {
             "{}&watch=true&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds={timeout_seconds}",
             self.list_path()
         ));
-        let name = self.transport.endpoint().name;
-        let response = self.transport.open(&req).await?;
+        let name = self.ctx.transport.endpoint().name;
+        let response = self.ctx.transport.open(&req).await?;
         if response.status() == StatusCode::GONE {
             return Ok(WatchEnd::Relist);
         }
         if response.status() != StatusCode::OK {
             let status = response.status();
+            let headers = response.headers().clone();
             let body = response
                 .into_body()
                 .collect()
@@ -155,7 +155,11 @@ impl ApiServerPodSource {
             return Err(ApiError::from_response(
                 name,
                 &req,
-                &crate::transport::HttpResponse { status, body },
+                &crate::transport::HttpResponse {
+                    status,
+                    headers,
+                    body,
+                },
             ));
         }
         self.store.update(|s| s.live = true);
@@ -175,7 +179,7 @@ impl ApiServerPodSource {
         let mut buf = Vec::new();
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|source| TransportError::ReadBody {
-                endpoint: self.transport.endpoint().name,
+                endpoint: self.ctx.transport.endpoint().name,
                 method: req.method.clone(),
                 path: req.path.clone(),
                 source: Box::new(source),
@@ -202,7 +206,7 @@ impl ApiServerPodSource {
         let event: WatchLine = match serde_json::from_slice(line) {
             Ok(e) => e,
             Err(e) => {
-                Counters::bump(&self.counters.watch_events_dropped);
+                Counters::bump(&self.ctx.counters.watch_events_dropped);
                 tracing::warn!(error = %e, "unreadable pod watch event; listing again");
                 return Some(WatchEnd::Relist);
             }
@@ -215,7 +219,7 @@ impl ApiServerPodSource {
         let pod: Pod = match serde_json::from_value(event.object) {
             Ok(p) => p,
             Err(e) => {
-                Counters::bump(&self.counters.watch_events_dropped);
+                Counters::bump(&self.ctx.counters.watch_events_dropped);
                 tracing::warn!(error = %e, kind = %event.kind, "unreadable pod in a watch event; listing again");
                 return Some(WatchEnd::Relist);
             }
@@ -261,10 +265,10 @@ impl ApiServerPodSource {
                 }
                 Err(e) => {
                     failures += 1;
-                    Counters::bump(&self.counters.request_failures);
+                    Counters::bump(&self.ctx.counters.request_failures);
                     tracing::error!(error = %e, "pod watch failed; listing again after a pause");
                     need_list = true;
-                    tokio::time::sleep(self.backoff.delay(failures)).await;
+                    tokio::time::sleep(self.ctx.backoff.delay(failures)).await;
                 }
             }
         }

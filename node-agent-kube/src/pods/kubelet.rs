@@ -1,30 +1,25 @@
 //! The local kubelet's read-only API: `GET /pods` (a `v1.PodList`) and `GET /stats/summary`.
 
-use std::{sync::Arc, time::SystemTime};
+use std::time::SystemTime;
 
 use http::StatusCode;
 use k8s_openapi::{api::core::v1::Pod, List};
 
 use super::{stats::Summary, PodSnapshot};
 use crate::{
-    api::{call, decode, ApiError, Backoff, Counters},
-    transport::{ApiRequest, Transport},
+    api::{call, decode, ApiError, Context},
+    transport::ApiRequest,
 };
 
+/// The kubelet's API; `ctx.transport` reaches the kubelet.
 #[derive(Debug, Clone)]
 pub struct KubeletClient {
-    transport: Transport,
-    backoff: Backoff,
-    counters: Arc<Counters>,
+    ctx: Context,
 }
 
 impl KubeletClient {
-    pub fn new(transport: Transport, backoff: Backoff, counters: Arc<Counters>) -> Self {
-        Self {
-            transport,
-            backoff,
-            counters,
-        }
+    pub fn new(ctx: Context) -> Self {
+        Self { ctx }
     }
 
     /// The pods the kubelet runs, retried with backoff.
@@ -49,7 +44,7 @@ impl KubeletClient {
             &pods,
             Some(&summary),
             pods_at,
-            &self.counters,
+            &self.ctx.counters,
         ))
     }
 
@@ -59,10 +54,11 @@ impl KubeletClient {
         expected: &'static str,
     ) -> Result<T, ApiError> {
         let what = format!("kubelet GET {}", req.path);
-        self.backoff
-            .run(&self.counters, &what, || async {
-                let resp = call(&self.transport, req, &[StatusCode::OK]).await?;
-                decode(self.transport.endpoint().name, req, &resp, expected)
+        let ctx = &self.ctx;
+        ctx.backoff
+            .run(&ctx.counters, &what, || async {
+                let resp = call(&ctx.transport, req, &[StatusCode::OK]).await?;
+                decode(ctx.transport.endpoint().name, req, &resp, expected)
             })
             .await
     }

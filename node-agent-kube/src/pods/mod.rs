@@ -6,7 +6,6 @@
 pub mod apiserver;
 pub mod kubelet;
 pub mod model;
-pub mod quantity;
 pub mod stats;
 
 use std::{
@@ -16,15 +15,20 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::Pod;
+use node_agent_policy::PodInfo;
 
 use crate::api::Counters;
-use model::{NodePod, PodError, PodUsage};
+use model::{ContainerRef, PodError, Read};
 use stats::Summary;
 
-/// The pods on this node at one moment.
+/// The pods on this node at one moment, as the policy sees them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodSnapshot {
-    pub pods: Vec<NodePod>,
+    /// Pods that are not terminal (Succeeded or Failed pods hold nothing any more; the kubelet
+    /// leaves them out of its active pods too).
+    pub pods: Vec<PodInfo>,
+    /// Running containers by the id their runtime gave them (how their cgroups name them).
+    pub containers: HashMap<String, ContainerRef>,
     /// When the oldest part of this snapshot was read (pods or usage).
     pub observed_at: SystemTime,
     /// Pods left out because their object was unreadable (each one logged and counted).
@@ -65,22 +69,25 @@ impl PodSnapshot {
         observed_at: SystemTime,
         counters: &Counters,
     ) -> Self {
-        let usage: HashMap<&str, PodUsage> = summary
-            .map(|s| {
-                s.pods
-                    .iter()
-                    .map(|p| (p.pod_ref.uid.as_str(), PodUsage::from(p)))
-                    .collect()
-            })
+        let stats: HashMap<&str, &stats::PodStats> = summary
+            .map(|s| s.pods.iter().map(|p| (p.pod_ref.uid.as_str(), p)).collect())
             .unwrap_or_default();
         let mut pods = Vec::with_capacity(raw.len());
+        let mut containers = HashMap::new();
         let mut skipped = Vec::new();
         for pod in raw {
-            match NodePod::try_from(pod) {
-                Ok(mut p) => {
-                    p.usage = usage.get(p.uid.as_str()).copied();
-                    pods.push(p);
+            match model::read(pod) {
+                Ok(Read::Active {
+                    mut pod,
+                    containers: running,
+                }) => {
+                    if let Some(s) = pod.uid.as_deref().and_then(|uid| stats.get(uid)) {
+                        model::apply_stats(&mut pod, s);
+                    }
+                    containers.extend(running);
+                    pods.push(*pod);
                 }
+                Ok(Read::Terminal) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "pod left out of the snapshot");
                     counters.pods_skipped.fetch_add(1, Ordering::Relaxed);
@@ -90,6 +97,7 @@ impl PodSnapshot {
         }
         Self {
             pods,
+            containers,
             observed_at,
             skipped,
         }
@@ -99,10 +107,15 @@ impl PodSnapshot {
         check_fresh(self.observed_at, now, bound)
     }
 
-    pub fn find(&self, namespace: &str, name: &str) -> Option<&NodePod> {
+    pub fn find(&self, namespace: &str, name: &str) -> Option<&PodInfo> {
         self.pods
             .iter()
             .find(|p| p.namespace == namespace && p.name == name)
+    }
+
+    /// The pod with this UID.
+    pub fn by_uid(&self, uid: &str) -> Option<&PodInfo> {
+        self.pods.iter().find(|p| p.uid.as_deref() == Some(uid))
     }
 }
 

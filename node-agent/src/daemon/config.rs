@@ -26,6 +26,8 @@ pub enum ConfigError {
     },
     #[error("config is not YAML")]
     Yaml(#[source] serde_yaml_ng::Error),
+    #[error("config file is empty: give at least one of eviction, kubernetes or agent (without a file, the agent runs standalone with the kubelet's defaults)")]
+    Empty,
     #[error("config: unknown top-level key {0:?}; expected eviction, kubernetes or agent")]
     UnknownSection(String),
     #[error("config: eviction")]
@@ -56,8 +58,9 @@ pub struct AgentSettings {
     pub node_cgroup: String,
     /// Node memory capacity (a quantity); default: MemTotal from /proc/meminfo.
     pub memory_capacity: Option<String>,
-    /// Filesystem of `nodefs.*` (the kubelet's root dir); `/` when it does not exist.
-    pub nodefs_path: PathBuf,
+    /// Filesystem of `nodefs.*` (the kubelet's root dir). Unset: `/var/lib/kubelet`, or `/`
+    /// when that does not exist; set, it must exist.
+    pub nodefs_path: Option<PathBuf>,
     /// Filesystem of `imagefs.*` when the runtime keeps images on a dedicated one.
     pub imagefs_path: Option<PathBuf>,
     /// Slow re-evaluation that only guards against drift and missed events (Go duration).
@@ -81,7 +84,7 @@ impl Default for AgentSettings {
             trace_socket: PathBuf::from("/run/node-agent/trace.sock"),
             node_cgroup: "/".into(),
             memory_capacity: None,
-            nodefs_path: PathBuf::from("/var/lib/kubelet"),
+            nodefs_path: None,
             imagefs_path: None,
             resync_interval: "10s".into(),
             pressure_poll_interval: "100ms".into(),
@@ -127,6 +130,9 @@ pub struct Overrides {
     pub listen: Option<String>,
     pub trace_socket: Option<PathBuf>,
     pub node_name: Option<String>,
+    /// The agent's own pod, `(namespace, name)`, from the downward API (`POD_NAMESPACE`,
+    /// `POD_NAME`): never evicted.
+    pub own_pod: Option<(String, String)>,
 }
 
 impl AgentConfig {
@@ -138,11 +144,22 @@ impl AgentConfig {
         Self::parse(&text, overrides)
     }
 
-    /// Parses and validates the whole file; nothing partial is ever returned.
+    /// Standalone mode without a file: the kubelet's default thresholds, the agent's defaults.
+    pub fn standalone(overrides: &Overrides) -> Result<Self, ConfigError> {
+        Self::from_value(&Value::Mapping(Default::default()), "", overrides)
+    }
+
+    /// Parses and validates the whole file; nothing partial is ever returned. A file with
+    /// nothing in it is refused: an empty ConfigMap must not silently mean "defaults".
     pub fn parse(text: &str, overrides: &Overrides) -> Result<Self, ConfigError> {
         let whole: Value = serde_yaml_ng::from_str(text).map_err(ConfigError::Yaml)?;
-        let empty = Value::Mapping(Default::default());
-        let whole = if whole.is_null() { &empty } else { &whole };
+        if whole.is_null() {
+            return Err(ConfigError::Empty);
+        }
+        Self::from_value(&whole, text, overrides)
+    }
+
+    fn from_value(whole: &Value, text: &str, overrides: &Overrides) -> Result<Self, ConfigError> {
         let Some(map) = whole.as_mapping() else {
             return Err(ConfigError::UnknownSection(
                 "(the file is not a mapping)".into(),
@@ -184,6 +201,13 @@ impl AgentConfig {
     pub fn dry_run(&self) -> bool {
         self.settings.dry_run || self.kubernetes.as_ref().is_none_or(|k| k.dry_run)
     }
+
+    /// Pacing of evictions: `(per minute, burst)`; standalone reports at the kubelet's pace.
+    pub fn pacing(&self) -> (u32, u32) {
+        self.kubernetes
+            .as_ref()
+            .map_or((6, 1), |k| (k.evictions_per_minute, k.eviction_burst))
+    }
 }
 
 fn duration(field: &'static str, text: &str) -> Result<Duration, ConfigError> {
@@ -198,6 +222,23 @@ fn duration(field: &'static str, text: &str) -> Result<Duration, ConfigError> {
             problem: format!("{text:?} must be positive"),
         }),
     }
+}
+
+/// The kubelet's root directory, the default `nodefs_path`.
+pub const DEFAULT_NODEFS: &str = "/var/lib/kubelet";
+
+/// A filesystem path the agent will statvfs: it must be a directory that exists now.
+fn existing_dir(field: &'static str, path: PathBuf) -> Result<PathBuf, ConfigError> {
+    if !path.is_absolute() || !path.is_dir() {
+        return Err(ConfigError::AgentField {
+            field,
+            problem: format!(
+                "{} is not an existing directory (an absolute path)",
+                path.display()
+            ),
+        });
+    }
+    Ok(path)
 }
 
 fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
@@ -220,6 +261,16 @@ fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
             ),
         });
     }
+    let nodefs_path = match a.nodefs_path {
+        Some(path) => existing_dir("nodefs_path", path)?,
+        None => Some(PathBuf::from(DEFAULT_NODEFS))
+            .filter(|p| p.is_dir())
+            .unwrap_or_else(|| PathBuf::from("/")),
+    };
+    let imagefs_path = a
+        .imagefs_path
+        .map(|p| existing_dir("imagefs_path", p))
+        .transpose()?;
     checks::ring_bytes(a.ring_bytes)?;
     Ok(Settings {
         dry_run: a.dry_run || o.dry_run,
@@ -227,8 +278,8 @@ fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
         trace_socket: o.trace_socket.clone().unwrap_or(a.trace_socket),
         node_cgroup: PathBuf::from(a.node_cgroup),
         memory_capacity,
-        nodefs_path: a.nodefs_path,
-        imagefs_path: a.imagefs_path,
+        nodefs_path,
+        imagefs_path,
         resync_interval: duration("resync_interval", &a.resync_interval)?,
         pressure_poll_interval: duration("pressure_poll_interval", &a.pressure_poll_interval)?,
         pod_refresh_interval: duration("pod_refresh_interval", &a.pod_refresh_interval)?,
@@ -269,7 +320,7 @@ mod tests {
             signals(&ok),
             ["allocatableMemory.available", "memory.available"]
         );
-        let defaults = AgentConfig::parse("", &none).unwrap();
+        let defaults = AgentConfig::standalone(&none).unwrap();
         let want = [
             "imagefs.available",
             "memory.available",
@@ -297,6 +348,17 @@ mod tests {
             ("agent: {no_such_field: 1}", "no_such_field"),
             ("kubernetes: {pod_source: carrier-pigeon}", "kubernetes"),
             (": : :", "not YAML"),
+            ("", "config file is empty"),
+            ("# only a comment\n", "config file is empty"),
+            (
+                "agent: {imagefs_path: /nonexistent/images}",
+                "agent.imagefs_path",
+            ),
+            (
+                "agent: {nodefs_path: /nonexistent/kubelet}",
+                "agent.nodefs_path",
+            ),
+            ("agent: {nodefs_path: relative/dir}", "agent.nodefs_path"),
         ];
         for (text, needle) in cases {
             let err = AgentConfig::parse(text, &none).unwrap_err();

@@ -3,7 +3,10 @@
 //! statvfs, `pid.available` = min(pid_max, threads-max) − live tasks (sysinfo's `procs`).
 //! Readings are taken at the moment of each evaluation, never cached.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use node_agent_policy::{NodeCapacity, Observation, Observations, Signal};
 
@@ -25,11 +28,54 @@ pub enum ObserveError {
     Sys(#[from] crate::sys::SysError),
 }
 
-/// One reading of the node.
+/// Where the figures of some signals come from. One source failing never blinds the others:
+/// its signals are unknown for that evaluation (they meet no threshold) and the rest go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Source {
+    /// `/proc/meminfo` and the node cgroup: `memory.available`.
+    Memory,
+    /// statvfs of `nodefs_path`: `nodefs.available`, `nodefs.inodesFree`.
+    NodeFs,
+    /// statvfs of `imagefs_path`: `imagefs.available`, `imagefs.inodesFree`.
+    ImageFs,
+    /// `pid_max`, `threads-max` and sysinfo: `pid.available`.
+    Pids,
+}
+
+impl Source {
+    pub const ALL: [Source; 4] = [
+        Source::Memory,
+        Source::NodeFs,
+        Source::ImageFs,
+        Source::Pids,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Memory => "memory",
+            Source::NodeFs => "nodefs",
+            Source::ImageFs => "imagefs",
+            Source::Pids => "pids",
+        }
+    }
+
+    pub fn signals(self) -> &'static [Signal] {
+        match self {
+            Source::Memory => &[Signal::MemoryAvailable],
+            Source::NodeFs => &[Signal::NodeFsAvailable, Signal::NodeFsInodesFree],
+            Source::ImageFs => &[Signal::ImageFsAvailable, Signal::ImageFsInodesFree],
+            Source::Pids => &[Signal::PidAvailable],
+        }
+    }
+}
+
+/// One reading of the node: what could be read, and why the rest could not.
 #[derive(Debug, Clone)]
 pub struct NodeReading {
     pub observations: Observations,
     pub capacity: NodeCapacity,
+    /// Sources that could not be read this time, with the error.
+    pub failed: BTreeMap<Source, String>,
 }
 
 /// Where the node's figures come from.
@@ -44,7 +90,45 @@ pub struct NodeSources {
     pub imagefs: Option<PathBuf>,
 }
 
-pub fn read_node(src: &NodeSources) -> Result<NodeReading, ObserveError> {
+fn chain(e: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// Reads every source; each one's failure is kept apart.
+pub fn read_node(src: &NodeSources) -> NodeReading {
+    let mut reading = NodeReading {
+        observations: Observations::new(),
+        capacity: NodeCapacity::default(),
+        failed: BTreeMap::new(),
+    };
+    let mut failed = BTreeMap::new();
+    if let Err(e) = read_memory_source(src, &mut reading) {
+        failed.insert(Source::Memory, chain(&e));
+    }
+    if let Err(e) = read_fs(&src.nodefs, Source::NodeFs, &mut reading) {
+        failed.insert(Source::NodeFs, chain(&e));
+    }
+    if let Some(imagefs) = &src.imagefs {
+        match read_fs(imagefs, Source::ImageFs, &mut reading) {
+            Ok(()) => reading.capacity.has_imagefs = true,
+            Err(e) => {
+                // Still a dedicated imagefs: its signals are unknown, not nodefs'.
+                reading.capacity.has_imagefs = true;
+                failed.insert(Source::ImageFs, chain(&e));
+            }
+        }
+    }
+    if let Err(e) = read_pids(&mut reading) {
+        failed.insert(Source::Pids, chain(&e));
+    }
+    reading.failed = failed;
+    reading
+}
+
+fn read_memory_source(src: &NodeSources, reading: &mut NodeReading) -> Result<(), ObserveError> {
     let meminfo_path = Path::new("/proc/meminfo");
     let meminfo = std::fs::read_to_string(meminfo_path).map_err(|source| ObserveError::Io {
         path: meminfo_path.into(),
@@ -54,7 +138,9 @@ pub fn read_node(src: &NodeSources) -> Result<NodeReading, ObserveError> {
         path: meminfo_path.into(),
         problem,
     })?;
-    let capacity_bytes = src.memory_capacity.unwrap_or(mem.total as i64);
+    let capacity_bytes = src
+        .memory_capacity
+        .unwrap_or_else(|| i64::try_from(mem.total).unwrap_or(i64::MAX));
     // The v2 root has no memory.current: there the machine's figures stand in, as cAdvisor does.
     let working_set = if src.is_root && src.memory.version() == CgroupVersion::V2 {
         mem.total
@@ -65,74 +151,56 @@ pub fn read_node(src: &NodeSources) -> Result<NodeReading, ObserveError> {
             .map_err(ObserveError::Cgroup)?
             .working_set()
     };
-
-    let mut observations = Observations::new();
-    observations.insert(
+    reading.observations.insert(
         Signal::MemoryAvailable,
         Observation {
-            available: capacity_bytes - working_set as i64,
+            available: capacity_bytes
+                .saturating_sub(i64::try_from(working_set).unwrap_or(i64::MAX)),
             capacity: capacity_bytes,
         },
     );
-    let mut capacity = NodeCapacity {
-        memory_bytes: Some(capacity_bytes),
-        ..NodeCapacity::default()
-    };
+    reading.capacity.memory_bytes = Some(capacity_bytes);
+    Ok(())
+}
 
-    let nodefs = if src.nodefs.exists() {
-        src.nodefs.clone()
-    } else {
-        PathBuf::from("/")
+fn read_fs(path: &Path, source: Source, reading: &mut NodeReading) -> Result<(), ObserveError> {
+    let fs = statvfs(path)?;
+    let (bytes, inodes) = match source {
+        Source::ImageFs => (Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
+        _ => (Signal::NodeFsAvailable, Signal::NodeFsInodesFree),
     };
-    let fs = statvfs(&nodefs)?;
-    observations.insert(
-        Signal::NodeFsAvailable,
+    reading.observations.insert(
+        bytes,
         Observation {
             available: fs.avail_bytes,
             capacity: fs.total_bytes,
         },
     );
-    observations.insert(
-        Signal::NodeFsInodesFree,
+    reading.observations.insert(
+        inodes,
         Observation {
             available: fs.avail_inodes,
             capacity: fs.total_inodes,
         },
     );
-    capacity.ephemeral_storage_bytes = Some(fs.total_bytes);
-    capacity.inodes = Some(fs.total_inodes);
-    if let Some(imagefs) = &src.imagefs {
-        let fs = statvfs(imagefs)?;
-        observations.insert(
-            Signal::ImageFsAvailable,
-            Observation {
-                available: fs.avail_bytes,
-                capacity: fs.total_bytes,
-            },
-        );
-        observations.insert(
-            Signal::ImageFsInodesFree,
-            Observation {
-                available: fs.avail_inodes,
-                capacity: fs.total_inodes,
-            },
-        );
-        capacity.has_imagefs = true;
+    if source == Source::NodeFs {
+        reading.capacity.ephemeral_storage_bytes = Some(fs.total_bytes);
+        reading.capacity.inodes = Some(fs.total_inodes);
     }
+    Ok(())
+}
 
+fn read_pids(reading: &mut NodeReading) -> Result<(), ObserveError> {
     let (limit, live) = pids()?;
-    observations.insert(
+    reading.observations.insert(
         Signal::PidAvailable,
         Observation {
             available: limit - live,
             capacity: limit,
         },
     );
-    capacity.pids = Some(limit);
-    Ok(NodeReading {
-        observations,
-        capacity,
-    })
+    reading.capacity.pids = Some(limit);
+    Ok(())
 }
 
 /// The fields of /proc/meminfo the agent uses, in bytes.
@@ -252,11 +320,66 @@ mod tests {
             nodefs: PathBuf::from("/"),
             imagefs: None,
         };
-        let r = read_node(&src).expect("node reading");
+        let r = read_node(&src);
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
         let mem = r.observations[&Signal::MemoryAvailable];
         assert!(mem.capacity > 0 && mem.available <= mem.capacity);
         let pid = r.observations[&Signal::PidAvailable];
         assert!(pid.available > 0 && pid.available < pid.capacity);
         assert!(r.observations.contains_key(&Signal::NodeFsAvailable));
+    }
+
+    #[test]
+    fn an_unreadable_source_leaves_the_others_read() {
+        let layout = crate::cgroup::detect().expect("cgroups");
+        let src = NodeSources {
+            node_dir: layout.memory.mount().to_path_buf(),
+            memory: layout.memory.clone(),
+            is_root: true,
+            memory_capacity: None,
+            nodefs: PathBuf::from("/"),
+            imagefs: Some(PathBuf::from("/nonexistent/imagefs")),
+        };
+        let r = read_node(&src);
+        assert_eq!(
+            r.failed.keys().copied().collect::<Vec<_>>(),
+            [Source::ImageFs]
+        );
+        assert!(
+            r.failed[&Source::ImageFs].contains("/nonexistent/imagefs"),
+            "{:?}",
+            r.failed
+        );
+        for signal in [
+            Signal::MemoryAvailable,
+            Signal::PidAvailable,
+            Signal::NodeFsAvailable,
+        ] {
+            assert!(r.observations.contains_key(&signal), "{signal} still read");
+        }
+        assert!(
+            !r.observations.contains_key(&Signal::ImageFsAvailable),
+            "unknown, not made up"
+        );
+        assert!(
+            r.capacity.has_imagefs,
+            "still ranked as a node with an imagefs"
+        );
+
+        let broken = NodeSources {
+            node_dir: PathBuf::from("/nonexistent/cgroup"),
+            is_root: false,
+            imagefs: None,
+            ..src
+        };
+        let r = read_node(&broken);
+        assert_eq!(
+            r.failed.keys().copied().collect::<Vec<_>>(),
+            [Source::Memory]
+        );
+        assert!(
+            r.observations.contains_key(&Signal::PidAvailable),
+            "PID decisions go on"
+        );
     }
 }

@@ -1,16 +1,22 @@
-//! The workloads the policy ranks: Kubernetes pods (from the kubelet or API server, with
-//! memory usage read fresh from their cgroups when found) or, in standalone mode, the
-//! cgroups that stand in for pods.
+//! The workloads the policy ranks: Kubernetes pods (from the kubelet or the API server, with
+//! memory read fresh from their cgroups when a pod is about to be chosen) or, in standalone
+//! mode, the cgroups that stand in for pods.
 
-use std::{collections::HashMap, path::PathBuf};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
 
-use node_agent_kube::pods::model::NodePod;
-use node_agent_policy::{ContainerInfo, PodInfo, PodUsage, Quantity, Resources};
+use node_agent_kube::pods::model::ContainerRef;
+use node_agent_policy::{ContainerInfo, ContainerUsage, PodInfo, PodUsage};
 
 use crate::cgroup::{paths, CgroupIndex, CgroupVersion, PodScope};
 
+/// The namespace standalone workloads are reported in.
+pub const STANDALONE_NAMESPACE: &str = "standalone";
+
 /// Pod-level cgroup directories by pod UID, for the pods under the node cgroup.
-pub fn pod_cgroups(index: &CgroupIndex, node_cgroup: &std::path::Path) -> HashMap<String, PathBuf> {
+pub fn pod_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> HashMap<String, PathBuf> {
     let below = node_cgroup.strip_prefix("/").unwrap_or(node_cgroup);
     index
         .pods()
@@ -19,12 +25,33 @@ pub fn pod_cgroups(index: &CgroupIndex, node_cgroup: &std::path::Path) -> HashMa
         .collect()
 }
 
+/// The pod-level cgroup directory of the pod with this UID, under the node cgroup.
+pub fn pod_cgroup(index: &CgroupIndex, node_cgroup: &Path, uid: &str) -> Option<PathBuf> {
+    let below = node_cgroup.strip_prefix("/").unwrap_or(node_cgroup);
+    index
+        .pods()
+        .find(|(_, path, pod)| {
+            pod.scope == PodScope::Pod && pod.pod_uid == uid && path.starts_with(below)
+        })
+        .map(|(_, path, _)| index.root().join(path))
+}
+
+/// Container cgroup directories by (pod UID, runtime container id), under the node cgroup.
+fn container_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> Vec<(String, String, PathBuf)> {
+    let below = node_cgroup.strip_prefix("/").unwrap_or(node_cgroup);
+    index
+        .pods()
+        .filter(|(_, path, pod)| pod.scope == PodScope::Container && path.starts_with(below))
+        .filter_map(|(_, path, pod)| {
+            let id = pod.container_id.clone()?;
+            Some((pod.pod_uid.clone(), id, index.root().join(path)))
+        })
+        .collect()
+}
+
 /// The standalone workloads: pod cgroups when the kubelet layout is present under the node
-/// cgroup, else the node cgroup's direct children.
-pub fn standalone_workloads(
-    index: &CgroupIndex,
-    node_cgroup: &std::path::Path,
-) -> Vec<(String, PathBuf)> {
+/// cgroup, else the node cgroup's direct children; `(name, directory)`.
+pub fn standalone_workloads(index: &CgroupIndex, node_cgroup: &Path) -> Vec<(String, PathBuf)> {
     let pods = pod_cgroups(index, node_cgroup);
     if !pods.is_empty() {
         let mut v: Vec<_> = pods.into_iter().collect();
@@ -44,9 +71,8 @@ pub fn standalone_workloads(
 /// A standalone workload as a pod: no requests, priority 0, its cgroup's working set.
 pub fn standalone_pod(name: &str, working_set: Option<u64>) -> PodInfo {
     PodInfo {
-        namespace: "standalone".into(),
+        namespace: STANDALONE_NAMESPACE.into(),
         name: name.into(),
-        uid: None,
         termination_grace_period_seconds: Some(30),
         containers: vec![ContainerInfo {
             name: "main".into(),
@@ -61,108 +87,154 @@ pub fn standalone_pod(name: &str, working_set: Option<u64>) -> PodInfo {
 }
 
 /// Working set of a cgroup, `None` if it cannot be read (gone, or no memory controller).
-pub fn working_set(dir: &std::path::Path, version: CgroupVersion) -> Option<u64> {
+pub fn working_set(dir: &Path, version: CgroupVersion) -> Option<u64> {
     paths::read_memory(dir, version)
         .ok()
         .map(|r| r.working_set())
 }
 
-fn quantity(bytes: Option<u64>) -> Option<Quantity> {
-    bytes
-        .and_then(|b| i64::try_from(b).ok())
-        .map(|b| Quantity::from_int(b, node_agent_policy::Format::BinarySi))
-}
-
-/// A Kubernetes pod as the policy sees it. `fresh_memory` (from the pod's cgroup) replaces the
-/// kubelet's working set, which may be up to its housekeeping interval old.
-pub fn pod_info(pod: &NodePod, fresh_memory: Option<u64>) -> PodInfo {
-    let usage = pod.usage.as_ref();
-    let memory = fresh_memory.or_else(|| usage.and_then(|u| u.memory_working_set_bytes));
-    let has_usage = memory.is_some() || usage.is_some();
-    PodInfo {
-        namespace: pod.namespace.clone(),
-        name: pod.name.clone(),
-        uid: Some(pod.uid.clone()),
-        priority: pod.priority,
-        is_static: pod.is_static,
-        is_mirror: pod.is_mirror,
-        termination_grace_period_seconds: Some(pod.termination_grace_period_seconds),
-        containers: pod
-            .containers
-            .iter()
-            .map(|c| ContainerInfo {
-                name: c.name.clone(),
-                requests: Resources {
-                    memory: quantity(c.requests.memory_bytes),
-                    ephemeral_storage: quantity(c.requests.ephemeral_storage_bytes),
-                },
-                limits: Resources {
-                    memory: quantity(c.limits.memory_bytes),
-                    ephemeral_storage: quantity(c.limits.ephemeral_storage_bytes),
-                },
-                usage: None,
-            })
-            .collect(),
-        usage: has_usage.then(|| PodUsage {
-            memory_working_set_bytes: memory.unwrap_or(0),
-            processes: usage.and_then(|u| u.process_count).unwrap_or(0),
-            nodefs: node_agent_policy::FsUsage {
-                bytes: usage.and_then(|u| u.ephemeral_storage_bytes).unwrap_or(0),
-                inodes: usage.and_then(|u| u.inodes_used).unwrap_or(0),
-            },
-            imagefs: node_agent_policy::FsUsage::default(),
-        }),
-    }
+/// The same pods with their memory read now from their cgroups: the pod's working set, and
+/// each container's (named through the pod source's container ids), so ranking and the
+/// eviction message use the figures of this moment, not the kubelet's of up to its
+/// housekeeping interval ago. Pods whose cgroup is not found keep the pod source's figures.
+pub fn with_fresh_memory(
+    pods: &[PodInfo],
+    index: &CgroupIndex,
+    node_cgroup: &Path,
+    version: CgroupVersion,
+    containers: &HashMap<String, ContainerRef>,
+) -> Vec<PodInfo> {
+    let pod_dirs = pod_cgroups(index, node_cgroup);
+    let container_dirs = container_cgroups(index, node_cgroup);
+    pods.iter()
+        .map(|pod| {
+            let mut pod = pod.clone();
+            let Some(uid) = pod.uid.clone() else {
+                return pod;
+            };
+            let Some(fresh) = pod_dirs.get(&uid).and_then(|d| working_set(d, version)) else {
+                return pod;
+            };
+            pod.usage
+                .get_or_insert_with(PodUsage::default)
+                .memory_working_set_bytes = fresh;
+            for (_, id, dir) in container_dirs.iter().filter(|(u, _, _)| *u == uid) {
+                let Some(name) = containers.get(id).map(|c| c.name.as_str()) else {
+                    continue;
+                };
+                let Some(container) = pod.containers.iter_mut().find(|c| c.name == name) else {
+                    continue;
+                };
+                if let Some(ws) = working_set(dir, version) {
+                    container
+                        .usage
+                        .get_or_insert_with(ContainerUsage::default)
+                        .memory_working_set_bytes = Some(ws);
+                }
+            }
+            pod
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const UID: &str = "0c4a2c5e-7f0b-4f4e-9a55-3b1c1d2e3f40";
+    const CID: &str = "8d3b6f1c0a9e4b7d2c5f8a1e3b6d9c0f2a4e7b1d5c8f0a3e6b9d2c4f7a1e3b5d";
+
+    /// A v1-style memory cgroup with the files `read_memory` reads.
+    fn memcg(dir: &Path, usage: u64, inactive_file: u64) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("memory.usage_in_bytes"), usage.to_string()).unwrap();
+        std::fs::write(dir.join("memory.limit_in_bytes"), "9223372036854771712").unwrap();
+        std::fs::write(
+            dir.join("memory.stat"),
+            format!("total_inactive_file {inactive_file}\ninactive_file {inactive_file}\n"),
+        )
+        .unwrap();
+    }
+
     #[test]
-    fn fresh_cgroup_memory_replaces_the_kubelets_figure() {
-        let pod = NodePod {
-            namespace: "default".into(),
+    fn fresh_cgroup_memory_replaces_the_pod_sources_figures() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pod_dir = tmp.path().join(format!("node/kubepods/burstable/pod{UID}"));
+        memcg(&pod_dir, 90 << 20, 10 << 20);
+        memcg(&pod_dir.join(CID), 70 << 20, 0);
+        let index = CgroupIndex::scan(tmp.path()).unwrap();
+        let pod = PodInfo {
+            namespace: "shop".into(),
             name: "web".into(),
-            uid: "u1".into(),
-            labels: Default::default(),
-            phase: None,
-            priority: 5,
-            qos: node_agent_kube::pods::model::QosClass::Burstable,
-            is_static: false,
-            is_mirror: false,
-            owner_kind: None,
-            termination_grace_period_seconds: 20,
-            containers: vec![node_agent_kube::pods::model::ContainerInfo {
-                name: "app".into(),
-                container_id: None,
-                requests: node_agent_kube::pods::model::Resources {
-                    memory_bytes: Some(1 << 30),
-                    ..Default::default()
+            uid: Some(UID.into()),
+            containers: vec![
+                ContainerInfo {
+                    name: "app".into(),
+                    ..ContainerInfo::default()
                 },
-                limits: Default::default(),
-            }],
-            usage: Some(node_agent_kube::pods::model::PodUsage {
-                memory_working_set_bytes: Some(100),
-                process_count: Some(7),
-                ..Default::default()
+                ContainerInfo {
+                    name: "sidecar".into(),
+                    ..ContainerInfo::default()
+                },
+            ],
+            usage: Some(PodUsage {
+                memory_working_set_bytes: 100,
+                processes: 7,
+                ..PodUsage::default()
             }),
+            ..PodInfo::default()
         };
-        let fresh = pod_info(&pod, Some(5000));
-        assert_eq!(fresh.usage.unwrap().memory_working_set_bytes, 5000);
-        assert_eq!(fresh.usage.unwrap().processes, 7);
+        let other = PodInfo {
+            uid: Some("elsewhere".into()),
+            ..pod.clone()
+        };
+        let untouched = pod.clone();
+        let containers: HashMap<String, ContainerRef> = [(
+            CID.to_string(),
+            ContainerRef {
+                pod_uid: UID.into(),
+                name: "app".into(),
+            },
+        )]
+        .into_iter()
+        .collect();
+        let fresh = with_fresh_memory(
+            &[pod, other],
+            &index,
+            Path::new("/node"),
+            CgroupVersion::V1,
+            &containers,
+        );
+        let usage = fresh[0].usage.unwrap();
         assert_eq!(
-            fresh.containers[0].requests.memory.unwrap().value(),
-            1 << 30
+            (usage.memory_working_set_bytes, usage.processes),
+            (80 << 20, 7),
+            "working set = usage - inactive_file; the rest kept"
         );
         assert_eq!(
-            pod_info(&pod, None).usage.unwrap().memory_working_set_bytes,
-            100
+            fresh[0].containers[0]
+                .usage
+                .and_then(|u| u.memory_working_set_bytes),
+            Some(70 << 20),
+            "the container, by its id"
         );
-        let bare = NodePod { usage: None, ..pod };
-        assert!(
-            pod_info(&bare, None).usage.is_none(),
-            "no stats, no cgroup: no usage"
+        assert_eq!(fresh[0].containers[1].usage, None, "no cgroup, no figure");
+        assert_eq!(
+            fresh[1].usage.unwrap().memory_working_set_bytes,
+            100,
+            "no cgroup found: the pod source's figure"
+        );
+        let outside = with_fresh_memory(
+            &[untouched],
+            &index,
+            Path::new("/other-node"),
+            CgroupVersion::V1,
+            &containers,
+        );
+        assert_eq!(
+            outside[0].usage.unwrap().memory_working_set_bytes,
+            100,
+            "only cgroups below the node cgroup are read"
         );
     }
 }

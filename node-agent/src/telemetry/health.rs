@@ -1,10 +1,11 @@
 //! Liveness (the main loop still beats) and readiness (programs attached, first evaluation
-//! done), kept in atomics so the loop records them without locks or I/O.
+//! done, every signal source readable), kept in atomics (and one small lock for the degraded
+//! sources) so the loop records them without I/O.
 
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     time::{Duration, Instant},
 };
@@ -17,6 +18,8 @@ pub struct Health {
     stall_after: Duration,
     last_beat_nanos: AtomicU64,
     ready: AtomicBool,
+    /// Signal sources that could not be read, with why: `/readyz` names them.
+    degraded: Mutex<Vec<(String, String)>>,
 }
 
 /// What `/healthz` reports.
@@ -38,6 +41,7 @@ impl Health {
             stall_after,
             last_beat_nanos: AtomicU64::new(0),
             ready: AtomicBool::new(false),
+            degraded: Mutex::new(Vec::new()),
         })
     }
 
@@ -54,6 +58,36 @@ impl Health {
 
     pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+
+    /// The signal sources that cannot be read now, `(source, error)`; empty when all can.
+    /// `/readyz` fails and names them while any is degraded.
+    pub fn set_degraded(&self, sources: Vec<(String, String)>) {
+        *self.degraded.lock().unwrap_or_else(|p| p.into_inner()) = sources;
+    }
+
+    /// What `/readyz` says: ready, or why not (programs not attached, no evaluation yet, or
+    /// signal sources degraded, each named).
+    pub(crate) fn readiness(&self) -> Result<(), String> {
+        if !self.is_ready() {
+            return Err("not ready: programs not attached or no evaluation yet\n".into());
+        }
+        let degraded = self.degraded();
+        if degraded.is_empty() {
+            return Ok(());
+        }
+        Err(degraded.iter().fold(
+            "not ready: signal sources degraded (their signals are unknown; the others are decided on):\n"
+                .to_string(),
+            |text, (source, error)| text + &format!("{source}: {error}\n"),
+        ))
+    }
+
+    pub(crate) fn degraded(&self) -> Vec<(String, String)> {
+        self.degraded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn beat_at(&self, now: Instant) {
@@ -131,6 +165,33 @@ mod tests {
                 row.name
             );
         }
+    }
+
+    #[test]
+    fn degraded_sources_are_kept_until_cleared() {
+        let health = Health::new(ms(1000));
+        assert!(health.degraded().is_empty());
+        health.set_degraded(vec![(
+            "imagefs".into(),
+            "statvfs: no such directory".into(),
+        )]);
+        assert_eq!(
+            health.degraded(),
+            [(
+                "imagefs".to_string(),
+                "statvfs: no such directory".to_string()
+            )]
+        );
+        health.set_ready(true);
+        health.set_degraded(vec![(
+            "imagefs".into(),
+            "statvfs /images: no such directory".into(),
+        )]);
+        let why = health.readiness().unwrap_err();
+        assert!(why.contains("imagefs: statvfs /images"), "{why}");
+        health.set_degraded(Vec::new());
+        assert!(health.degraded().is_empty());
+        assert_eq!(health.readiness(), Ok(()));
     }
 
     #[test]

@@ -1,7 +1,12 @@
 //! The `node_agent_*` metric families and the methods the daemon records them through.
 
-use std::sync::Arc;
+mod kube;
+mod record;
 
+use std::sync::{Arc, OnceLock};
+
+use kube::KubeCounters;
+use node_agent_kube::api::Counters;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -103,7 +108,13 @@ pub struct Metrics {
     stale_data: Family<SourceLabels, Counter>,
     config_reloads: Family<ResultLabels, Counter>,
     tracked_cgroups: Gauge,
+    untracked_cgroups: Gauge,
+    tracking_cap_reached: Counter,
     kube_errors: Family<OperationLabels, Counter>,
+    signal_unknown: Family<SignalLabels, Gauge>,
+    no_evictable_pod: Family<SignalLabels, Gauge>,
+    no_evictable_pod_events: Family<SignalLabels, Counter>,
+    kube_counters: Arc<OnceLock<Arc<Counters>>>,
     telemetry_connections_closed: Family<ReasonLabels, Counter>,
 }
 
@@ -125,11 +136,17 @@ impl Metrics {
             stale_data: Family::default(),
             config_reloads: Family::default(),
             tracked_cgroups: Gauge::default(),
+            untracked_cgroups: Gauge::default(),
+            tracking_cap_reached: Counter::default(),
             kube_errors: Family::default(),
+            signal_unknown: Family::default(),
+            no_evictable_pod: Family::default(),
+            no_evictable_pod_events: Family::default(),
+            kube_counters: Arc::default(),
             telemetry_connections_closed: Family::default(),
         };
-        // Both reload results exist from the start, so `rate()` and alerts see a 0, not nothing.
-        for result in ["ok", "invalid"] {
+        // Every reload result exists from the start, so `rate()` and alerts see a 0, not nothing.
+        for result in ["ok", "invalid", "refused"] {
             metrics
                 .config_reloads
                 .get_or_create_owned(&ResultLabels { result });
@@ -215,157 +232,47 @@ impl Metrics {
             self.tracked_cgroups.clone(),
         );
         r.register(
+            "untracked_cgroups",
+            "Cgroups left untracked because the kernel maps are full (tracked as soon as room frees)",
+            self.untracked_cgroups.clone(),
+        );
+        r.register(
+            "tracking_cap_reached",
+            "Times the kernel maps' cgroup cap was reached",
+            self.tracking_cap_reached.clone(),
+        );
+        r.register(
             "kube_errors",
             "Failed Kubernetes API or kubelet requests, by operation",
             self.kube_errors.clone(),
+        );
+        r.register(
+            "signal_unknown",
+            "Whether the signal could not be read at the last evaluation (1): its source is degraded and it meets no threshold",
+            self.signal_unknown.clone(),
+        );
+        r.register(
+            "no_evictable_pod",
+            "Whether a threshold on this signal is past its grace period with no pod that may be evicted (1)",
+            self.no_evictable_pod.clone(),
+        );
+        r.register(
+            "no_evictable_pod_events",
+            "Times a threshold on this signal was found past its grace period with no pod that may be evicted",
+            self.no_evictable_pod_events.clone(),
         );
         r.register(
             "telemetry_connections_closed",
             "Connections to this listener closed by the agent, by reason (client_limit, capacity, idle)",
             self.telemetry_connections_closed.clone(),
         );
+        r.register_collector(Box::new(KubeCounters(self.kube_counters.clone())));
         self
     }
 
-    /// Counter `node_agent_telemetry_connections_closed_total{reason}`: connections the
-    /// metrics and health listener closed so that others get in (see `telemetry::connections`).
-    pub fn telemetry_connection_closed(&self, reason: &'static str) {
-        self.telemetry_connections_closed
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
-    }
-
-    /// Gauge `node_agent_signal_available{signal}` (bytes, inodes or PIDs as the kubelet's
-    /// signal).
-    pub fn set_signal_available(&self, signal: &str, available: i64) {
-        self.signal_available
-            .get_or_create(&SignalLabels {
-                signal: signal.to_owned(),
-            })
-            .set(available);
-    }
-
-    /// Gauge `node_agent_threshold_met{signal,kind="hard"|"soft"}` 1/0.
-    pub fn set_threshold_met(&self, signal: &str, hard: bool, met: bool) {
-        let labels = ThresholdLabels {
-            signal: signal.to_owned(),
-            kind: if hard { "hard" } else { "soft" },
-        };
-        self.threshold_met
-            .get_or_create(&labels)
-            .set(i64::from(met));
-    }
-
-    /// Gauge `node_agent_node_condition{condition}` 1/0 (MemoryPressure, DiskPressure,
-    /// PIDPressure).
-    pub fn set_condition(&self, condition: &str, active: bool) {
-        self.node_condition
-            .get_or_create(&ConditionLabels {
-                condition: condition.to_owned(),
-            })
-            .set(i64::from(active));
-    }
-
-    /// Counter `node_agent_evictions_total{signal,result}` (result: evicted, dry_run,
-    /// blocked_by_pdb, pdb_overridden, already_gone, refused, failed, rate_limited).
-    pub fn eviction(&self, signal: &str, result: &str) {
-        self.evictions
-            .get_or_create(&EvictionLabels {
-                signal: signal.to_owned(),
-                result: result.to_owned(),
-            })
-            .inc();
-    }
-
-    /// Counter `node_agent_oom_kills_total{namespace}` (`""` → `"none"` for non-pod cgroups).
-    pub fn oom_kill(&self, namespace: &str) {
-        let namespace = if namespace.is_empty() {
-            "none"
-        } else {
-            namespace
-        };
-        self.oom_kills
-            .get_or_create(&NamespaceLabels {
-                namespace: namespace.to_owned(),
-            })
-            .inc();
-    }
-
-    /// Counter `node_agent_kernel_events_total{kind}`.
-    pub fn kernel_event(&self, kind: &str) {
-        self.kernel_events
-            .get_or_create(&KindLabels {
-                kind: kind.to_owned(),
-            })
-            .inc();
-    }
-
-    /// Counter `node_agent_ringbuf_lost_events_total` (add the delta).
-    pub fn ring_lost(&self, delta: u64) {
-        self.ringbuf_lost_events.inc_by(delta);
-    }
-
-    /// Counter `node_agent_ringbuf_decode_errors_total`.
-    pub fn decode_error(&self) {
-        self.ringbuf_decode_errors.inc();
-    }
-
-    /// Histogram `node_agent_decision_latency_seconds{trigger}`: kernel timestamp of the
-    /// triggering event → decision, buckets [`DECISION_LATENCY_BUCKETS`]. A negative or
-    /// non-finite value (a clock mix-up upstream) would corrupt the sum for good, so it is
-    /// counted in `node_agent_decision_latency_invalid_total{trigger}` instead.
-    pub fn decision_latency(&self, trigger: &str, seconds: f64) {
-        let labels = TriggerLabels {
-            trigger: trigger.to_owned(),
-        };
-        if seconds.is_finite() && seconds >= 0.0 {
-            self.decision_latency
-                .get_or_create(&labels)
-                .observe(seconds);
-        } else {
-            self.decision_latency_invalid.get_or_create(&labels).inc();
-        }
-    }
-
-    /// Counter `node_agent_evaluations_total{trigger}`.
-    pub fn evaluation(&self, trigger: &str) {
-        self.evaluations
-            .get_or_create(&TriggerLabels {
-                trigger: trigger.to_owned(),
-            })
-            .inc();
-    }
-
-    /// Counter `node_agent_stale_data_total{source}`: a decision refused because its data was
-    /// too old.
-    pub fn stale_data(&self, source: &str) {
-        self.stale_data
-            .get_or_create(&SourceLabels {
-                source: source.to_owned(),
-            })
-            .inc();
-    }
-
-    /// Counter `node_agent_config_reloads_total{result="ok"|"invalid"}`.
-    pub fn config_reload(&self, ok: bool) {
-        let result = if ok { "ok" } else { "invalid" };
-        self.config_reloads
-            .get_or_create(&ResultLabels { result })
-            .inc();
-    }
-
-    /// Gauge `node_agent_tracked_cgroups`.
-    pub fn set_tracked_cgroups(&self, n: i64) {
-        self.tracked_cgroups.set(n);
-    }
-
-    /// Counter `node_agent_kube_errors_total{operation}`.
-    pub fn kube_error(&self, operation: &str) {
-        self.kube_errors
-            .get_or_create(&OperationLabels {
-                operation: operation.to_owned(),
-            })
-            .inc();
+    /// Exports the Kubernetes clients' failure counts (set once, at start).
+    pub fn export_kube_counters(&self, counters: Arc<Counters>) {
+        let _ = self.kube_counters.set(counters);
     }
 
     /// The whole exposition in OpenMetrics text ([`METRICS_CONTENT_TYPE`]), ending in `# EOF`.
@@ -384,6 +291,8 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
 
     fn lines(text: &str) -> Vec<&str> {
@@ -444,17 +353,48 @@ mod tests {
              |m| m.stale_data("kubelet_pods"),
              "node_agent_stale_data_total{source=\"kubelet_pods\"} 1"),
             ("a good reload counts as ok",
-             |m| m.config_reload(true),
+             |m| m.config_reload("ok"),
              "node_agent_config_reloads_total{result=\"ok\"} 1"),
             ("a bad reload counts as invalid",
-             |m| m.config_reload(false),
+             |m| m.config_reload("invalid"),
              "node_agent_config_reloads_total{result=\"invalid\"} 1"),
+            ("a reload changing what cannot change counts as refused",
+             |m| m.config_reload("refused"),
+             "node_agent_config_reloads_total{result=\"refused\"} 1"),
             ("reload results start at zero",
              |_| {},
              "node_agent_config_reloads_total{result=\"invalid\"} 0"),
             ("tracked cgroups is a gauge",
-             |m| m.set_tracked_cgroups(42),
+             |m| m.set_tracked_cgroups(42, 0, false),
              "node_agent_tracked_cgroups 42"),
+            ("cgroups over the cap are a gauge",
+             |m| m.set_tracked_cgroups(8192, 17, true),
+             "node_agent_untracked_cgroups 17"),
+            ("reaching the cap is counted",
+             |m| { m.set_tracked_cgroups(8192, 17, true); m.set_tracked_cgroups(8192, 17, false) },
+             "node_agent_tracking_cap_reached_total 1"),
+            ("an unreadable signal is 1",
+             |m| m.set_signal_unknown("imagefs.available", true),
+             "node_agent_signal_unknown{signal=\"imagefs.available\"} 1"),
+            ("no evictable pod is a gauge per signal",
+             |m| m.set_no_evictable_pod(Some("memory.available")),
+             "node_agent_no_evictable_pod{signal=\"memory.available\"} 1"),
+            ("and counted on entry",
+             |m| { m.set_no_evictable_pod(Some("memory.available")); m.set_no_evictable_pod(None); m.set_no_evictable_pod(Some("memory.available")) },
+             "node_agent_no_evictable_pod_events_total{signal=\"memory.available\"} 2"),
+            ("cleared to 0",
+             |m| { m.set_no_evictable_pod(Some("pid.available")); m.set_no_evictable_pod(None) },
+             "node_agent_no_evictable_pod{signal=\"pid.available\"} 0"),
+            ("the kube clients' counts are exported",
+             |m| {
+                 let c = Arc::new(Counters::default());
+                 c.retries.fetch_add(3, Ordering::Relaxed);
+                 m.export_kube_counters(c);
+             },
+             "node_agent_kube_retries_total 3"),
+            ("and read as zero before a cluster is connected",
+             |_| {},
+             "node_agent_kube_request_failures_total 0"),
             ("kube errors count by operation",
              |m| m.kube_error("list_pods"),
              "node_agent_kube_errors_total{operation=\"list_pods\"} 1"),
@@ -488,6 +428,9 @@ mod tests {
         metrics.evaluation("resync");
         metrics.stale_data("cgroup");
         metrics.kube_error("evict");
+        metrics.set_tracked_cgroups(1, 0, true);
+        metrics.set_signal_unknown("imagefs.available", false);
+        metrics.set_no_evictable_pod(Some("memory.available"));
         let text = metrics.encode();
 
         let mut families: Vec<&str> = lines(&text)
@@ -506,14 +449,23 @@ mod tests {
                 "node_agent_evictions",
                 "node_agent_kernel_events",
                 "node_agent_kube_errors",
+                "node_agent_kube_pods_skipped",
+                "node_agent_kube_request_failures",
+                "node_agent_kube_retries",
+                "node_agent_kube_watch_events_dropped",
+                "node_agent_no_evictable_pod",
+                "node_agent_no_evictable_pod_events",
                 "node_agent_node_condition",
                 "node_agent_oom_kills",
                 "node_agent_ringbuf_decode_errors",
                 "node_agent_ringbuf_lost_events",
                 "node_agent_signal_available",
+                "node_agent_signal_unknown",
                 "node_agent_stale_data",
                 "node_agent_threshold_met",
                 "node_agent_tracked_cgroups",
+                "node_agent_tracking_cap_reached",
+                "node_agent_untracked_cgroups",
             ]
         );
         for family in families {

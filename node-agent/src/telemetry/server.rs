@@ -291,12 +291,10 @@ fn respond(
                 format!("stalled: main loop last beat {since_beat:.1?} ago (limit {limit:.1?})\n"),
             ),
         },
-        _ if health.is_ready() => response(StatusCode::OK, TEXT, "ready\n".into()),
-        _ => response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            TEXT,
-            "not ready: programs not attached or no evaluation yet\n".into(),
-        ),
+        _ => match health.readiness() {
+            Ok(()) => response(StatusCode::OK, TEXT, "ready\n".into()),
+            Err(why) => response(StatusCode::SERVICE_UNAVAILABLE, TEXT, why),
+        },
     }
 }
 

@@ -7,6 +7,7 @@ const KINDS: &[&str] = &[
     "memory_threshold",
     "pid_threshold",
     "fork_storm",
+    "eviction",
     "events_lost",
 ];
 
@@ -49,10 +50,16 @@ impl Filter {
 
     /// Kind filters select kinds; cgroup and pod filters keep only events of matching cgroups
     /// (events about the whole node, like `pid_threshold` and `events_lost`, always pass them:
-    /// a loss may hide an event of the filtered pod).
+    /// a loss may hide an event of the filtered pod); evictions pass the pod filter by UID.
     pub fn matches(&self, record: &Record) -> bool {
         if !self.kinds.is_empty() && !self.kinds.iter().any(|k| k == record.kind()) {
             return false;
+        }
+        if let Record::Eviction { uid, .. } = record {
+            return self
+                .pod
+                .as_ref()
+                .is_none_or(|want| uid.as_deref().is_some_and(|u| u.starts_with(want.as_str())));
         }
         let Some(cgroup) = record.cgroup() else {
             return true;
@@ -90,7 +97,7 @@ impl Filter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::record::{CgroupRef, PodRef};
+    use crate::trace::record::{CgroupRef, PodRef, Qos};
 
     fn storm(path: &str, pod: Option<&str>) -> Record {
         Record::ForkStorm {
@@ -101,8 +108,11 @@ mod tests {
                 path: Some(path.into()),
                 pod: pod.map(|uid| PodRef {
                     uid: uid.into(),
-                    qos: "Burstable".into(),
+                    qos: Qos::Burstable,
                     container_id: None,
+                    namespace: None,
+                    name: None,
+                    container: None,
                 }),
             },
             pid: 1,
@@ -121,6 +131,13 @@ mod tests {
             total_per_cpu: vec![1],
         };
         let pod_storm = storm("/kubepods/burstable/podabc/123", Some("abc-def"));
+        let eviction = |uid: &str| -> Record {
+            serde_json::from_value(serde_json::json!({"kind": "eviction", "time": "t", "namespace": "shop", "name": "web",
+                "uid": uid, "signal": "memory.available", "hard": true, "observed": 1, "threshold": 2,
+                "grace_period_seconds": 1, "result": "evicted", "message": "m"}))
+            .unwrap()
+        };
+        let (ours, theirs) = (eviction("abc-def"), eviction("fff"));
         let plain_storm = storm("/system.slice", None);
         let f = |kinds: &[&str], cgroup: Option<&str>, pod: Option<&str>| {
             Filter::new(
@@ -184,6 +201,30 @@ mod tests {
                 f(&[], Some("kubepods"), Some("abc")),
                 &lost,
                 true,
+            ),
+            (
+                "--kind eviction keeps evictions",
+                f(&["eviction"], None, None),
+                &ours,
+                true,
+            ),
+            (
+                "--kind eviction drops kernel events",
+                f(&["eviction"], None, None),
+                &pod_storm,
+                false,
+            ),
+            (
+                "an eviction of the filtered pod",
+                f(&[], None, Some("abc")),
+                &ours,
+                true,
+            ),
+            (
+                "an eviction of another pod",
+                f(&[], None, Some("abc")),
+                &theirs,
+                false,
             ),
         ];
         for (name, filter, record, want) in cases {

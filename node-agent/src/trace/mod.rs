@@ -1,19 +1,61 @@
 //! `node-agent trace`: what the kernel reports, live — OOM kills, memory and PID threshold
-//! crossings, fork storms and lost events — attributed to cgroups and pods.
+//! crossings, fork storms and lost events — attributed to cgroups and pods; attached to a
+//! running daemon, its eviction outcomes too.
 
 mod filter;
 mod record;
+mod table;
 
-use std::{collections::HashSet, io::Write as _, path::PathBuf, time::Duration};
+use std::{io::Write as _, path::PathBuf, time::Duration};
 
-use anyhow::Context as _;
-pub use filter::{Filter, OutputFormat};
-pub use record::{CgroupRef, PodRef, Record};
+pub use filter::{Filter, FilterError, OutputFormat};
+pub use record::{CgroupRef, Crossing, OomConstraint, PodRef, Qos, Record};
 
 use crate::{
-    cgroup::{self, CgroupIndex},
+    cgroup::{
+        self,
+        attribution::{attribute, NoNames},
+        CgroupTracker, ForkLimit,
+    },
     ebpf::{KernelEvent, KernelPrograms, LoadOptions},
 };
+
+/// Why `trace` stopped or could not start. Every variant names what was wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error(transparent)]
+    Filter(#[from] FilterError),
+    #[error("--{flag} {value:?}: {problem}")]
+    Flag {
+        flag: &'static str,
+        value: String,
+        problem: String,
+    },
+    #[error(transparent)]
+    Hierarchy(#[from] cgroup::HierarchyError),
+    #[error(transparent)]
+    Sys(#[from] crate::sys::SysError),
+    #[error(transparent)]
+    Load(#[from] crate::ebpf::LoadError),
+    #[error(transparent)]
+    Control(#[from] crate::ebpf::ControlError),
+    #[error(transparent)]
+    Track(#[from] cgroup::TrackError),
+    #[error("reading the id of cgroup {path}")]
+    CgroupId {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the node-agent daemon closed the trace stream (it stopped)")]
+    DaemonStopped,
+    #[error("writing the output")]
+    Output(#[source] std::io::Error),
+    #[error("reading the daemon's stream")]
+    Stream(#[source] std::io::Error),
+    #[error("starting the runtime or the signal handlers")]
+    Runtime(#[source] std::io::Error),
+}
 
 #[derive(Debug, clap::Args)]
 pub struct TraceArgs {
@@ -77,76 +119,88 @@ struct MemoryThresholdArg {
     bytes: u64,
 }
 
-fn parse_threshold(spec: &str, root: &std::path::Path) -> anyhow::Result<MemoryThresholdArg> {
-    let (path, quantity) = spec.split_once('=').with_context(|| {
-        format!("--memory-threshold {spec:?}: expected PATH=QUANTITY, e.g. /kubepods=6Gi")
-    })?;
-    let bytes = quantity_bytes(quantity).with_context(|| format!("--memory-threshold {spec:?}"))?;
+fn parse_threshold(spec: &str, root: &std::path::Path) -> Result<MemoryThresholdArg, TraceError> {
+    let flag = |problem: String| TraceError::Flag {
+        flag: "memory-threshold",
+        value: spec.to_string(),
+        problem,
+    };
+    let (path, quantity) = spec
+        .split_once('=')
+        .ok_or_else(|| flag("expected PATH=QUANTITY, e.g. /kubepods=6Gi".into()))?;
+    let bytes = quantity_bytes(quantity).map_err(flag)?;
     let relative = std::path::Path::new(path.trim_start_matches('/'));
-    anyhow::ensure!(
-        relative
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir)),
-        "--memory-threshold {spec:?}: {path:?} leaves the cgroup hierarchy; give a path below {} without `..`",
-        root.display()
-    );
+    let leaves = relative.components().any(|c| {
+        !matches!(
+            c,
+            std::path::Component::Normal(_) | std::path::Component::CurDir
+        )
+    });
+    if leaves {
+        return Err(flag(format!(
+            "{path:?} leaves the cgroup hierarchy; give a path below {} without `..`",
+            root.display()
+        )));
+    }
     let path = root.join(relative);
-    anyhow::ensure!(
-        path.is_dir(),
-        "--memory-threshold {spec:?}: no cgroup at {}",
-        path.display()
-    );
+    if !path.is_dir() {
+        return Err(flag(format!("no cgroup at {}", path.display())));
+    }
     // `..` is not the only way out: a symbolic link could lead elsewhere too.
-    let resolved = path
-        .canonicalize()
-        .with_context(|| format!("--memory-threshold {spec:?}: resolving {}", path.display()))?;
-    let root_resolved = root
-        .canonicalize()
-        .with_context(|| format!("resolving {}", root.display()))?;
-    anyhow::ensure!(
-        resolved.starts_with(&root_resolved),
-        "--memory-threshold {spec:?}: {} leaves the cgroup hierarchy (it is {})",
-        path.display(),
-        resolved.display()
-    );
+    let resolve = |p: &std::path::Path| {
+        p.canonicalize()
+            .map_err(|e| flag(format!("resolving {}: {e}", p.display())))
+    };
+    let (resolved, root_resolved) = (resolve(&path)?, resolve(root)?);
+    if !resolved.starts_with(&root_resolved) {
+        return Err(flag(format!(
+            "{} leaves the cgroup hierarchy (it is {})",
+            path.display(),
+            resolved.display()
+        )));
+    }
     Ok(MemoryThresholdArg { path, bytes })
 }
 
-fn quantity_bytes(text: &str) -> anyhow::Result<u64> {
+fn quantity_bytes(text: &str) -> Result<u64, String> {
     let q: node_agent_policy::Quantity = text
         .parse()
-        .with_context(|| format!("{text:?} is not a quantity such as 512Mi"))?;
+        .map_err(|e| format!("{text:?} is not a quantity such as 512Mi: {e}"))?;
     let value = q
         .checked_value()
-        .with_context(|| format!("{text:?} is beyond what 64 bits of bytes hold"))?;
+        .map_err(|_| format!("{text:?} is beyond what 64 bits of bytes hold"))?;
     u64::try_from(value)
         .ok()
         .filter(|v| *v > 0)
-        .with_context(|| format!("{text:?} must be positive"))
+        .ok_or_else(|| format!("{text:?} must be positive"))
 }
 
 /// How often losses are checked and, when the kernel reported cgroups created or removed, the
 /// cgroup index is rescanned (new pods tracked, gone ones dropped).
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
-/// Full cgroupfs walk when no cgroup change was reported for this long.
-const SAFETY_RESCAN: Duration = Duration::from_secs(60);
 
-pub fn run(args: TraceArgs) -> anyhow::Result<()> {
+pub fn run(args: TraceArgs) -> Result<(), TraceError> {
     // Everything from the command line is validated before any program is loaded.
     let filter = Filter::new(&args.kind, args.cgroup.clone(), args.pod.clone())?;
-    let hysteresis = quantity_bytes(&args.memory_hysteresis).context("--memory-hysteresis")?;
+    let hysteresis =
+        quantity_bytes(&args.memory_hysteresis).map_err(|problem| TraceError::Flag {
+            flag: "memory-hysteresis",
+            value: args.memory_hysteresis.clone(),
+            problem,
+        })?;
     let layout = cgroup::detect()?;
     let root = layout.memory.mount().to_path_buf();
     let thresholds: Vec<MemoryThresholdArg> = args
         .memory_thresholds
         .iter()
         .map(|spec| parse_threshold(spec, &root))
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<Result<_, _>>()?;
     let pid_limit = crate::sys::pid_limit()? as u64;
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?;
+        .build()
+        .map_err(TraceError::Runtime)?;
     if !args.no_attach {
         if let Some(stream) = runtime.block_on(connect(&args.socket)) {
             return runtime.block_on(attach(stream, &args, &filter));
@@ -158,11 +212,11 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         if !thresholds.is_empty() && programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable {
             tracing::warn!("no in-kernel memory mechanism attaches on this kernel: --memory-threshold is not evaluated");
         }
-        let mut index = CgroupIndex::scan(&root)?;
-        let mut tracked = HashSet::new();
-        track(&mut programs, &index, index.entries().map(|(id, _)| id).collect(), &mut tracked, &args)?;
+        let fork_limit = (args.fork_limit > 0).then_some(ForkLimit { max_forks: args.fork_limit, window: args.fork_window });
+        let mut tracker = CgroupTracker::new(&root, fork_limit)?;
+        tracker.refresh(&mut programs)?;
         for t in &thresholds {
-            let id = cgroup::cgroup_id(&t.path)?;
+            let id = cgroup::cgroup_id(&t.path).map_err(|source| TraceError::CgroupId { path: t.path.clone(), source })?;
             programs.set_memory_threshold(id, t.bytes, hysteresis)?;
         }
         programs.set_pid_threshold(pid_limit, args.pid_available_below, args.pid_available_below / 10)?;
@@ -171,29 +225,28 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         let page_size = crate::sys::page_size();
         let mut out = std::io::stdout().lock();
         if args.output == OutputFormat::Table {
-            writeln!(out, "{}", Record::TABLE_HEADER)?;
+            writeln!(out, "{}", Record::TABLE_HEADER).map_err(TraceError::Output)?;
         }
-        let mut stop = Stop::new(args.duration)?;
+        let mut stop = Stop::new(args.duration).map_err(TraceError::Runtime)?;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
-        let mut rescan = cgroup::RescanSchedule::new(SAFETY_RESCAN, std::time::Instant::now());
-        let mut cgroups_changed = false;
         let mut lost_before: u64 = programs.lost_events()?.iter().sum();
         loop {
             tokio::select! {
                 batch = events.next_batch() => {
-                    for record in batch? {
+                    for record in batch.map_err(TraceError::Stream)? {
                         match record {
-                            Ok(KernelEvent::CgroupChange(_)) => cgroups_changed = true,
+                            Ok(KernelEvent::CgroupChange(_)) => tracker.mark_changed(),
                             Ok(event) => {
-                                let rec = Record::from_event(&event, &index, crate::sys::ktime_rfc3339(event.header().ktime_ns), page_size);
-                                if let Some(rec) = rec.filter(|r| filter.matches(r)) {
-                                    writeln!(out, "{}", filter.render(&rec, args.output))?;
+                                let Some(a) = attribute(&event, tracker.index(), &NoNames, page_size) else { continue };
+                                let rec = Record::event(&a, crate::sys::ktime_rfc3339(a.ktime_ns));
+                                if filter.matches(&rec) {
+                                    writeln!(out, "{}", filter.render(&rec, args.output)).map_err(TraceError::Output)?;
                                 }
                             }
                             Err(e) => tracing::warn!(error = %e, "undecodable kernel record"),
                         }
                     }
-                    out.flush()?;
+                    out.flush().map_err(TraceError::Output)?;
                 }
                 _ = housekeeping.tick() => {
                     let per_cpu = programs.lost_events()?;
@@ -202,31 +255,19 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                         let rec = Record::EventsLost { time: crate::sys::now_rfc3339(), lost: total - lost_before, total_per_cpu: per_cpu };
                         lost_before = total;
                         if filter.matches(&rec) {
-                            writeln!(out, "{}", filter.render(&rec, args.output))?;
-                            out.flush()?;
+                            writeln!(out, "{}", filter.render(&rec, args.output)).map_err(TraceError::Output)?;
+                            out.flush().map_err(TraceError::Output)?;
                         }
                     }
-                    if std::mem::take(&mut cgroups_changed) {
-                        rescan.mark();
-                    }
-                    if rescan.due(std::time::Instant::now()) {
-                        match index.refresh() {
-                            Ok(changes) => {
-                                for id in &changes.removed {
-                                    programs.untrack_cgroup(*id)?;
-                                    tracked.remove(id);
-                                }
-                                track(&mut programs, &index, changes.added, &mut tracked, &args)?;
-                            }
-                            Err(e) => tracing::warn!(error = %e, "rescanning cgroups"),
-                        }
+                    if let Err(e) = tracker.refresh_if_due(&mut programs) {
+                        tracing::warn!(error = %e, "rescanning cgroups");
                     }
                 }
                 () = stop.wait() => break,
             }
         }
         // Dropping `programs` detaches every program.
-        anyhow::Ok(())
+        Ok(())
     })
 }
 
@@ -268,7 +309,7 @@ async fn attach(
     stream: tokio::net::UnixStream,
     args: &TraceArgs,
     filter: &Filter,
-) -> anyhow::Result<()> {
+) -> Result<(), TraceError> {
     use tokio::io::AsyncBufReadExt as _;
     tracing::info!(socket = %args.socket.display(), "tracing: attached to the running node-agent");
     if !args.memory_thresholds.is_empty() {
@@ -279,19 +320,19 @@ async fn attach(
     let mut lines = tokio::io::BufReader::new(stream).lines();
     let mut out = std::io::stdout().lock();
     if args.output == OutputFormat::Table {
-        writeln!(out, "{}", Record::TABLE_HEADER)?;
+        writeln!(out, "{}", Record::TABLE_HEADER).map_err(TraceError::Output)?;
     }
-    let mut stop = Stop::new(args.duration)?;
+    let mut stop = Stop::new(args.duration).map_err(TraceError::Runtime)?;
     loop {
         tokio::select! {
             line = lines.next_line() => {
-                let Some(line) = line? else {
-                    anyhow::bail!("the node-agent daemon closed the trace stream (it stopped)");
+                let Some(line) = line.map_err(TraceError::Stream)? else {
+                    return Err(TraceError::DaemonStopped);
                 };
                 match serde_json::from_str::<Record>(&line) {
                     Ok(rec) if filter.matches(&rec) => {
-                        writeln!(out, "{}", filter.render(&rec, args.output))?;
-                        out.flush()?;
+                        writeln!(out, "{}", filter.render(&rec, args.output)).map_err(TraceError::Output)?;
+                        out.flush().map_err(TraceError::Output)?;
                     }
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "unreadable line from the daemon"),
@@ -300,35 +341,6 @@ async fn attach(
             () = stop.wait() => return Ok(()),
         }
     }
-}
-
-/// Starts counting forks in these cgroups (and watching their fork rate), up to the map's size.
-fn track(
-    programs: &mut KernelPrograms,
-    index: &CgroupIndex,
-    ids: Vec<u64>,
-    tracked: &mut HashSet<u64>,
-    args: &TraceArgs,
-) -> anyhow::Result<()> {
-    for id in ids {
-        if tracked.len() >= node_agent_common::MAX_TRACKED_CGROUPS as usize {
-            tracing::warn!(
-                tracked = tracked.len(),
-                "tracking no more cgroups: the kernel maps are full"
-            );
-            return Ok(());
-        }
-        // The root's fork rate is the whole node's; storms are about one workload.
-        let is_root = index
-            .lookup(id)
-            .is_some_and(|e| e.path.as_os_str().is_empty());
-        programs.track_cgroup(id)?;
-        if args.fork_limit > 0 && !is_root {
-            programs.set_fork_limit(id, args.fork_limit, args.fork_window)?;
-        }
-        tracked.insert(id);
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -351,10 +363,9 @@ mod tests {
             ("/escape=1Gi", "leaves the cgroup hierarchy"),
             ("/kubepods=20E", "beyond"),
         ] {
-            let err = format!(
-                "{:#}",
-                super::parse_threshold(spec, root.path()).unwrap_err()
-            );
+            let err = super::parse_threshold(spec, root.path())
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(needle), "{spec}: {err}");
         }
     }

@@ -224,7 +224,7 @@ mod tests {
     use crate::daemon::config::{AgentConfig, Overrides};
 
     fn settings(memory_capacity: Option<i64>, ring_bytes: u32) -> Settings {
-        let mut settings = AgentConfig::parse("", &Overrides::default())
+        let mut settings = AgentConfig::standalone(&Overrides::default())
             .expect("defaults")
             .settings;
         settings.memory_capacity = memory_capacity;

@@ -1,7 +1,13 @@
 //! An in-process fake of the kubelet and the API server for tests (feature `fake`): real HTTPS
-//! (a CA made for each test with rcgen), HTTP/1.1, and answers scripted per test. Every request
-//! is recorded so tests assert exactly what was sent. Used by this crate's tests and by the
-//! end-to-end tests of the daemon.
+//! (a CA made for each test with rcgen), HTTP/1.1, and answers scripted per test. It is as
+//! strict as the real API server about what it accepts ([`strict`]: bearer token, media
+//! types, routes, methods, API versions, bodies), and can answer every error shape the agent
+//! meets ([`Reply`]). Every request is recorded, with the reason if it was rejected, so tests
+//! assert exactly what was sent. Used by this crate's tests and by the daemon's end-to-end
+//! tests.
+
+mod reply;
+mod strict;
 
 use std::{
     convert::Infallible,
@@ -12,13 +18,19 @@ use std::{
 };
 
 use crate::{
-    api::{Backoff, Counters},
+    api::{Backoff, Context, Counters},
     transport::{Endpoint, Transport},
 };
-use http_body_util::{BodyExt as _, Full};
-use hyper::{body::Bytes, service::service_fn, Request, Response};
+use futures::StreamExt as _;
+use http_body_util::{combinators::BoxBody, BodyExt as _, Full, StreamBody};
+use hyper::{
+    body::{Bytes, Frame},
+    service::service_fn,
+    Request, Response,
+};
 use hyper_util::rt::TokioIo;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+pub use reply::{Body, Reply};
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -31,40 +43,11 @@ pub struct Seen {
     pub path: String,
     pub authorization: Option<String>,
     pub content_type: Option<String>,
+    pub accept: Option<String>,
     /// The body parsed as JSON (Null when empty).
     pub body: serde_json::Value,
-}
-
-/// What the fake answers.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub status: u16,
-    pub body: String,
-    pub delay: Duration,
-}
-
-impl Reply {
-    pub fn json(status: u16, body: impl Into<String>) -> Self {
-        Self {
-            status,
-            body: body.into(),
-            delay: Duration::ZERO,
-        }
-    }
-
-    pub fn status(status: u16, reason: &str, message: &str) -> Self {
-        Self::json(
-            status,
-            serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": message, "reason": reason, "code": status})
-            .to_string(),
-        )
-    }
-
-    pub fn slow(mut self, delay: Duration) -> Self {
-        self.delay = delay;
-        self
-    }
+    /// Why the fake refused it as the API server would (then the responder never saw it).
+    pub rejected: Option<String>,
 }
 
 type Responder = Arc<dyn Fn(&Seen, usize) -> Reply + Send + Sync>;
@@ -114,6 +97,8 @@ pub struct Fake {
     pub pki: Pki,
     pub token_file: PathBuf,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// Bearer tokens the fake accepts (a rotated token is accepted with the old one).
+    tokens: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -144,23 +129,29 @@ impl Fake {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let tokens = Arc::new(Mutex::new(vec!["token-one".to_string()]));
         let respond: Responder = Arc::new(respond);
         let task = tokio::spawn({
-            let seen = seen.clone();
+            let (seen, tokens) = (seen.clone(), tokens.clone());
             async move {
                 loop {
                     let Ok((tcp, _)) = listener.accept().await else {
                         return;
                     };
-                    let (acceptor, seen, respond) =
-                        (acceptor.clone(), seen.clone(), respond.clone());
+                    let (acceptor, seen, tokens, respond) = (
+                        acceptor.clone(),
+                        seen.clone(),
+                        tokens.clone(),
+                        respond.clone(),
+                    );
                     tokio::spawn(async move {
                         // A client that rejects our certificate ends here; that is the test.
                         let Ok(stream) = acceptor.accept(tcp).await else {
                             return;
                         };
-                        let service =
-                            service_fn(move |req| handle(req, seen.clone(), respond.clone()));
+                        let service = service_fn(move |req| {
+                            handle(req, seen.clone(), tokens.clone(), respond.clone())
+                        });
                         let _ = hyper::server::conn::http1::Builder::new()
                             .serve_connection(TokioIo::new(stream), service)
                             .await;
@@ -173,8 +164,24 @@ impl Fake {
             pki,
             token_file,
             seen,
+            tokens,
             task,
         }
+    }
+
+    /// Rotates the service account token: writes the new one and accepts it (the old one
+    /// stays valid, as a projected token does until it expires).
+    pub fn rotate_token(&self, token: &str) {
+        std::fs::write(&self.token_file, token).unwrap();
+        self.tokens.lock().unwrap().push(token.to_string());
+    }
+
+    /// Requests the fake refused as the API server would, with why.
+    pub fn rejected(&self) -> Vec<(String, String, String)> {
+        self.seen()
+            .into_iter()
+            .filter_map(|s| s.rejected.map(|why| (s.method, s.path, why)))
+            .collect()
     }
 
     pub fn url(&self) -> String {
@@ -207,20 +214,37 @@ impl Fake {
     pub fn transport(&self, name: &'static str) -> Transport {
         Transport::new(self.endpoint(name)).unwrap()
     }
+
+    /// A client context for node `node` with quick retries.
+    pub fn context(&self, name: &'static str, attempts: u32, node: &str) -> Context {
+        Context {
+            transport: self.transport(name),
+            backoff: fast_backoff(attempts),
+            counters: counters(),
+            node: node.to_string(),
+        }
+    }
 }
+
+type AnswerBody = BoxBody<Bytes, Infallible>;
 
 async fn handle(
     req: Request<hyper::body::Incoming>,
     seen: Arc<Mutex<Vec<Seen>>>,
+    tokens: Arc<Mutex<Vec<String>>>,
     respond: Responder,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<AnswerBody>, Infallible> {
     let header = |name: &str| {
         req.headers()
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     };
-    let (authorization, content_type) = (header("authorization"), header("content-type"));
+    let (authorization, content_type, accept) = (
+        header("authorization"),
+        header("content-type"),
+        header("accept"),
+    );
     let method = req.method().to_string();
     let path = req
         .uri()
@@ -239,25 +263,55 @@ async fn handle(
         serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into()))
     };
-    let request = Seen {
+    let mut request = Seen {
         method,
         path,
         authorization,
         content_type,
+        accept,
         body,
+        rejected: None,
     };
+    let valid_tokens = tokens.lock().unwrap().clone();
+    let checked = strict::check(&request, &bytes, &valid_tokens);
+    if let Err(reply) = &checked {
+        request.rejected = Some(match &reply.body {
+            Body::Full(text) => format!("HTTP {}: {text}", reply.status),
+            Body::Stream { .. } => format!("HTTP {}", reply.status),
+        });
+    }
     let index = {
         let mut seen = seen.lock().unwrap();
         seen.push(request.clone());
         seen.len() - 1
     };
-    let reply = respond(&request, index);
+    let reply = match checked {
+        Ok(()) => respond(&request, index),
+        Err(refusal) => refusal,
+    };
     tokio::time::sleep(reply.delay).await;
-    Ok(Response::builder()
+    let body: AnswerBody = match reply.body {
+        Body::Full(text) => Full::new(Bytes::from(text)).boxed(),
+        Body::Stream { frames, keep_open } => {
+            let frames = futures::stream::iter(frames).then(|(pause, chunk)| async move {
+                tokio::time::sleep(pause).await;
+                Ok::<_, Infallible>(Frame::data(Bytes::from(chunk)))
+            });
+            let open = if keep_open {
+                futures::stream::pending().left_stream()
+            } else {
+                futures::stream::empty().right_stream()
+            };
+            http_body_util::BodyExt::boxed(StreamBody::new(frames.chain(open)))
+        }
+    };
+    let mut response = Response::builder()
         .status(reply.status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(reply.body)))
-        .unwrap())
+        .header("content-type", reply.content_type);
+    for (name, value) in &reply.headers {
+        response = response.header(*name, value);
+    }
+    Ok(response.body(body).unwrap())
 }
 
 /// Retries quick enough for tests.

@@ -1,0 +1,321 @@
+//! The checks the real API server (and the kubelet's authenticated API) applies before any
+//! handler runs, in its order: authentication (401), content negotiation (406), routing (404,
+//! 405), the body's media type (415), decoding (400) and validation (400, 422). A request that
+//! fails one is answered as the API server would and never reaches the test's responder.
+
+use serde_json::{json, Value};
+
+use super::{Reply, Seen};
+
+/// The content types the API server accepts for a PATCH.
+const PATCH_TYPES: [&str; 4] = [
+    "application/strategic-merge-patch+json",
+    "application/merge-patch+json",
+    "application/json-patch+json",
+    "application/apply-patch+yaml",
+];
+
+/// The routes the agent may use, by (method, path pattern); `*` is one path segment.
+const ROUTES: &[(&str, &str, Kind)] = &[
+    ("GET", "/pods", Kind::Read),
+    ("GET", "/stats/summary", Kind::Read),
+    ("GET", "/api/v1/pods", Kind::Read),
+    ("GET", "/api/v1/nodes/*", Kind::Read),
+    ("PATCH", "/api/v1/nodes/*/status", Kind::NodeStatus),
+    ("GET", "/api/v1/namespaces/*/pods/*", Kind::Read),
+    ("DELETE", "/api/v1/namespaces/*/pods/*", Kind::Delete),
+    (
+        "PATCH",
+        "/api/v1/namespaces/*/pods/*/status",
+        Kind::PodStatus,
+    ),
+    (
+        "POST",
+        "/api/v1/namespaces/*/pods/*/eviction",
+        Kind::Eviction,
+    ),
+    (
+        "POST",
+        "/apis/events.k8s.io/v1/namespaces/*/events",
+        Kind::Event,
+    ),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    NodeStatus,
+    PodStatus,
+    Delete,
+    Eviction,
+    Event,
+}
+
+fn matches(pattern: &str, path: &str) -> Option<Vec<String>> {
+    let (p, s): (Vec<&str>, Vec<&str>) = (pattern.split('/').collect(), path.split('/').collect());
+    if p.len() != s.len() {
+        return None;
+    }
+    let mut wild = Vec::new();
+    for (p, s) in p.iter().zip(&s) {
+        match *p {
+            "*" if !s.is_empty() => wild.push((*s).to_string()),
+            "*" => return None,
+            p if p == *s => {}
+            _ => return None,
+        }
+    }
+    Some(wild)
+}
+
+fn bad_request(message: &str) -> Reply {
+    Reply::status(400, "BadRequest", message)
+}
+
+fn invalid(kind: &str, name: &str, causes: &[(&str, &str)]) -> Reply {
+    let message = causes
+        .iter()
+        .map(|(field, problem)| format!("{field}: {problem}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Reply::status_with(
+        422,
+        "Invalid",
+        &format!("{kind} {name:?} is invalid: {message}"),
+        json!({"name": name, "kind": kind, "causes": causes.iter()
+            .map(|(field, problem)| json!({"reason": "FieldValueRequired", "message": problem, "field": field}))
+            .collect::<Vec<_>>()}),
+    )
+}
+
+/// Checks `req` (with its raw body) as the API server would; `Err` is the server's answer.
+pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply> {
+    let authorized = req
+        .authorization
+        .as_deref()
+        .and_then(|a| a.strip_prefix("Bearer "))
+        .is_some_and(|t| tokens.iter().any(|ok| ok == t));
+    if !authorized {
+        return Err(Reply::status(401, "Unauthorized", "Unauthorized"));
+    }
+    if let Some(accept) = &req.accept {
+        if !(accept.contains("application/json") || accept.contains("*/*")) {
+            return Err(Reply::status(
+                406,
+                "NotAcceptable",
+                &format!(
+                    "only the following media types are accepted: application/json; not {accept}"
+                ),
+            ));
+        }
+    }
+    let path = req.path.split('?').next().unwrap_or("");
+    let routed: Vec<_> = ROUTES
+        .iter()
+        .filter_map(|(m, p, k)| matches(p, path).map(|w| (*m, *k, w)))
+        .collect();
+    if routed.is_empty() {
+        return Err(Reply::status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ));
+    }
+    let Some((_, kind, wild)) = routed.into_iter().find(|(m, _, _)| *m == req.method) else {
+        return Err(Reply::status(
+            405,
+            "MethodNotAllowed",
+            &format!(
+                "the server does not allow this method on the requested resource: {}",
+                req.method
+            ),
+        ));
+    };
+    if kind == Kind::Read {
+        if !raw_body.is_empty() {
+            return Err(bad_request("a GET carries no body"));
+        }
+        if path == "/api/v1/pods" && !req.path.contains("fieldSelector=spec.nodeName%3D") {
+            return Err(bad_request(
+                "the agent lists only its node's pods (fieldSelector=spec.nodeName=<node>)",
+            ));
+        }
+        return Ok(());
+    }
+    if raw_body.is_empty() {
+        return if kind == Kind::Delete {
+            Ok(())
+        } else {
+            Err(bad_request("the request has no body"))
+        };
+    }
+    let content_type = req.content_type.as_deref().unwrap_or("");
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    let patch = matches!(kind, Kind::NodeStatus | Kind::PodStatus);
+    if (patch && !PATCH_TYPES.contains(&media)) || (!patch && media != "application/json") {
+        return Err(Reply::status(
+            415,
+            "UnsupportedMediaType",
+            &format!("the body of the request was in an unknown format - {content_type:?}"),
+        ));
+    }
+    let body: Value = serde_json::from_slice(raw_body)
+        .map_err(|e| bad_request(&format!("the body is not valid JSON: {e}")))?;
+    match kind {
+        Kind::Eviction => eviction(&body, &wild[0], &wild[1]),
+        Kind::Delete => delete_options(&body),
+        Kind::Event => event(&body, &wild[0]),
+        Kind::NodeStatus => node_status(&body, media),
+        Kind::PodStatus => pod_status(&body, media),
+        Kind::Read => Ok(()),
+    }
+}
+
+fn type_meta(body: &Value, versions: &[&str], kind: &str) -> Result<(), Reply> {
+    let v = body["apiVersion"].as_str().unwrap_or("");
+    let k = body["kind"].as_str().unwrap_or("");
+    if !versions.contains(&v) || k != kind {
+        return Err(bad_request(&format!(
+            "expected {kind} in {versions:?}, got kind {k:?} apiVersion {v:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn namespace_matches(body: &Value, namespace: &str) -> Result<(), Reply> {
+    match body["metadata"]["namespace"].as_str() {
+        Some(ns) if ns != namespace => Err(bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn eviction(body: &Value, namespace: &str, name: &str) -> Result<(), Reply> {
+    type_meta(body, &["policy/v1", "policy/v1beta1"], "Eviction")?;
+    if body["metadata"]["name"].as_str() != Some(name) {
+        return Err(bad_request(
+            "name in URL does not match name in Eviction object",
+        ));
+    }
+    namespace_matches(body, namespace)?;
+    if let Some(options) = body.get("deleteOptions") {
+        delete_options(options)?;
+    }
+    Ok(())
+}
+
+fn delete_options(body: &Value) -> Result<(), Reply> {
+    if !body.is_object() {
+        return Err(bad_request("DeleteOptions must be an object"));
+    }
+    if let Some(grace) = body.get("gracePeriodSeconds") {
+        if grace.as_i64().is_none_or(|g| g < 0) {
+            return Err(invalid(
+                "DeleteOptions",
+                "",
+                &[(
+                    "gracePeriodSeconds",
+                    "must be a whole number of seconds, not negative",
+                )],
+            ));
+        }
+    }
+    if let Some(uid) = body.pointer("/preconditions/uid") {
+        if !uid.is_string() {
+            return Err(bad_request("preconditions.uid must be a string"));
+        }
+    }
+    Ok(())
+}
+
+fn event(body: &Value, namespace: &str) -> Result<(), Reply> {
+    type_meta(body, &["events.k8s.io/v1"], "Event")?;
+    namespace_matches(body, namespace)?;
+    let name = body["metadata"]["name"].as_str().unwrap_or("");
+    let text = |field: &str| body[field].as_str().unwrap_or("");
+    let mut causes = Vec::new();
+    if name.is_empty() {
+        causes.push(("metadata.name", "name or generateName is required"));
+    }
+    if text("eventTime").is_empty() {
+        causes.push(("eventTime", "Required value"));
+    }
+    for field in [
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+    ] {
+        let value = text(field);
+        if value.is_empty() || value.len() > 128 {
+            causes.push((field, "Required value, at most 128 characters"));
+        }
+    }
+    if !matches!(text("type"), "Normal" | "Warning") {
+        causes.push(("type", "Unsupported value: must be Normal or Warning"));
+    }
+    if text("note").len() > 1024 {
+        causes.push(("note", "Too long: may not be longer than 1024"));
+    }
+    if body["regarding"]["kind"].as_str().unwrap_or("").is_empty()
+        || body["regarding"]["name"].as_str().unwrap_or("").is_empty()
+    {
+        causes.push(("regarding", "Required value"));
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(invalid("Event", name, &causes))
+    }
+}
+
+fn merge_patch_object(body: &Value, media: &str) -> Result<(), Reply> {
+    if media == "application/json-patch+json" {
+        return if body.is_array() {
+            Ok(())
+        } else {
+            Err(bad_request("a JSON patch is a list of operations"))
+        };
+    }
+    if !body.is_object() {
+        return Err(bad_request("a merge patch is an object"));
+    }
+    Ok(())
+}
+
+fn node_status(body: &Value, media: &str) -> Result<(), Reply> {
+    merge_patch_object(body, media)?;
+    for c in body
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let kind = c["type"].as_str().unwrap_or("");
+        if kind.is_empty() || !matches!(c["status"].as_str(), Some("True" | "False" | "Unknown")) {
+            return Err(invalid(
+                "Node",
+                "",
+                &[(
+                    "status.conditions",
+                    "each needs a type and status True, False or Unknown",
+                )],
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn pod_status(body: &Value, media: &str) -> Result<(), Reply> {
+    merge_patch_object(body, media)?;
+    if let Some(phase) = body.pointer("/status/phase") {
+        if !matches!(
+            phase.as_str(),
+            Some("Pending" | "Running" | "Succeeded" | "Failed" | "Unknown")
+        ) {
+            return Err(invalid("Pod", "", &[("status.phase", "Unsupported value")]));
+        }
+    }
+    Ok(())
+}

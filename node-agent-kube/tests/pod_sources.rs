@@ -1,0 +1,511 @@
+//! The pod sources (the kubelet, the API server's list and watch) against the strict
+//! in-process HTTPS fake, asserting the exact requests made and every answer's handling.
+
+use std::{
+    sync::atomic::Ordering,
+    time::{Duration, SystemTime},
+};
+
+use node_agent_kube::{
+    api::ApiError,
+    fake::{counters, fixture, Fake, Reply, Seen, TEST_BOUND},
+    pods::{
+        apiserver::{ApiServerPodSource, WatchEnd},
+        kubelet::KubeletClient,
+        StaleError,
+    },
+    transport::{Transport, TransportError},
+};
+use serde_json::json;
+
+type ErrorCheck = fn(&ApiError) -> bool;
+
+async fn bounded<T>(fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(TEST_BOUND, fut)
+        .await
+        .expect("test ran past its time bound")
+}
+
+fn kubelet_routes(seen: &Seen, _: usize) -> Reply {
+    match seen.path.as_str() {
+        "/pods" => Reply::json(200, fixture("pods.json")),
+        "/stats/summary" => Reply::json(200, fixture("summary.json")),
+        _ => Reply::status(404, "NotFound", "no such path"),
+    }
+}
+
+fn kubelet(fake: &Fake, attempts: u32) -> KubeletClient {
+    KubeletClient::new(fake.context("kubelet", attempts, "worker-1"))
+}
+
+#[tokio::test]
+async fn kubelet_pods_and_summary_become_the_policys_pods() {
+    bounded(async {
+        let fake = Fake::start(kubelet_routes).await;
+        let before = SystemTime::now();
+        let snap = kubelet(&fake, 1).snapshot().await.unwrap();
+
+        assert_eq!(
+            fake.calls(),
+            [
+                ("GET".into(), "/pods".into()),
+                ("GET".into(), "/stats/summary".into())
+            ]
+        );
+        assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+        assert!(snap.observed_at >= before);
+        assert!(snap.skipped.is_empty());
+        assert_eq!(
+            snap.pods.len(),
+            3,
+            "the Pending pod is active; none is terminal"
+        );
+
+        let web = snap.find("shop", "web-7c9f8d6b5-x2x9q").unwrap();
+        assert_eq!(
+            web.uid.as_deref(),
+            Some("6f1f4a0e-6b39-4f0e-9a43-1b3f8d2c9e01")
+        );
+        assert_eq!(web.labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(web.termination_grace_period_seconds, Some(45));
+        assert!(!web.is_critical() && !web.terminating);
+        let nginx = &web.containers[0];
+        assert_eq!(nginx.requests.memory.unwrap().value(), 128 << 20);
+        assert_eq!(
+            nginx.requests.memory.unwrap().to_string(),
+            "128Mi",
+            "quantities print as written"
+        );
+        assert_eq!(nginx.limits.memory.unwrap().value(), 256 << 20);
+        assert_eq!(
+            web.containers[1]
+                .requests
+                .ephemeral_storage
+                .unwrap()
+                .value(),
+            1 << 30
+        );
+        let usage = web.usage.unwrap();
+        assert_eq!(usage.memory_working_set_bytes, 222_298_112);
+        assert_eq!(usage.nodefs.bytes, 2_093_056);
+        assert_eq!(usage.nodefs.inodes, 16);
+        assert_eq!(usage.processes, 7);
+        let nginx_usage = nginx.usage.unwrap();
+        assert_eq!(nginx_usage.memory_working_set_bytes, Some(201_326_592));
+        assert_eq!(
+            nginx_usage.ephemeral_storage_bytes,
+            Some(40_960 + 2_048_000),
+            "rootfs + logs"
+        );
+        assert_eq!(
+            web.containers[1].usage.unwrap().ephemeral_storage_bytes,
+            None,
+            "no rootfs figures"
+        );
+        let by_id = &snap.containers["4e5f6a7b8c9d"];
+        assert_eq!(
+            (by_id.pod_uid.as_str(), by_id.name.as_str()),
+            ("6f1f4a0e-6b39-4f0e-9a43-1b3f8d2c9e01", "nginx")
+        );
+
+        let apiserver = snap.find("kube-system", "kube-apiserver-worker-1").unwrap();
+        assert!(apiserver.is_mirror && apiserver.is_static && apiserver.is_critical());
+        let job = snap.find("jobs", "batch-job-q7x1z").unwrap();
+        assert_eq!(
+            job.containers[0].requests.memory.unwrap().value(),
+            1 << 30,
+            "requests default to limits"
+        );
+        assert_eq!(job.usage, None, "no summary entry, no usage");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn terminal_and_terminating_pods_are_read_as_the_kubelet_reads_them() {
+    bounded(async {
+        let mut list: serde_json::Value = serde_json::from_str(&fixture("pods.json")).unwrap();
+        list["items"][0]["metadata"]["deletionTimestamp"] = json!("2025-03-02T10:00:00Z");
+        list["items"][2]["status"]["phase"] = json!("Succeeded");
+        list["items"][1]["spec"]["containers"][0]["resources"] =
+            json!({"requests": {"memory": "-1Mi"}});
+        let body = list.to_string();
+        let fake = Fake::start(move |s, _| match s.path.as_str() {
+            "/pods" => Reply::json(200, body.clone()),
+            _ => Reply::json(200, fixture("summary.json")),
+        })
+        .await;
+        let c = counters();
+        let client = KubeletClient::new(node_agent_kube::api::Context {
+            counters: c.clone(),
+            ..fake.context("kubelet", 1, "worker-1")
+        });
+        let snap = client.snapshot().await.unwrap();
+        let names: Vec<_> = snap
+            .pods
+            .iter()
+            .map(|p| (p.name.as_str(), p.terminating))
+            .collect();
+        assert_eq!(
+            names,
+            [("web-7c9f8d6b5-x2x9q", true)],
+            "terminal pods are left out"
+        );
+        assert_eq!(
+            snap.skipped.len(),
+            1,
+            "a negative request is refused, named, counted"
+        );
+        assert!(
+            snap.skipped[0]
+                .to_string()
+                .contains("resources.requests.memory"),
+            "{}",
+            snap.skipped[0]
+        );
+        assert_eq!(c.pods_skipped.load(Ordering::Relaxed), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_rotated_token_is_read_again_and_a_wrong_one_is_refused() {
+    bounded(async {
+        let fake = Fake::start(kubelet_routes).await;
+        let client = kubelet(&fake, 1);
+        client.pods().await.unwrap();
+        fake.rotate_token("token-two");
+        client.pods().await.unwrap();
+        std::fs::write(&fake.token_file, "stolen").unwrap();
+        let err = client.pods().await.unwrap_err();
+        assert!(matches!(err, ApiError::Unauthorized { .. }), "{err}");
+        let auth: Vec<_> = fake
+            .seen()
+            .into_iter()
+            .map(|s| s.authorization.unwrap())
+            .collect();
+        assert_eq!(
+            auth,
+            ["Bearer token-one", "Bearer token-two", "Bearer stolen"]
+        );
+        assert_eq!(
+            fake.rejected().len(),
+            1,
+            "the fake refused the unknown token as a 401"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_5xx_is_retried_until_success() {
+    bounded(async {
+        let fake = Fake::start(|s, i| {
+            if i < 2 {
+                Reply::status(503, "ServiceUnavailable", "busy")
+            } else {
+                kubelet_routes(s, i)
+            }
+        })
+        .await;
+        let ctx = fake.context("kubelet", 4, "worker-1");
+        let c = ctx.counters.clone();
+        assert_eq!(KubeletClient::new(ctx).pods().await.unwrap().len(), 3);
+        assert_eq!(fake.calls().len(), 3);
+        assert_eq!(c.retries.load(Ordering::Relaxed), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_retry_waits_as_long_as_retry_after_says() {
+    bounded(async {
+        let fake = Fake::start(|s, i| {
+            if i == 0 {
+                Reply::rate_limited(1)
+            } else {
+                kubelet_routes(s, i)
+            }
+        })
+        .await;
+        let started = std::time::Instant::now();
+        kubelet(&fake, 2).pods().await.unwrap();
+        assert!(
+            started.elapsed() >= Duration::from_secs(1),
+            "came back after {:?}",
+            started.elapsed()
+        );
+        assert_eq!(fake.calls().len(), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn failures_give_typed_errors_after_the_last_try() {
+    bounded(async {
+        let rows: Vec<(&str, Reply, ErrorCheck)> = vec![
+            ("401", Reply::status(401, "Unauthorized", "Unauthorized"), |e| matches!(e, ApiError::Unauthorized { .. })),
+            ("403", Reply::status(403, "Forbidden", "cannot get nodes/proxy"), |e| matches!(e, ApiError::Forbidden { message, .. } if message.contains("nodes/proxy"))),
+            ("500", Reply::status(500, "InternalError", "boom"), |e| matches!(e, ApiError::Status { code: 500, .. })),
+            ("bad JSON", Reply::json(200, "<html>proxy error</html>"), |e| matches!(e, ApiError::Decode { expected: "v1.PodList", .. })),
+            ("slow", Reply::json(200, "{}").slow(Duration::from_secs(5)), |e| matches!(e, ApiError::Transport(TransportError::Timeout { .. }))),
+        ];
+        for (what, reply, is_expected) in rows {
+            let fake = Fake::start(move |_, _| reply.clone()).await;
+            let mut endpoint = fake.endpoint("kubelet");
+            endpoint.timeout = Duration::from_millis(300);
+            let ctx = node_agent_kube::api::Context { transport: Transport::new(endpoint).unwrap(), ..fake.context("kubelet", 2, "worker-1") };
+            let err = KubeletClient::new(ctx).pods().await.unwrap_err();
+            assert!(is_expected(&err), "{what}: {err}");
+            assert_eq!(fake.calls().len(), 2, "{what}: one retry");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unreachable_untrusted_and_unreadable_setups_are_named() {
+    bounded(async {
+        let fake = Fake::start(kubelet_routes).await;
+        let with = |endpoint| node_agent_kube::api::Context {
+            transport: Transport::new(endpoint).unwrap(),
+            ..fake.context("kubelet", 1, "worker-1")
+        };
+        let mut refused = fake.endpoint("kubelet");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        refused.url = format!("https://127.0.0.1:{port}");
+        let err = KubeletClient::new(with(refused)).pods().await.unwrap_err();
+        assert!(
+            matches!(err, ApiError::Transport(TransportError::Unreachable { .. })),
+            "{err}"
+        );
+
+        let other = node_agent_kube::fake::Pki::new();
+        let mut untrusted = fake.endpoint("kubelet");
+        untrusted.ca_file = Some(other.ca_file.clone());
+        let err = KubeletClient::new(with(untrusted))
+            .pods()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ApiError::Transport(TransportError::Tls { .. })),
+            "{err}"
+        );
+        assert!(fake.calls().is_empty());
+
+        let mut insecure = fake.endpoint("kubelet");
+        (insecure.ca_file, insecure.insecure_skip_tls_verify) = (None, true);
+        assert_eq!(
+            KubeletClient::new(with(insecure))
+                .pods()
+                .await
+                .unwrap()
+                .len(),
+            3,
+            "explicitly insecure"
+        );
+
+        let mut no_ca = fake.endpoint("kubelet");
+        no_ca.ca_file = Some("/nonexistent/ca.crt".into());
+        let err = Transport::new(no_ca).unwrap_err();
+        assert!(
+            matches!(&err, TransportError::ReadCa { path, .. } if path.ends_with("ca.crt")),
+            "{err}"
+        );
+
+        std::fs::remove_file(&fake.token_file).unwrap();
+        let before = fake.calls().len();
+        let err = kubelet(&fake, 1).pods().await.unwrap_err();
+        assert!(
+            matches!(err, ApiError::Transport(TransportError::ReadToken { .. })),
+            "{err}"
+        );
+        assert_eq!(fake.calls().len(), before, "no request without a token");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn data_older_than_the_bound_is_refused() {
+    bounded(async {
+        let fake = Fake::start(kubelet_routes).await;
+        let snap = kubelet(&fake, 1).snapshot().await.unwrap();
+        let bound = Duration::from_secs(30);
+        assert_eq!(
+            snap.check_fresh(snap.observed_at + Duration::from_secs(10), bound),
+            Ok(())
+        );
+        assert!(matches!(
+            snap.check_fresh(snap.observed_at + Duration::from_secs(31), bound),
+            Err(StaleError::TooOld { .. })
+        ));
+    })
+    .await;
+}
+
+// ---- the API server: list and watch ----
+
+const LIST: &str = "/api/v1/pods?fieldSelector=spec.nodeName%3Dworker-1";
+
+fn watch_path(rv: &str, timeout: u32) -> String {
+    format!(
+        "{LIST}&watch=true&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds={timeout}"
+    )
+}
+
+fn apiserver(fake: &Fake) -> ApiServerPodSource {
+    ApiServerPodSource::new(fake.context("api server", 1, "worker-1"))
+}
+
+fn watch_event(kind: &str, name: &str, uid: &str, rv: &str) -> String {
+    json!({"type": kind, "object": {"kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": "shop", "uid": uid, "resourceVersion": rv},
+        "spec": {"containers": [{"name": "c"}], "nodeName": "worker-1"}}})
+    .to_string()
+        + "\n"
+}
+
+#[tokio::test]
+async fn the_api_server_source_lists_then_watches_this_node_only() {
+    bounded(async {
+        let events = [
+            watch_event("ADDED", "new-pod", "new-uid", "48300"),
+            watch_event("DELETED", "batch-job-q7x1z", "d2c1b0a9-1111-2222-3333-444455556666", "48301"),
+            json!({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "48400"}, "spec": {"containers": []}}}).to_string() + "\n",
+        ]
+        .concat();
+        let fake = Fake::start(move |s, _| {
+            if s.path.contains("watch=true") {
+                Reply::watch(vec![(Duration::ZERO, events.clone())], false)
+            } else {
+                Reply::json(200, fixture("pods.json"))
+            }
+        })
+        .await;
+        let source = apiserver(&fake);
+        let store = source.store();
+        let c = counters();
+        assert!(store.snapshot(SystemTime::now(), &c).is_none(), "nothing before the first list");
+        source.relist().await.unwrap();
+        assert_eq!(source.watch_once(290).await.unwrap(), WatchEnd::Closed);
+        source.watch_once(290).await.unwrap();
+        assert_eq!(
+            fake.calls(),
+            [("GET".into(), LIST.into()), ("GET".into(), watch_path("48213", 290)), ("GET".into(), watch_path("48400", 290))]
+        );
+        let snap = store.snapshot(SystemTime::now(), &c).unwrap();
+        let mut names: Vec<_> = snap.pods.iter().map(|p| p.name.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["kube-apiserver-worker-1", "new-pod", "web-7c9f8d6b5-x2x9q"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_watch_split_across_frames_and_kept_open_is_applied_as_it_arrives() {
+    bounded(async {
+        let event = watch_event("ADDED", "late-pod", "late-uid", "48500");
+        let (head, tail) = event.split_at(event.len() / 2);
+        let (head, tail) = (head.to_string(), tail.to_string());
+        let fake = Fake::start(move |s, _| {
+            if s.path.contains("watch=true") {
+                let ms = Duration::from_millis;
+                Reply::watch(vec![(ms(0), head.clone()), (ms(150), tail.clone())], true)
+            } else {
+                Reply::json(200, fixture("pods.json"))
+            }
+        })
+        .await;
+        let source = apiserver(&fake);
+        let store = source.store();
+        source.relist().await.unwrap();
+        let watching = tokio::spawn({
+            let source = source.clone();
+            async move { source.watch_once(290).await }
+        });
+        let c = counters();
+        let found = loop {
+            let snap = store.snapshot(SystemTime::now(), &c).unwrap();
+            if let Some(p) = snap.find("shop", "late-pod") {
+                break (p.uid.clone(), snap.observed_at);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(
+            found.0.as_deref(),
+            Some("late-uid"),
+            "half an event is held until its line ends"
+        );
+        let later = SystemTime::now() + Duration::from_secs(60);
+        let snap = store.snapshot(later, &c).unwrap();
+        assert_eq!(
+            snap.observed_at, later,
+            "while the watch is open the store is current"
+        );
+        assert!(!watching.is_finished(), "the stream is still open");
+        watching.abort();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_expired_version_asks_for_a_new_list_as_an_event_or_a_410() {
+    bounded(async {
+        let expired = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410, "message": "too old resource version"}}).to_string() + "\n";
+        let rows = [
+            ("an ERROR event with 410", Reply::watch(vec![(Duration::ZERO, expired)], true)),
+            ("a 410 answer to the watch", Reply::status(410, "Gone", "too old resource version: 48213 (48900)")),
+        ];
+        for (what, reply) in rows {
+            let fake = Fake::start(move |s, _| {
+                if s.path.contains("watch=true") { reply.clone() } else { Reply::json(200, fixture("pods.json")) }
+            })
+            .await;
+            let source = apiserver(&fake);
+            source.relist().await.unwrap();
+            assert_eq!(source.watch_once(60).await.unwrap(), WatchEnd::Relist, "{what}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreadable_watch_event_is_counted_and_lists_again() {
+    bounded(async {
+        let fake = Fake::start(|s, _| {
+            if s.path.contains("watch=true") {
+                Reply::watch(
+                    vec![(
+                        Duration::ZERO,
+                        "{\"type\": \"ADDED\", \"object\": {\"spec\": 7}}\n".into(),
+                    )],
+                    true,
+                )
+            } else {
+                Reply::json(200, fixture("pods.json"))
+            }
+        })
+        .await;
+        let ctx = fake.context("api server", 1, "worker-1");
+        let c = ctx.counters.clone();
+        let source = ApiServerPodSource::new(ctx);
+        source.relist().await.unwrap();
+        assert_eq!(source.watch_once(60).await.unwrap(), WatchEnd::Relist);
+        assert_eq!(c.watch_events_dropped.load(Ordering::Relaxed), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_forbidden_list_is_a_typed_error() {
+    bounded(async {
+        let fake = Fake::start(|_, _| Reply::status(403, "Forbidden", "pods is forbidden: User \"system:serviceaccount:node-agent:node-agent\" cannot list resource \"pods\"")).await;
+        let err = apiserver(&fake).relist().await.unwrap_err();
+        assert!(matches!(&err, ApiError::Forbidden { message, .. } if message.contains("cannot list")), "{err}");
+    })
+    .await;
+}

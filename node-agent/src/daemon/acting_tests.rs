@@ -1,0 +1,403 @@
+//! The acting plan: which actions a decision and each outcome lead to (tables), and that at
+//! most one eviction is ever in flight (property).
+
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use node_agent_kube::{
+    evict::{Attempt, EvictionResult},
+    executor::{Action, NodeEvent, Report},
+};
+use node_agent_policy::{
+    Decision, Eligibility, Eviction, Format, MetThreshold, NodeCondition, NotEvictableNow,
+    PassReason, PassedOver, PodInfo, Quantity, Resource, Signal,
+};
+use proptest::prelude::*;
+
+use super::acting::{Acting, Note, Timing};
+
+const TIMING: Timing = Timing {
+    pass_over: Duration::from_secs(30),
+    wait_timeout: Duration::from_secs(30),
+    failed: Duration::from_secs(10),
+};
+
+fn s(secs: u64) -> Duration {
+    Duration::from_secs(secs)
+}
+
+fn pod(name: &str) -> PodInfo {
+    PodInfo {
+        namespace: "shop".into(),
+        name: name.into(),
+        uid: Some(format!("uid-{name}")),
+        ..PodInfo::default()
+    }
+}
+
+fn eviction(name: &str) -> Eviction {
+    Eviction {
+        namespace: "shop".into(),
+        name: name.into(),
+        uid: Some(format!("uid-{name}")),
+        signal: Signal::MemoryAvailable,
+        resource: Resource::Memory,
+        hard: true,
+        grace_period_seconds: 1,
+        message: "m".into(),
+        offending_containers: vec![],
+        threshold_quantity: Quantity::from_int(100, Format::BinarySi),
+        available: Quantity::from_int(10, Format::BinarySi),
+    }
+}
+
+/// Memory met past its grace period; `evict` chosen (or none).
+fn decision(evict: Option<&str>) -> Decision {
+    Decision {
+        thresholds_met: vec![MetThreshold {
+            index: 0,
+            signal: Signal::MemoryAvailable,
+            hard: true,
+            held_by_min_reclaim: false,
+            grace_period_passed: true,
+        }],
+        conditions: vec![NodeCondition::MemoryPressure],
+        reclaim: Some(Signal::MemoryAvailable),
+        evict: evict.map(eviction),
+        passed_over: Vec::new(),
+    }
+}
+
+fn report(name: &str, result: EvictionResult, retry_after: Option<u64>) -> Report {
+    Report {
+        eviction: eviction(name),
+        trigger_ktime_ns: None,
+        attempt: Attempt {
+            result,
+            detail: Some("why".into()),
+            retry_after: retry_after.map(Duration::from_secs),
+        },
+        event_error: None,
+        at: SystemTime::now(),
+    }
+}
+
+fn pods() -> Vec<PodInfo> {
+    vec![pod("a"), pod("b")]
+}
+
+fn cgroup(p: &PodInfo) -> Option<PathBuf> {
+    Some(PathBuf::from(format!("/cg/{}", p.name)))
+}
+
+fn evicts(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Evict(e) => Some(e.eviction.name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_first_decision_reports_pressure_and_evicts() {
+    let mut acting = Acting::default();
+    let plan = acting.plan(&decision(Some("a")), &pods(), true, Some(9), &cgroup, s(0));
+    // The eviction first (the node waits for it), then what describes the moment.
+    let Action::Evict(e) = &plan.actions[0] else {
+        panic!("{:?}", plan.actions)
+    };
+    assert!(matches!(
+        plan.actions[1],
+        Action::NodeEvent(NodeEvent::ThresholdMet(Resource::Memory))
+    ));
+    assert!(
+        matches!(&plan.actions[2], Action::Condition { pressure: true, conditions } if conditions == &[NodeCondition::MemoryPressure])
+    );
+    assert_eq!(
+        (
+            e.eviction.name.as_str(),
+            e.pod.name.as_str(),
+            e.trigger_ktime_ns
+        ),
+        ("a", "a", Some(9))
+    );
+    assert_eq!(
+        acting.in_flight().map(|f| f.cgroup.clone()),
+        Some(Some(PathBuf::from("/cg/a")))
+    );
+    let again = acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(1));
+    assert!(
+        again.actions.is_empty(),
+        "nothing new to report, one eviction in flight: {:?}",
+        again.actions
+    );
+}
+
+#[test]
+fn each_outcome_leads_where_the_kubelet_would_go() {
+    type Row = (
+        &'static str,
+        EvictionResult,
+        Option<u64>,
+        bool,
+        Option<NotEvictableNow>,
+        Option<u64>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "evicted: in flight until the cgroup goes; never chosen again while listed",
+            EvictionResult::Evicted,
+            None,
+            true,
+            Some(NotEvictableNow::Terminating),
+            None,
+        ),
+        (
+            "overridden: the same",
+            EvictionResult::PdbOverridden,
+            None,
+            true,
+            Some(NotEvictableNow::Terminating),
+            None,
+        ),
+        (
+            "dry run: waited out like an eviction, chosen again after",
+            EvictionResult::DryRun,
+            None,
+            true,
+            None,
+            None,
+        ),
+        (
+            "blocked by its budget: the next pod now",
+            EvictionResult::BlockedByPdb,
+            None,
+            false,
+            Some(NotEvictableNow::BlockedByDisruptionBudget),
+            None,
+        ),
+        (
+            "refused: the next pod now",
+            EvictionResult::Refused,
+            None,
+            false,
+            Some(NotEvictableNow::Refused),
+            None,
+        ),
+        (
+            "failed: the next pod when pacing allows",
+            EvictionResult::Failed,
+            None,
+            false,
+            Some(NotEvictableNow::Failed),
+            None,
+        ),
+        (
+            "already gone: not chosen again while listed",
+            EvictionResult::AlreadyGone,
+            None,
+            false,
+            Some(NotEvictableNow::Terminating),
+            None,
+        ),
+        (
+            "paced: nothing until the token",
+            EvictionResult::RateLimited,
+            Some(4),
+            false,
+            None,
+            Some(4),
+        ),
+        (
+            "the API server sheds load: wait as told",
+            EvictionResult::ApiRateLimited,
+            Some(3),
+            false,
+            None,
+            Some(3),
+        ),
+    ];
+    for (what, result, retry_after, in_flight, hold, paced) in rows {
+        let mut acting = Acting::default();
+        acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(0));
+        acting.reported(&report("a", result, retry_after), &TIMING, s(1));
+        assert_eq!(acting.in_flight().is_some(), in_flight, "{what}");
+        let e = acting.eligibility(&Eligibility::default(), s(1));
+        assert_eq!(e.not_evictable_now.get("uid-a").copied(), hold, "{what}");
+        assert_eq!(acting.paced_until(s(1)), paced.map(|p| s(1 + p)), "{what}");
+        let next = acting.plan(&decision(Some("b")), &pods(), true, None, &cgroup, s(1));
+        let want: Vec<String> = if in_flight || paced.is_some() {
+            vec![]
+        } else {
+            vec!["b".into()]
+        };
+        assert_eq!(
+            evicts(&next.actions),
+            want,
+            "{what}: the next pod at once unless waiting"
+        );
+    }
+}
+
+#[test]
+fn holds_end_when_they_say() {
+    let mut acting = Acting::default();
+    acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(0));
+    acting.reported(
+        &report("a", EvictionResult::BlockedByPdb, Some(60)),
+        &TIMING,
+        s(0),
+    );
+    let held = |acting: &Acting, at| {
+        acting
+            .eligibility(&Eligibility::default(), s(at))
+            .not_evictable_now
+            .contains_key("uid-a")
+    };
+    assert!(held(&acting, 59), "Retry-After longer than pass_over wins");
+    assert!(!held(&acting, 60));
+
+    acting.plan(&decision(Some("b")), &pods(), true, None, &cgroup, s(61));
+    acting.reported(&report("b", EvictionResult::Evicted, None), &TIMING, s(61));
+    let exists = |p: &Path| p == Path::new("/cg/b");
+    assert_eq!(
+        acting.settle(s(62), &exists),
+        None,
+        "the cgroup is still there"
+    );
+    let (done, gone) = acting.settle(s(63), &|_| false).expect("the cgroup went");
+    assert_eq!((done.pod_id.as_str(), gone), ("uid-b", true));
+    assert!(
+        acting
+            .eligibility(&Eligibility::default(), s(63))
+            .not_evictable_now
+            .contains_key("uid-b"),
+        "still listed: still terminating"
+    );
+    acting.forget_absent(&HashSet::from(["uid-a".to_string()]));
+    assert!(
+        !acting
+            .eligibility(&Eligibility::default(), s(63))
+            .not_evictable_now
+            .contains_key("uid-b"),
+        "gone from the pod source: forgotten"
+    );
+
+    acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(70));
+    acting.reported(&report("a", EvictionResult::DryRun, None), &TIMING, s(70));
+    assert_eq!(acting.settle(s(99), &|_| true), None);
+    assert!(
+        acting.settle(s(100), &|_| true).is_some(),
+        "the wait runs out"
+    );
+}
+
+#[test]
+fn no_evictable_pod_and_stale_data_are_noted() {
+    let mut acting = Acting::default();
+    let mut starving = decision(None);
+    starving.passed_over = vec![PassedOver {
+        namespace: "kube-system".into(),
+        name: "etcd".into(),
+        uid: None,
+        reason: PassReason::Mirror,
+    }];
+    let first = acting.plan(&starving, &pods(), true, None, &cgroup, s(0));
+    assert!(first.notes.iter().any(|n| matches!(n, Note::NoEvictablePod { signal: Signal::MemoryAvailable, passed_over } if passed_over.len() == 1)));
+    let second = acting.plan(&starving, &pods(), true, None, &cgroup, s(1));
+    assert!(
+        second.notes.is_empty(),
+        "once per transition: {:?}",
+        second.notes
+    );
+    let back = acting.plan(&decision(Some("a")), &pods(), false, None, &cgroup, s(2));
+    assert_eq!(back.notes, [Note::Stale, Note::EvictablePodAgain]);
+    assert!(
+        evicts(&back.actions).is_empty(),
+        "stale data is never acted on"
+    );
+    assert!(acting.in_flight().is_none());
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Decide {
+        pod: Option<usize>,
+        fresh: bool,
+    },
+    Report {
+        result: usize,
+        retry_after: Option<u64>,
+    },
+    Wait {
+        secs: u64,
+        cgroup_gone: bool,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (proptest::option::of(0usize..3), any::<bool>())
+            .prop_map(|(pod, fresh)| Step::Decide { pod, fresh }),
+        (
+            0usize..EvictionResult::ALL.len(),
+            proptest::option::of(0u64..40)
+        )
+            .prop_map(|(result, retry_after)| Step::Report {
+                result,
+                retry_after
+            }),
+        (0u64..40, any::<bool>()).prop_map(|(secs, cgroup_gone)| Step::Wait { secs, cgroup_gone }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Whatever the decisions, outcomes and timing: never a second eviction while one is in
+    /// flight, and an outcome is only ever owed for the one in flight.
+    #[test]
+    fn at_most_one_eviction_is_in_flight(steps in proptest::collection::vec(step(), 1..60)) {
+        let names = ["a", "b", "c"];
+        let pods: Vec<PodInfo> = names.iter().map(|n| pod(n)).collect();
+        let mut acting = Acting::default();
+        let mut now = s(0);
+        // Evictions handed over whose outcome has not come back.
+        let mut owed: Vec<String> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Decide { pod, fresh } => {
+                    let was_in_flight = acting.in_flight().is_some();
+                    let plan = acting.plan(&decision(pod.map(|i| names[i])), &pods, fresh, None, &cgroup, now);
+                    let sent = evicts(&plan.actions);
+                    prop_assert!(sent.len() <= 1);
+                    if !sent.is_empty() {
+                        prop_assert!(!was_in_flight, "evicted {:?} while one was in flight", sent);
+                        prop_assert!(owed.is_empty(), "evicted {:?} with {:?} owed", sent, owed);
+                        prop_assert!(fresh);
+                    }
+                    owed.extend(sent);
+                }
+                Step::Report { result, retry_after } => {
+                    // The executor answers only what it was handed.
+                    if let Some(name) = owed.pop() {
+                        acting.reported(&report(&name, EvictionResult::ALL[result], retry_after), &TIMING, now);
+                    }
+                }
+                Step::Wait { secs, cgroup_gone } => {
+                    now += s(secs);
+                    acting.settle(now, &|_| !cgroup_gone);
+                }
+            }
+            prop_assert!(owed.len() <= 1);
+            if !owed.is_empty() {
+                prop_assert!(acting.in_flight().is_some(), "an owed outcome keeps the eviction in flight");
+            }
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The loop: one `select!` over kernel events, the executor's outcomes, timers and signals.
+//! Every branch ends in at most one evaluation.
+
+use std::time::Duration;
+
+use node_agent_kube::executor::{Action, NodeEvent, Outcome};
+
+use super::{DaemonError, Trigger};
+use crate::{
+    cgroup::attribution::{attribute, Happened, NoNames, PodNames},
+    ebpf::KernelEvent,
+    trace::Record,
+};
+
+/// How often ring-buffer losses, cgroup rescans and the config file are checked.
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
+
+pub(super) struct Signals {
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub(super) fn new() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// Pod names from the latest snapshot, for attribution.
+struct SnapshotNames<'a>(Option<&'a node_agent_kube::pods::PodSnapshot>);
+
+impl PodNames for SnapshotNames<'_> {
+    fn pod(&self, uid: &str) -> Option<(String, String)> {
+        let p = self.0.as_ref()?.by_uid(uid)?;
+        Some((p.namespace.clone(), p.name.clone()))
+    }
+    fn container(&self, id: &str) -> Option<String> {
+        Some(self.0.as_ref()?.containers.get(id)?.name.clone())
+    }
+}
+
+impl super::Daemon {
+    pub(super) async fn run_loop(
+        &mut self,
+        mut events: crate::ebpf::EventStream,
+        mut signals: Signals,
+    ) -> Result<(), DaemonError> {
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
+        let mut lost_before = 0u64;
+        self.evaluate(Trigger::named("start")).await;
+        self.telemetry.health.set_ready(true);
+        loop {
+            self.telemetry.health.beat();
+            let now = self.now();
+            let paced = self.acts.state.paced_until(now);
+            let wait_paced = async {
+                match paced {
+                    Some(at) => tokio::time::sleep(at.saturating_sub(now)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let polling = self.pressure || self.acts.state.in_flight().is_some();
+            tokio::select! {
+                batch = events.next_batch() => {
+                    let mut trigger = None;
+                    for record in batch.map_err(DaemonError::Events)? {
+                        match record {
+                            Ok(event) => {
+                                if let Some(t) = self.on_kernel_event(&event).await {
+                                    trigger.get_or_insert(t);
+                                }
+                            }
+                            Err(e) => {
+                                self.telemetry.metrics.decode_error();
+                                tracing::warn!(error = %e, "undecodable kernel record");
+                            }
+                        }
+                    }
+                    if let Some(t) = trigger {
+                        self.evaluate(t).await;
+                    }
+                }
+                outcome = self.acts.outcomes.recv() => {
+                    let outcome = outcome.ok_or(DaemonError::ExecutorStopped)?;
+                    if self.on_outcome(outcome) {
+                        self.evaluate(Trigger::named("eviction_outcome")).await;
+                    }
+                }
+                () = wait_paced, if self.pressure => self.evaluate(Trigger::named("pacing")).await,
+                _ = self.timers.poll.tick(), if polling => self.evaluate(Trigger::named("pressure_poll")).await,
+                _ = self.timers.resync.tick() => self.evaluate(Trigger::named("resync")).await,
+                _ = housekeeping.tick() => {
+                    let per_cpu = self.kernel.programs.lost_events()?;
+                    let total: u64 = per_cpu.iter().sum();
+                    if total > lost_before {
+                        self.telemetry.metrics.ring_lost(total - lost_before);
+                        tracing::warn!(lost = total - lost_before, "kernel events lost: ring buffer full");
+                        let rec = Record::EventsLost { time: crate::sys::now_rfc3339(), lost: total - lost_before, total_per_cpu: per_cpu };
+                        self.telemetry.live.publish(&rec);
+                        lost_before = total;
+                    }
+                    self.rescan_if_due();
+                    if self.config_changed() {
+                        self.reload("config file changed").await;
+                    }
+                }
+                _ = signals.hup.recv() => self.reload("SIGHUP").await,
+                _ = signals.term.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+            }
+        }
+        tracing::info!("shutting down: detaching kernel programs");
+        Ok(())
+    }
+
+    /// Attributes, records and publishes a kernel event; returns a trigger when it touches a
+    /// signal.
+    async fn on_kernel_event(&mut self, event: &KernelEvent) -> Option<Trigger> {
+        if let KernelEvent::CgroupChange(_) = event {
+            self.kernel.tracker.mark_changed();
+            return None;
+        }
+        // A cgroup newer than the last rescan (a pod that just started): rescan before
+        // attributing, so the event names its pod.
+        let cgroup = match event {
+            KernelEvent::OomKill(e) => Some(e.cgroup_id),
+            KernelEvent::ForkStorm(e) => Some(e.cgroup_id),
+            _ => None,
+        };
+        if cgroup.is_some_and(|id| self.kernel.tracker.index().lookup(id).is_none()) {
+            self.rescan();
+        }
+        let (index, page_size) = (self.kernel.tracker.index(), crate::sys::page_size());
+        let attributed = match &self.cluster {
+            Some(c) => {
+                let snapshot = c.snapshots.borrow();
+                attribute(event, index, &SnapshotNames(snapshot.as_ref()), page_size)
+            }
+            None => attribute(event, index, &NoNames, page_size),
+        }?;
+        let record = Record::event(&attributed, crate::sys::ktime_rfc3339(attributed.ktime_ns));
+        self.telemetry.metrics.kernel_event(record.kind());
+        self.telemetry.live.publish(&record);
+        let ktime_ns = Some(attributed.ktime_ns);
+        match attributed.what {
+            Happened::MemoryThreshold {
+                cgroup, direction, ..
+            } => {
+                if direction == crate::cgroup::attribution::Direction::Up {
+                    self.kernel.triggers.crossed(cgroup.cgroup_id);
+                }
+                Some(Trigger {
+                    name: "memory_threshold",
+                    ktime_ns,
+                })
+            }
+            Happened::PidThreshold { .. } => Some(Trigger {
+                name: "pid_threshold",
+                ktime_ns,
+            }),
+            Happened::OomKill(kill) => {
+                let pod = kill
+                    .victim
+                    .pod_name()
+                    .map(|(ns, name)| (ns.to_string(), name.to_string()));
+                self.telemetry
+                    .metrics
+                    .oom_kill(pod.as_ref().map(|(ns, _)| ns.as_str()).unwrap_or(""));
+                // Reported on the node as the kubelet does, naming the process and its pod.
+                self.act(vec![Action::NodeEvent(NodeEvent::OomKilling(
+                    node_agent_kube::events::OomKill {
+                        pid: kill.pid,
+                        comm: kill.comm,
+                        pod,
+                    },
+                ))])
+                .await;
+                Some(Trigger {
+                    name: "oom_kill",
+                    ktime_ns,
+                })
+            }
+            Happened::ForkStorm { .. } => None,
+        }
+    }
+
+    /// Hands actions to the executor (it works through them in order).
+    pub(super) async fn act(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            if self.acts.actions.send(action).await.is_err() {
+                tracing::error!("the executor stopped; its actions are lost");
+            }
+        }
+    }
+
+    /// Records what the executor reports; true when the loop should decide again now.
+    fn on_outcome(&mut self, outcome: Outcome) -> bool {
+        let metrics = &self.telemetry.metrics;
+        match outcome {
+            Outcome::Eviction(report) => {
+                let result = report.attempt.result;
+                metrics.eviction(report.eviction.signal.as_str(), result.as_str());
+                if let Some(error) = &report.event_error {
+                    metrics.kube_error("pod event");
+                    tracing::warn!(%error, "the pod's Evicted event was not recorded");
+                }
+                tracing::info!(
+                    pod = %format!("{}/{}", report.eviction.namespace, report.eviction.name),
+                    signal = %report.eviction.signal, result = result.as_str(),
+                    reason = report.attempt.detail.as_deref().unwrap_or(""),
+                    retry_after = ?report.attempt.retry_after, "eviction outcome"
+                );
+                self.telemetry
+                    .live
+                    .publish(&Record::eviction(&report, crate::sys::now_rfc3339()));
+                let timing = self.timing();
+                let now = self.now();
+                self.acts.state.reported(&report, &timing, now);
+                // The next pod goes as soon as the pacing allows: decide again now.
+                !result.pod_goes()
+            }
+            Outcome::NodeEvent { reason, error } => {
+                if let Some(error) = error {
+                    metrics.kube_error(reason);
+                    tracing::warn!(reason, %error, "node event not recorded");
+                }
+                false
+            }
+            Outcome::Condition { pressure, error } => {
+                if let Some(error) = error {
+                    metrics.kube_error("node condition");
+                    tracing::warn!(pressure, %error, "node condition not written");
+                }
+                false
+            }
+        }
+    }
+
+    /// Rescans the cgroups now (a cgroup named by an event is not known yet).
+    fn rescan(&mut self) {
+        self.kernel.tracker.mark_changed();
+        self.rescan_if_due();
+    }
+
+    fn rescan_if_due(&mut self) {
+        match self
+            .kernel
+            .tracker
+            .refresh_if_due(&mut self.kernel.programs)
+        {
+            Ok(Some(t)) => {
+                self.telemetry.metrics.set_tracked_cgroups(
+                    t.tracked as i64,
+                    t.untracked as i64,
+                    t.cap_reached,
+                );
+                self.kernel
+                    .triggers
+                    .refresh_targets(self.kernel.tracker.index());
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "rescanning cgroups"),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The methods the daemon records through: one per metric family, lock-free once a label
+//! set exists.
+
+use super::*;
+
+impl Metrics {
+    /// Counter `node_agent_telemetry_connections_closed_total{reason}`: connections the
+    /// metrics and health listener closed so that others get in (see `telemetry::connections`).
+    pub fn telemetry_connection_closed(&self, reason: &'static str) {
+        self.telemetry_connections_closed
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Gauge `node_agent_signal_available{signal}` (bytes, inodes or PIDs as the kubelet's
+    /// signal).
+    pub fn set_signal_available(&self, signal: &str, available: i64) {
+        self.signal_available
+            .get_or_create(&SignalLabels {
+                signal: signal.to_owned(),
+            })
+            .set(available);
+    }
+
+    /// Gauge `node_agent_threshold_met{signal,kind="hard"|"soft"}` 1/0.
+    pub fn set_threshold_met(&self, signal: &str, hard: bool, met: bool) {
+        let labels = ThresholdLabels {
+            signal: signal.to_owned(),
+            kind: if hard { "hard" } else { "soft" },
+        };
+        self.threshold_met
+            .get_or_create(&labels)
+            .set(i64::from(met));
+    }
+
+    /// Gauge `node_agent_node_condition{condition}` 1/0 (MemoryPressure, DiskPressure,
+    /// PIDPressure).
+    pub fn set_condition(&self, condition: &str, active: bool) {
+        self.node_condition
+            .get_or_create(&ConditionLabels {
+                condition: condition.to_owned(),
+            })
+            .set(i64::from(active));
+    }
+
+    /// Counter `node_agent_evictions_total{signal,result}` (result: evicted, pdb_overridden,
+    /// dry_run, blocked_by_pdb, rate_limited, api_rate_limited, already_gone, refused, failed).
+    pub fn eviction(&self, signal: &str, result: &str) {
+        self.evictions
+            .get_or_create(&EvictionLabels {
+                signal: signal.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counter `node_agent_oom_kills_total{namespace}` (`""` → `"none"` for non-pod cgroups).
+    pub fn oom_kill(&self, namespace: &str) {
+        let namespace = if namespace.is_empty() {
+            "none"
+        } else {
+            namespace
+        };
+        self.oom_kills
+            .get_or_create(&NamespaceLabels {
+                namespace: namespace.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counter `node_agent_kernel_events_total{kind}`.
+    pub fn kernel_event(&self, kind: &str) {
+        self.kernel_events
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counter `node_agent_ringbuf_lost_events_total` (add the delta).
+    pub fn ring_lost(&self, delta: u64) {
+        self.ringbuf_lost_events.inc_by(delta);
+    }
+
+    /// Counter `node_agent_ringbuf_decode_errors_total`.
+    pub fn decode_error(&self) {
+        self.ringbuf_decode_errors.inc();
+    }
+
+    /// Histogram `node_agent_decision_latency_seconds{trigger}`: kernel timestamp of the
+    /// triggering event → decision, buckets [`DECISION_LATENCY_BUCKETS`]. A negative or
+    /// non-finite value (a clock mix-up upstream) would corrupt the sum for good, so it is
+    /// counted in `node_agent_decision_latency_invalid_total{trigger}` instead.
+    pub fn decision_latency(&self, trigger: &str, seconds: f64) {
+        let labels = TriggerLabels {
+            trigger: trigger.to_owned(),
+        };
+        if seconds.is_finite() && seconds >= 0.0 {
+            self.decision_latency
+                .get_or_create(&labels)
+                .observe(seconds);
+        } else {
+            self.decision_latency_invalid.get_or_create(&labels).inc();
+        }
+    }
+
+    /// Counter `node_agent_evaluations_total{trigger}`.
+    pub fn evaluation(&self, trigger: &str) {
+        self.evaluations
+            .get_or_create(&TriggerLabels {
+                trigger: trigger.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counter `node_agent_stale_data_total{source}`: a decision refused because its data was
+    /// too old.
+    pub fn stale_data(&self, source: &str) {
+        self.stale_data
+            .get_or_create(&SourceLabels {
+                source: source.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counter `node_agent_config_reloads_total{result="ok"|"invalid"|"refused"}`.
+    pub fn config_reload(&self, result: &'static str) {
+        self.config_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Gauges `node_agent_tracked_cgroups` and `node_agent_untracked_cgroups`; counter
+    /// `node_agent_tracking_cap_reached_total` when the cap was just reached.
+    pub fn set_tracked_cgroups(&self, tracked: i64, untracked: i64, cap_reached: bool) {
+        self.tracked_cgroups.set(tracked);
+        self.untracked_cgroups.set(untracked);
+        if cap_reached {
+            self.tracking_cap_reached.inc();
+        }
+    }
+
+    /// Gauge `node_agent_signal_unknown{signal}` 1/0.
+    pub fn set_signal_unknown(&self, signal: &str, unknown: bool) {
+        self.signal_unknown
+            .get_or_create(&SignalLabels {
+                signal: signal.to_owned(),
+            })
+            .set(i64::from(unknown));
+    }
+
+    /// Gauge `node_agent_no_evictable_pod{signal}`: 1 for `signal` (counted in
+    /// `node_agent_no_evictable_pod_events_total{signal}`), 0 for every other; `None`: all 0.
+    pub fn set_no_evictable_pod(&self, signal: Option<&str>) {
+        for s in node_agent_policy::Signal::ALL {
+            let labels = SignalLabels {
+                signal: s.as_str().to_owned(),
+            };
+            let on = signal == Some(s.as_str());
+            self.no_evictable_pod
+                .get_or_create(&labels)
+                .set(i64::from(on));
+            if on {
+                self.no_evictable_pod_events.get_or_create(&labels).inc();
+            }
+        }
+    }
+
+    /// Counter `node_agent_kube_errors_total{operation}`.
+    pub fn kube_error(&self, operation: &str) {
+        self.kube_errors
+            .get_or_create(&OperationLabels {
+                operation: operation.to_owned(),
+            })
+            .inc();
+    }
+}

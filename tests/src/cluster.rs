@@ -1,0 +1,392 @@
+//! The daemon's end-to-end harness: a fake cluster (kubelet and API server, the strict fake of
+//! `node_agent_kube::fake`) whose pods and eviction answers a test sets, real pod cgroups in
+//! the kubelet's layout below a test "node" cgroup, and the daemon as a subprocess whose logs,
+//! live stream and `/metrics` the test waits on — never a fixed sleep.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+use node_agent_kube::fake::{Fake, Reply, Seen};
+use serde_json::{json, Value};
+
+use crate::{AgentProcess, TestCgroup};
+
+pub const NODE: &str = "test-node";
+
+/// A pod of the fake kubelet's list, with one container.
+#[derive(Debug, Clone)]
+pub struct PodSpec {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub memory_request: String,
+    pub container_id: String,
+    pub priority: i32,
+    /// `kubernetes.io/config.source`: `api`, or `file` for a static pod.
+    pub source: &'static str,
+}
+
+impl PodSpec {
+    pub fn new(
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        memory_request: &str,
+        id_char: char,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+            memory_request: memory_request.into(),
+            container_id: id_char.to_string().repeat(64),
+            priority: 0,
+            source: "api",
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid,
+                         "labels": {"app": self.name},
+                         "annotations": {"kubernetes.io/config.source": self.source}},
+            "spec": {"nodeName": NODE, "priority": self.priority, "terminationGracePeriodSeconds": 30,
+                     "containers": [{"name": "app", "image": "app:1",
+                                     "resources": {"requests": {"memory": self.memory_request}}}]},
+            "status": {"phase": "Running", "qosClass": "Burstable",
+                       "containerStatuses": [{"name": "app", "containerID": format!("containerd://{}", self.container_id),
+                                              "ready": true, "restartCount": 0, "image": "app:1", "imageID": ""}]}
+        })
+    }
+
+    /// The pod's container cgroup (cgroupfs layout, Burstable) below `node`.
+    pub fn cgroup(&self, node: &TestCgroup) -> anyhow::Result<PathBuf> {
+        node.child(&format!(
+            "kubepods/burstable/pod{}/{}",
+            self.uid, self.container_id
+        ))
+    }
+
+    pub fn eviction_path(&self) -> String {
+        format!(
+            "/api/v1/namespaces/{}/pods/{}/eviction",
+            self.namespace, self.name
+        )
+    }
+}
+
+/// One request the fake answered, stamped with CLOCK_MONOTONIC on arrival.
+#[derive(Debug, Clone)]
+pub struct Answered {
+    pub method: String,
+    pub path: String,
+    pub body: Value,
+    pub at_ns: u64,
+    pub status: u16,
+}
+
+type EvictReply = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
+
+/// What the fake cluster serves; tests change it while the daemon runs.
+#[derive(Default)]
+pub struct ClusterState {
+    pub pods: Vec<Value>,
+    pub pod_lists: usize,
+    /// Eviction, delete and patch requests of pods, and events, in order.
+    pub answered: Vec<Answered>,
+    /// How an eviction of the named pod is answered; default 201.
+    pub evict_reply: Option<EvictReply>,
+}
+
+pub type SharedCluster = Arc<Mutex<ClusterState>>;
+
+impl ClusterState {
+    pub fn evictions(&self) -> Vec<&Answered> {
+        self.answered
+            .iter()
+            .filter(|a| a.path.ends_with("/eviction"))
+            .collect()
+    }
+}
+
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The fake's responder over `state`.
+pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static {
+    move |seen: &Seen, _| {
+        let at_ns = monotonic_ns();
+        let path = seen.path.split('?').next().unwrap_or("");
+        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        let reply = match (seen.method.as_str(), path) {
+            ("GET", "/pods") => {
+                s.pod_lists += 1;
+                return Reply::json(200, json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": s.pods}).to_string());
+            }
+            ("GET", "/stats/summary") => {
+                return Reply::json(200, json!({"node": {"nodeName": NODE}, "pods": []}).to_string())
+            }
+            ("GET", p) if p == format!("/api/v1/nodes/{NODE}") => {
+                return Reply::json(200, json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}, "status": {"conditions": []}}).to_string())
+            }
+            ("PATCH", p) if p == format!("/api/v1/nodes/{NODE}/status") => {
+                return Reply::json(200, json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}}).to_string())
+            }
+            ("POST", p) if p.ends_with("/eviction") => {
+                let name = p.rsplit('/').nth(1).unwrap_or("").to_string();
+                match &s.evict_reply {
+                    Some(f) => f(&name),
+                    None => Reply::json(201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}).to_string()),
+                }
+            }
+            ("POST", p) if p.ends_with("/events") => Reply::json(201, seen.body.to_string()),
+            ("DELETE" | "PATCH", _) => Reply::json(200, "{}"),
+            _ => Reply::status(404, "NotFound", "not served by the fake cluster"),
+        };
+        s.answered.push(Answered {
+            method: seen.method.clone(),
+            path: path.to_string(),
+            body: seen.body.clone(),
+            at_ns,
+            status: reply.status,
+        });
+        reply
+    }
+}
+
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The agent's config for a test: capacity 1Gi, `memory.available<threshold`, Kubernetes
+/// mode against `fake`, plus the test's own lines for `kubernetes:` and `agent:`.
+pub struct Config<'a> {
+    pub fake: &'a Fake,
+    pub node: &'a TestCgroup,
+    pub socket: &'a Path,
+    pub port: u16,
+    pub threshold: &'a str,
+    /// Extra `kubernetes:` lines, each indented by two spaces.
+    pub kube: &'a str,
+    /// Extra `agent:` lines, each indented by two spaces.
+    pub agent: &'a str,
+}
+
+impl Config<'_> {
+    pub fn text(&self) -> String {
+        format!(
+            "eviction:\n  evictionHard: {{memory.available: {threshold}}}\n\
+             kubernetes:\n  pod_source: kubelet\n  node_name: {NODE}\n  kubelet: {{url: '{url}', ca_file: '{ca}'}}\n  \
+             api_server: {{url: '{url}', ca_file: '{ca}'}}\n  token_path: '{token}'\n{kube}\
+             agent:\n  listen: '127.0.0.1:{port}'\n  trace_socket: '{socket}'\n  node_cgroup: '{cg}'\n  memory_capacity: 1Gi\n  \
+             resync_interval: 60s\n  pod_refresh_interval: 200ms\n  fork_limit: 0\n{agent}",
+            threshold = self.threshold,
+            url = self.fake.url(),
+            ca = self.fake.pki.ca_file.display(),
+            token = self.fake.token_file.display(),
+            port = self.port,
+            socket = self.socket.display(),
+            cg = self.node.cgroup_path(),
+            kube = self.kube,
+            agent = self.agent,
+        )
+    }
+}
+
+/// Polls `done` until it holds, at most `limit`; an error naming `what` otherwise.
+pub fn wait_until(
+    limit: Duration,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() > deadline {
+            bail!("{what} did not happen within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// The daemon as a subprocess, with the log lines seen so far. Killed on drop.
+pub struct Daemon {
+    pub process: AgentProcess,
+    pub port: u16,
+    log: Vec<String>,
+}
+
+impl Daemon {
+    pub fn start(config: &Path, port: u16) -> anyhow::Result<Daemon> {
+        let process =
+            AgentProcess::spawn(&["run".as_ref(), "--config".as_ref(), config.as_os_str()])?;
+        let mut daemon = Daemon {
+            process,
+            port,
+            log: Vec::new(),
+        };
+        if let Err(e) =
+            daemon.wait_log("node-agent running", crate::scaled(Duration::from_secs(20)))
+        {
+            let status = daemon.process.child.try_wait()?;
+            let tail = daemon
+                .log
+                .iter()
+                .rev()
+                .take(5)
+                .rev()
+                .cloned()
+                .collect::<Vec<_>>();
+            bail!("{e}; exit status {status:?}; last lines: {tail:#?}");
+        }
+        Ok(daemon)
+    }
+
+    fn drain(&mut self) {
+        while let Ok(line) = self.process.log.try_recv() {
+            self.log.push(line);
+        }
+    }
+
+    /// Waits for a log line containing `needle` (seen before or arriving within `limit`).
+    pub fn wait_log(&mut self, needle: &str, limit: Duration) -> anyhow::Result<String> {
+        self.wait_logs(needle, 1, limit)
+    }
+
+    /// Waits until `n` log lines contain `needle`; returns the last.
+    pub fn wait_logs(&mut self, needle: &str, n: usize, limit: Duration) -> anyhow::Result<String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            self.drain();
+            let found: Vec<&String> = self.log.iter().filter(|l| l.contains(needle)).collect();
+            if found.len() >= n {
+                return Ok(found[n - 1].clone());
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                bail!("the agent did not log {needle:?} {n} time(s) within {limit:?}");
+            };
+            if let Ok(line) = self.process.log.recv_timeout(left) {
+                self.log.push(line);
+            }
+        }
+    }
+
+    /// How many log lines so far contain `needle`.
+    pub fn log_count(&mut self, needle: &str) -> usize {
+        self.drain();
+        self.log.iter().filter(|l| l.contains(needle)).count()
+    }
+
+    pub fn get(&self, path: &str) -> anyhow::Result<String> {
+        http_get(self.port, path)
+    }
+
+    /// The value of the first `/metrics` sample line starting with `series` (name and labels).
+    pub fn metric(&self, series: &str) -> anyhow::Result<Option<f64>> {
+        let text = self.get("/metrics")?;
+        Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok()))
+    }
+
+    /// Waits until the daemon has evaluated `n` more times (`node_agent_evaluations_total`).
+    pub fn wait_evaluations(&self, n: f64, limit: Duration) -> anyhow::Result<()> {
+        let total = |d: &Daemon| -> f64 {
+            d.get("/metrics")
+                .map(|t| {
+                    t.lines()
+                        .filter(|l| l.starts_with("node_agent_evaluations_total{"))
+                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                        .sum()
+                })
+                .unwrap_or(0.0)
+        };
+        let start = total(self);
+        wait_until(limit, "further evaluations", || total(self) >= start + n)
+    }
+
+    /// Stops it with SIGTERM and waits (at most 2 s) for exit 0.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.process.signal(libc::SIGTERM);
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.process.child.try_wait()? {
+                anyhow::ensure!(status.success(), "exit 0 on SIGTERM: {status}");
+                return Ok(());
+            }
+            if started.elapsed() > crate::scaled(Duration::from_secs(2)) {
+                bail!("the agent did not exit within 2 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+pub fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
+        .context("connecting to the agent's listener")?;
+    s.set_read_timeout(Some(crate::scaled(Duration::from_secs(5))))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// `node-agent trace --output json` attached to the daemon's socket, with extra arguments;
+/// ready once it logged that it attached.
+pub fn attach_trace(socket: &Path, extra: &[&str]) -> anyhow::Result<AgentProcess> {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "trace".as_ref(),
+        "--output".as_ref(),
+        "json".as_ref(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ];
+    args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+    let trace = AgentProcess::spawn(&args)?;
+    let deadline = Instant::now() + crate::scaled(Duration::from_secs(10));
+    loop {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .context("trace did not attach within 10 s")?;
+        if trace
+            .log
+            .recv_timeout(left)
+            .is_ok_and(|l| l.contains("attached to the running node-agent"))
+        {
+            return Ok(trace);
+        }
+    }
+}
+
+/// The next JSON record of `kind` from a trace client (others skipped), within `limit`.
+pub fn next_record(trace: &AgentProcess, kind: &str, limit: Duration) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + limit;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let Ok(v) = trace.json.recv_timeout(left) else {
+            break;
+        };
+        if v["kind"] == kind {
+            return Ok(v);
+        }
+    }
+    bail!("no {kind} record within {limit:?}")
+}
