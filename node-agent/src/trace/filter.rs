@@ -1,4 +1,4 @@
-//! `trace`'s filters (`--kind`, `--cgroup`, `--pod`) and output formats.
+//! `trace`'s filters (`--kind`, `--cgroup`, `--pod`, `--namespace`) and output formats.
 
 use super::record::Record;
 
@@ -28,6 +28,30 @@ pub struct Filter {
     kinds: Vec<String>,
     cgroup: Option<String>,
     pod: Option<String>,
+    namespace: Option<String>,
+}
+
+/// The pod a record is about, as far as it is known.
+struct PodOf<'a> {
+    uid: Option<&'a str>,
+    namespace: Option<&'a str>,
+    name: Option<&'a str>,
+}
+
+impl PodOf<'_> {
+    /// `--pod`: the UID or a prefix of it, the pod's name, or `NAMESPACE/NAME`.
+    fn is(&self, want: &str) -> bool {
+        if self.uid.is_some_and(|u| u.starts_with(want)) {
+            return true;
+        }
+        match (self.namespace, self.name, want.split_once('/')) {
+            (Some(ns), Some(name), Some((want_ns, want_name))) => {
+                ns == want_ns && name == want_name
+            }
+            (_, Some(name), None) => name == want,
+            _ => false,
+        }
+    }
 }
 
 impl Filter {
@@ -35,6 +59,7 @@ impl Filter {
         kinds: &[String],
         cgroup: Option<String>,
         pod: Option<String>,
+        namespace: Option<String>,
     ) -> Result<Self, FilterError> {
         for k in kinds {
             if !KINDS.contains(&k.as_str()) {
@@ -45,40 +70,60 @@ impl Filter {
             kinds: kinds.to_vec(),
             cgroup,
             pod,
+            namespace,
         })
     }
 
-    /// Kind filters select kinds; cgroup and pod filters keep only events of matching cgroups
-    /// (events about the whole node, like `pid_threshold` and `events_lost`, always pass them:
-    /// a loss may hide an event of the filtered pod); evictions pass the pod filter by UID.
+    /// Kind filters select kinds; cgroup, pod and namespace filters keep only events of
+    /// matching cgroups or pods (events about the whole node, like `pid_threshold` and
+    /// `events_lost`, always pass them: a loss may hide an event of the filtered pod).
+    /// Pod and namespace filters drop events that cannot be attributed to a pod.
     pub fn matches(&self, record: &Record) -> bool {
         if !self.kinds.is_empty() && !self.kinds.iter().any(|k| k == record.kind()) {
             return false;
         }
-        if let Record::Eviction { uid, .. } = record {
-            return self
-                .pod
-                .as_ref()
-                .is_none_or(|want| uid.as_deref().is_some_and(|u| u.starts_with(want.as_str())));
-        }
-        let Some(cgroup) = record.cgroup() else {
-            return true;
+        let pod = match record {
+            Record::Eviction {
+                uid,
+                namespace,
+                name,
+                ..
+            } => Some(PodOf {
+                // An eviction names a pod, not a cgroup: cgroup filters pass it.
+                uid: uid.as_deref(),
+                namespace: Some(namespace),
+                name: Some(name),
+            }),
+            _ => {
+                let Some(cgroup) = record.cgroup() else {
+                    return true;
+                };
+                if let Some(want) = &self.cgroup {
+                    let by_path = cgroup
+                        .path
+                        .as_deref()
+                        .is_some_and(|p| p.contains(want.as_str()));
+                    let by_id = want.parse::<u64>().is_ok_and(|id| id == cgroup.id);
+                    if !by_path && !by_id {
+                        return false;
+                    }
+                }
+                cgroup.pod.as_ref().map(|p| PodOf {
+                    uid: Some(&p.uid),
+                    namespace: p.namespace.as_deref(),
+                    name: p.name.as_deref(),
+                })
+            }
         };
-        if let Some(want) = &self.cgroup {
-            let by_path = cgroup
-                .path
-                .as_deref()
-                .is_some_and(|p| p.contains(want.as_str()));
-            let by_id = want.parse::<u64>().is_ok_and(|id| id == cgroup.id);
-            if !by_path && !by_id {
+        if let Some(want) = &self.pod {
+            if !pod.as_ref().is_some_and(|p| p.is(want)) {
                 return false;
             }
         }
-        if let Some(want) = &self.pod {
-            if !cgroup
-                .pod
+        if let Some(want) = &self.namespace {
+            if !pod
                 .as_ref()
-                .is_some_and(|p| p.uid.starts_with(want.as_str()))
+                .is_some_and(|p| p.namespace == Some(want.as_str()))
             {
                 return false;
             }
@@ -139,14 +184,22 @@ mod tests {
         };
         let (ours, theirs) = (eviction("abc-def"), eviction("fff"));
         let plain_storm = storm("/system.slice", None);
+        let mut named_storm = storm("/kubepods/burstable/podabc/123", Some("abc-def"));
+        if let Record::ForkStorm { cgroup, .. } = &mut named_storm {
+            let pod = cgroup.pod.as_mut().expect("a pod cgroup");
+            pod.namespace = Some("shop".into());
+            pod.name = Some("cart".into());
+        }
         let f = |kinds: &[&str], cgroup: Option<&str>, pod: Option<&str>| {
             Filter::new(
                 &kinds.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
                 cgroup.map(String::from),
                 pod.map(String::from),
+                None,
             )
             .unwrap()
         };
+        let ns = |namespace: &str| Filter::new(&[], None, None, Some(namespace.into())).unwrap();
         let cases: &[(&str, Filter, &Record, bool)] = &[
             (
                 "no filter keeps everything",
@@ -226,12 +279,73 @@ mod tests {
                 &theirs,
                 false,
             ),
+            (
+                "an eviction by pod name",
+                f(&[], None, Some("web")),
+                &ours,
+                true,
+            ),
+            (
+                "an eviction by namespace/name",
+                f(&[], None, Some("shop/web")),
+                &ours,
+                true,
+            ),
+            (
+                "an eviction in another namespace",
+                f(&[], None, Some("other/web")),
+                &ours,
+                false,
+            ),
+            (
+                "a kernel event by pod name",
+                f(&[], None, Some("shop/cart")),
+                &named_storm,
+                true,
+            ),
+            (
+                "a kernel event of another pod name",
+                f(&[], None, Some("web")),
+                &named_storm,
+                false,
+            ),
+            (
+                "--namespace keeps its pods' kernel events",
+                ns("shop"),
+                &named_storm,
+                true,
+            ),
+            ("--namespace keeps its evictions", ns("shop"), &ours, true),
+            (
+                "--namespace drops other namespaces",
+                ns("kube-system"),
+                &named_storm,
+                false,
+            ),
+            (
+                "--namespace drops unattributed cgroups",
+                ns("shop"),
+                &plain_storm,
+                false,
+            ),
+            (
+                "--namespace drops pods whose names are unknown",
+                ns("shop"),
+                &pod_storm,
+                false,
+            ),
+            (
+                "--namespace keeps node-wide records",
+                ns("shop"),
+                &lost,
+                true,
+            ),
         ];
         for (name, filter, record, want) in cases {
             assert_eq!(filter.matches(record), *want, "{name}");
         }
         assert_eq!(
-            Filter::new(&["bogus".into()], None, None).unwrap_err(),
+            Filter::new(&["bogus".into()], None, None, None).unwrap_err(),
             FilterError::UnknownKind("bogus".into())
         );
     }

@@ -69,9 +69,12 @@ pub struct TraceArgs {
     /// Only events of cgroups whose path contains this text (or whose id is this number).
     #[arg(long)]
     pub cgroup: Option<String>,
-    /// Only events of this pod (UID, or a prefix of it).
+    /// Only events of this pod: its UID (or a prefix of it), its name, or NAMESPACE/NAME.
     #[arg(long)]
     pub pod: Option<String>,
+    /// Only events of pods in this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
     /// Stop after this long (e.g. `30s`, `5m`); default: until Ctrl-C or SIGTERM.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
@@ -181,7 +184,12 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
 pub fn run(args: TraceArgs) -> Result<(), TraceError> {
     // Everything from the command line is validated before any program is loaded.
-    let filter = Filter::new(&args.kind, args.cgroup.clone(), args.pod.clone())?;
+    let filter = Filter::new(
+        &args.kind,
+        args.cgroup.clone(),
+        args.pod.clone(),
+        args.namespace.clone(),
+    )?;
     let hysteresis =
         quantity_bytes(&args.memory_hysteresis).map_err(|problem| TraceError::Flag {
             flag: "memory-hysteresis",

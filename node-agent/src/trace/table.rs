@@ -1,74 +1,157 @@
-//! The table rendering of records: one row per record, for people.
+//! The table rendering of records: one row per record, for people, within [`ROW_WIDTH`]
+//! characters, in human units. JSON Lines (`--output json`) keep every field and raw figures.
+
+use node_agent_policy::Resource;
 
 use super::record::{Crossing, OomConstraint, Record};
 
+/// The widest row the table prints (a terminal of 120 columns shows it whole).
+pub const ROW_WIDTH: usize = 120;
+const TIME: usize = 15;
+const KIND: usize = 16;
+const WHO: usize = 28;
+const PID: usize = 7;
+
 impl Record {
     pub const TABLE_HEADER: &'static str =
-        "TIME                      KIND              CGROUP/POD                               PID      COMM             DETAILS";
+        "TIME            KIND             POD/CGROUP                   PID     DETAILS";
 
     pub fn table_row(&self) -> String {
-        let (time, who, pid, comm, details) = match self {
-            Record::OomKill { time, cgroup, pid, comm, constraint, anon_rss_bytes, file_rss_bytes, shmem_rss_bytes, oom_score_adj, .. } => (
+        let (time, who, pid, details) = match self {
+            Record::OomKill {
+                time,
+                cgroup,
+                pid,
+                comm,
+                constraint,
+                anon_rss_bytes,
+                file_rss_bytes,
+                shmem_rss_bytes,
+                oom_score_adj,
+                ..
+            } => (
                 time,
                 cgroup.label(),
                 pid.to_string(),
-                comm.clone(),
                 format!(
-                    "{} oom; rss anon {} file {} shmem {}; oom_score_adj {oom_score_adj}",
+                    "{comm} killed ({}); rss anon {} file {} shmem {}; adj {oom_score_adj}",
                     match constraint {
-                        OomConstraint::CgroupLimit => "cgroup_limit",
+                        OomConstraint::CgroupLimit => "cgroup limit",
                         OomConstraint::System => "system",
                         OomConstraint::Unknown => "unknown",
                     },
-                    mib(*anon_rss_bytes),
-                    mib(*file_rss_bytes),
-                    mib(*shmem_rss_bytes)
+                    bytes(*anon_rss_bytes),
+                    bytes(*file_rss_bytes),
+                    bytes(*shmem_rss_bytes)
                 ),
             ),
-            Record::MemoryThreshold { time, cgroup, direction, usage_bytes, threshold_bytes, .. } => (
+            Record::MemoryThreshold {
+                time,
+                cgroup,
+                direction,
+                usage_bytes,
+                threshold_bytes,
+                ..
+            } => (
                 time,
                 cgroup.label(),
                 "-".into(),
-                "-".into(),
-                format!("{}: usage {} vs threshold {}", crossing(*direction), mib(*usage_bytes), mib(*threshold_bytes)),
+                format!(
+                    "{}: usage {} vs threshold {}",
+                    crossing(*direction),
+                    bytes(*usage_bytes),
+                    bytes(*threshold_bytes)
+                ),
             ),
-            Record::PidThreshold { time, direction, available, threshold, live, limit, .. } => (
+            Record::PidThreshold {
+                time,
+                direction,
+                available,
+                threshold,
+                live,
+                limit,
+                ..
+            } => (
                 time,
                 "node".into(),
                 "-".into(),
-                "-".into(),
-                format!("{}: pid.available {available} vs threshold {threshold} ({live} of {limit} in use)", crossing(*direction)),
+                format!(
+                    "{}: {available} PIDs available vs {threshold} ({live} of {limit} used)",
+                    crossing(*direction)
+                ),
             ),
-            Record::ForkStorm { time, cgroup, pid, comm, forks_in_window, window_ms, max_forks, .. } => (
+            Record::ForkStorm {
+                time,
+                cgroup,
+                pid,
+                comm,
+                forks_in_window,
+                window_ms,
+                max_forks,
+                ..
+            } => (
                 time,
                 cgroup.label(),
                 pid.to_string(),
-                comm.clone(),
-                format!("{forks_in_window} forks within {window_ms} ms (limit {max_forks})"),
+                format!("{comm}: {forks_in_window} forks in {window_ms} ms (limit {max_forks})"),
             ),
-            Record::Eviction { time, namespace, name, signal, observed, threshold, result, reason, grace_period_seconds, .. } => (
+            Record::Eviction {
                 time,
-                format!("{namespace}/{name}"),
+                namespace,
+                name,
+                signal,
+                observed,
+                threshold,
+                result,
+                reason,
+                grace_period_seconds,
+                ..
+            } => {
+                let unit = |v: i64| match signal.resource() {
+                    Resource::Memory | Resource::EphemeralStorage => {
+                        bytes(u64::try_from(v).unwrap_or(0))
+                    }
+                    Resource::Inodes | Resource::Pids => v.to_string(),
+                };
+                (
+                    time,
+                    format!("{namespace}/{name}"),
+                    "-".into(),
+                    format!(
+                        "{}: {signal} {} < {}, grace {grace_period_seconds}s{}",
+                        result.as_str(),
+                        unit(*observed),
+                        unit(*threshold),
+                        reason
+                            .as_deref()
+                            .map(|r| format!("; {r}"))
+                            .unwrap_or_default()
+                    ),
+                )
+            }
+            Record::EventsLost {
+                time,
+                lost,
+                total_per_cpu,
+                ..
+            } => (
+                time,
                 "-".into(),
                 "-".into(),
                 format!(
-                    "{}: {signal} {observed} < {threshold}; grace period {grace_period_seconds}s{}",
-                    result.as_str(),
-                    reason.as_deref().map(|r| format!("; {r}")).unwrap_or_default()
+                    "{lost} kernel events lost (ring buffer full); {} since start",
+                    total_per_cpu.iter().sum::<u64>()
                 ),
             ),
-            Record::EventsLost { time, lost, total_per_cpu, .. } => (
-                time,
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                format!("{lost} kernel events lost (ring buffer full); per CPU since start {total_per_cpu:?}"),
-            ),
         };
-        format!(
-            "{time:<25} {:<17} {who:<40} {pid:<8} {comm:<16} {details}",
-            self.kind()
-        )
+        let row = format!(
+            "{:<TIME$} {:<KIND$} {:<WHO$} {:<PID$} {details}",
+            time_of_day(time),
+            self.kind(),
+            tail(&who, WHO),
+            tail(&pid, PID),
+        );
+        head(&row, ROW_WIDTH)
     }
 }
 
@@ -79,8 +162,48 @@ fn crossing(d: Crossing) -> &'static str {
     }
 }
 
-fn mib(bytes: u64) -> String {
-    format!("{:.1}MiB", bytes as f64 / (1 << 20) as f64)
+/// `23:05:25.123456` from `2026-11-22T23:05:25.123456Z` (the date is in the JSON).
+fn time_of_day(rfc3339: &str) -> &str {
+    rfc3339
+        .split_once('T')
+        .map_or(rfc3339, |(_, t)| t.trim_end_matches('Z'))
+}
+
+/// Binary units, as `kubectl` shows quantities: `812.4Mi`, `1.5Gi`, `512Ki`, `100B`.
+fn bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["Ki", "Mi", "Gi", "Ti", "Pi"];
+    if b < 1024 {
+        return format!("{b}B");
+    }
+    let mut v = b as f64 / 1024.0;
+    let mut unit = UNITS[0];
+    for u in &UNITS[1..] {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    format!("{v:.1}{unit}")
+}
+
+/// At most `width` characters, the end kept (a path's or pod's distinguishing part).
+fn tail(s: &str, width: usize) -> String {
+    let n = s.chars().count();
+    if n <= width {
+        return s.to_string();
+    }
+    let keep: String = s.chars().skip(n - (width - 1)).collect();
+    format!("…{keep}")
+}
+
+/// At most `width` characters, the start kept.
+fn head(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.trim_end().to_string();
+    }
+    let keep: String = s.chars().take(width - 1).collect();
+    format!("{keep}…")
 }
 
 #[cfg(test)]
@@ -220,11 +343,80 @@ mod tests {
         );
         assert!(v["reason"].as_str().unwrap().contains("disruption budget"));
         assert_eq!(serde_json::from_str::<Record>(&rec.json()).unwrap(), rec);
-        assert!(rec.table_row().contains("blocked_by_pdb: memory.available"));
+        assert!(
+            rec.table_row()
+                .contains("blocked_by_pdb: memory.available 60.0Mi < 100.0Mi"),
+            "{}",
+            rec.table_row()
+        );
         assert!(
             serde_json::from_str::<Record>(&rec.json().replace("blocked_by_pdb", "vanished"))
                 .is_err(),
             "an unknown result is refused"
         );
+    }
+
+    #[test]
+    fn rows_stay_within_the_width_aligned_under_the_header() {
+        let long = "x".repeat(300);
+        let rows = [
+            serde_json::json!({"kind": "eviction", "time": "2026-11-22T23:05:25.123456Z",
+                "namespace": long, "name": "web", "uid": "u", "signal": "nodefs.inodesFree",
+                "hard": true, "observed": 10, "threshold": 20, "grace_period_seconds": 0,
+                "result": "failed", "reason": long, "message": "m"}),
+            serde_json::json!({"kind": "fork_storm", "time": "2026-11-22T23:05:25.123456Z",
+                "ktime_ns": 1, "cgroup": {"id": 1, "path": format!("/kubepods/{long}/tail")},
+                "pid": 4_194_304, "comm": "sh", "forks_in_window": 9, "window_ms": 1000,
+                "max_forks": 8}),
+        ];
+        let header_columns: Vec<usize> = column_starts(Record::TABLE_HEADER);
+        assert!(Record::TABLE_HEADER.chars().count() <= ROW_WIDTH);
+        for v in rows {
+            let rec: Record = serde_json::from_value(v).unwrap();
+            let row = rec.table_row();
+            assert!(row.chars().count() <= ROW_WIDTH, "{row}");
+            let cells: Vec<char> = row.chars().collect();
+            for &c in &header_columns[1..] {
+                assert!(
+                    cells[c - 1] == ' ' && cells[c] != ' ',
+                    "column at {c}: {row}"
+                );
+            }
+            assert!(row.starts_with("23:05:25.123456 "), "{row}");
+            if let Record::Eviction { .. } = rec {
+                assert_eq!(row.chars().count(), ROW_WIDTH, "{row}");
+                assert!(row.ends_with('…'), "a long reason is cut: {row}");
+            }
+        }
+        let tail_kept = serde_json::from_value::<Record>(serde_json::json!({"kind": "fork_storm",
+            "time": "t", "ktime_ns": 1, "cgroup": {"id": 1, "path": format!("/a/{long}/tail")},
+            "pid": 1, "comm": "sh", "forks_in_window": 9, "window_ms": 1000, "max_forks": 8}))
+        .unwrap()
+        .table_row();
+        assert!(
+            tail_kept.contains(" …xxx") && tail_kept.contains("xxx/tail "),
+            "the end of a long path is kept: {tail_kept}"
+        );
+    }
+
+    fn column_starts(header: &str) -> Vec<usize> {
+        let chars: Vec<char> = header.chars().collect();
+        (0..chars.len())
+            .filter(|&i| chars[i] != ' ' && (i == 0 || chars[i - 1] == ' '))
+            .collect()
+    }
+
+    #[test]
+    fn byte_figures_in_binary_units() {
+        for (b, want) in [
+            (0, "0B"),
+            (1023, "1023B"),
+            (1024, "1.0Ki"),
+            (80 << 20, "80.0Mi"),
+            (3 << 29, "1.5Gi"),
+            (u64::MAX, "16384.0Pi"),
+        ] {
+            assert_eq!(bytes(b), want, "{b}");
+        }
     }
 }
