@@ -13,6 +13,7 @@ pub mod message;
 pub mod observe;
 pub mod quantity;
 pub mod rank;
+pub mod requests;
 pub mod scenario;
 pub mod signal;
 mod yaml;
@@ -32,4 +33,5 @@ pub use observe::{
     PodUsage, Resources,
 };
 pub use quantity::{Format, Quantity, QuantityError};
+pub use requests::InitContainerInfo;
 pub use signal::{NodeCondition, Resource, Signal, UnknownSignal};

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::eligible::PassReason;
 use crate::quantity::Quantity;
+use crate::requests::InitContainerInfo;
 use crate::signal::{Resource, Signal};
 
 /// The node's capacities and filesystem layout.
@@ -112,6 +113,13 @@ pub struct PodInfo {
     /// `spec.terminationGracePeriodSeconds`, if set.
     pub termination_grace_period_seconds: Option<i64>,
     pub containers: Vec<ContainerInfo>,
+    /// `spec.initContainers`, for the request total ([`PodInfo::request_nanos`]).
+    pub init_containers: Vec<InitContainerInfo>,
+    /// Pod-level requests (`spec.resources.requests`) when the pod sets pod-level resources
+    /// (cpu or memory in its requests or limits): they replace the containers' requests.
+    pub pod_level_requests: Option<Resources>,
+    /// `spec.overhead`: what the RuntimeClass adds to a pod's non-zero request.
+    pub overhead: Resources,
     /// `None` when the kubelet would have no stats for the pod: such pods rank first.
     pub usage: Option<PodUsage>,
 }
@@ -142,17 +150,5 @@ impl PodInfo {
         self.uid
             .clone()
             .unwrap_or_else(|| format!("{}/{}", self.namespace, self.name))
-    }
-
-    /// Sum of the containers' requests for `resource`, in nano-units (0 when none).
-    pub fn request_nanos(&self, resource: Resource) -> i128 {
-        self.containers
-            .iter()
-            .filter_map(|c| match resource {
-                Resource::Memory => c.requests.memory,
-                Resource::EphemeralStorage => c.requests.ephemeral_storage,
-                Resource::Inodes | Resource::Pids => None,
-            })
-            .fold(0i128, |sum, q| sum.saturating_add(q.nanos()))
     }
 }

@@ -68,6 +68,7 @@ fn pod(i: usize) -> impl Strategy<Value = PodInfo> {
                         memory_working_set_bytes: memory,
                         ..PodUsage::default()
                     }),
+                    ..PodInfo::default()
                 }
             },
         )

@@ -8,7 +8,8 @@ use k8s_openapi::{
     apimachinery::pkg::api::resource::Quantity as KubeQuantity,
 };
 use node_agent_policy::{
-    ContainerInfo, ContainerUsage, FsUsage, PodInfo, PodUsage, Quantity, Resources,
+    ContainerInfo, ContainerUsage, FsUsage, InitContainerInfo, PodInfo, PodUsage, Quantity,
+    Resources,
 };
 
 use super::stats::PodStats;
@@ -33,11 +34,14 @@ pub struct ContainerRef {
 pub enum PodError {
     #[error("a pod has no {field}")]
     Missing { field: &'static str },
-    #[error("pod {namespace}/{name}: container {container}: {field} {value:?} is not a quantity that is not negative")]
+    #[error(
+        "pod {namespace}/{name}: {part}: {field} {value:?} is not a quantity that is not negative"
+    )]
     BadQuantity {
         namespace: String,
         name: String,
-        container: String,
+        /// `container NAME`, `init container NAME` or `spec`.
+        part: String,
         field: String,
         value: String,
     },
@@ -81,7 +85,8 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
     let annotations = meta.annotations.clone().unwrap_or_default();
     let mut containers = Vec::with_capacity(spec.containers.len());
     for c in &spec.containers {
-        let (requests, limits) = container_resources(&namespace, &name, c)?;
+        let (requests, limits) =
+            container_resources(&namespace, &name, &format!("container {}", c.name), c)?;
         containers.push(ContainerInfo {
             name: c.name.clone(),
             requests,
@@ -89,6 +94,45 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
             usage: None,
         });
     }
+    let mut init_containers = Vec::new();
+    for c in spec.init_containers.as_deref().unwrap_or_default() {
+        let (requests, _) =
+            container_resources(&namespace, &name, &format!("init container {}", c.name), c)?;
+        init_containers.push(InitContainerInfo {
+            name: c.name.clone(),
+            requests,
+            restartable: c.restart_policy.as_deref() == Some("Always"),
+        });
+    }
+    let overhead = resources(
+        &namespace,
+        &name,
+        "spec",
+        "overhead",
+        spec.overhead.as_ref(),
+    )?;
+    let pod_level_requests = match spec.resources.as_ref() {
+        // Pod-level resources are cpu and memory: named in requests or limits, they are set.
+        Some(r)
+            if [r.requests.as_ref(), r.limits.as_ref()]
+                .into_iter()
+                .flatten()
+                .any(|m| m.contains_key("cpu") || m.contains_key("memory")) =>
+        {
+            let requests = resources(
+                &namespace,
+                &name,
+                "spec",
+                "resources.requests",
+                r.requests.as_ref(),
+            )?;
+            Some(Resources {
+                memory: requests.memory,
+                ephemeral_storage: None,
+            })
+        }
+        _ => None,
+    };
     let running = status
         .and_then(|s| s.container_statuses.as_deref())
         .unwrap_or_default()
@@ -121,6 +165,9 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
                     .unwrap_or(DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS),
             ),
             containers,
+            init_containers,
+            pod_level_requests,
+            overhead,
             usage: None,
             namespace,
             name,
@@ -134,34 +181,55 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
 fn container_resources(
     ns: &str,
     pod: &str,
+    part: &str,
     c: &Container,
 ) -> Result<(Resources, Resources), PodError> {
-    let read = |kind: &str, map: Option<&BTreeMap<String, KubeQuantity>>| {
-        let mut r = Resources::default();
-        for (key, slot) in [
-            ("memory", &mut r.memory),
-            ("ephemeral-storage", &mut r.ephemeral_storage),
-        ] {
-            if let Some(q) = map.and_then(|m| m.get(key)) {
-                let parsed = q.0.parse::<Quantity>().ok().filter(|q| !q.is_negative());
-                *slot = Some(parsed.ok_or_else(|| PodError::BadQuantity {
-                    namespace: ns.to_string(),
-                    name: pod.to_string(),
-                    container: c.name.clone(),
-                    field: format!("resources.{kind}.{key}"),
-                    value: q.0.clone(),
-                })?);
-            }
-        }
-        Ok(r)
-    };
     let res = c.resources.as_ref();
-    let limits = read("limits", res.and_then(|r| r.limits.as_ref()))?;
-    let mut requests = read("requests", res.and_then(|r| r.requests.as_ref()))?;
+    let limits = resources(
+        ns,
+        pod,
+        part,
+        "resources.limits",
+        res.and_then(|r| r.limits.as_ref()),
+    )?;
+    let mut requests = resources(
+        ns,
+        pod,
+        part,
+        "resources.requests",
+        res.and_then(|r| r.requests.as_ref()),
+    )?;
     // The API server defaults an unset request to the limit.
     requests.memory = requests.memory.or(limits.memory);
     requests.ephemeral_storage = requests.ephemeral_storage.or(limits.ephemeral_storage);
     Ok((requests, limits))
+}
+
+/// The memory and ephemeral-storage entries of a resource list (`field` names it in errors).
+fn resources(
+    ns: &str,
+    pod: &str,
+    part: &str,
+    field: &str,
+    map: Option<&BTreeMap<String, KubeQuantity>>,
+) -> Result<Resources, PodError> {
+    let mut r = Resources::default();
+    for (key, slot) in [
+        ("memory", &mut r.memory),
+        ("ephemeral-storage", &mut r.ephemeral_storage),
+    ] {
+        if let Some(q) = map.and_then(|m| m.get(key)) {
+            let parsed = q.0.parse::<Quantity>().ok().filter(|q| !q.is_negative());
+            *slot = Some(parsed.ok_or_else(|| PodError::BadQuantity {
+                namespace: ns.to_string(),
+                name: pod.to_string(),
+                part: part.to_string(),
+                field: format!("{field}.{key}"),
+                value: q.0.clone(),
+            })?);
+        }
+    }
+    Ok(r)
 }
 
 /// Fills the pod's usage from its `/stats/summary` entry: the pod's working set, processes
@@ -198,5 +266,93 @@ pub fn apply_stats(pod: &mut PodInfo, stats: &PodStats) {
                 .zip(used(&c.logs))
                 .map(|(a, b)| a.saturating_add(b)),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use node_agent_policy::Resource;
+
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "shop", "name": "web", "uid": "u1"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn memory_request_mi(spec: serde_json::Value) -> i128 {
+        let Read::Active { pod, .. } = read(&pod(spec)).unwrap() else {
+            panic!("an active pod");
+        };
+        pod.request_nanos(Resource::Memory) / 1_000_000_000 / (1 << 20)
+    }
+
+    #[test]
+    fn the_request_total_counts_init_containers_sidecars_overhead_and_pod_level_resources() {
+        let c = |name: &str, mem: &str| serde_json::json!({"name": name, "resources": {"requests": {"memory": mem}}});
+        let cases = [
+            (
+                "containers only",
+                serde_json::json!({"containers": [c("a", "100Mi"), c("b", "50Mi")]}),
+                150,
+            ),
+            (
+                "an init container larger than the containers",
+                serde_json::json!({"containers": [c("a", "100Mi")], "initContainers": [c("i", "300Mi")]}),
+                300,
+            ),
+            (
+                "a sidecar (restartPolicy Always) adds to them",
+                serde_json::json!({"containers": [c("a", "100Mi")],
+                    "initContainers": [{"name": "s", "restartPolicy": "Always",
+                        "resources": {"requests": {"memory": "30Mi"}}}]}),
+                130,
+            ),
+            (
+                "the RuntimeClass overhead",
+                serde_json::json!({"containers": [c("a", "100Mi")], "overhead": {"memory": "20Mi"}}),
+                120,
+            ),
+            (
+                "pod-level resources replace the containers'",
+                serde_json::json!({"containers": [c("a", "100Mi")],
+                    "resources": {"requests": {"memory": "64Mi"}, "limits": {"memory": "64Mi"}}}),
+                64,
+            ),
+            (
+                "pod-level resources naming only cpu: no memory request",
+                serde_json::json!({"containers": [c("a", "100Mi")], "resources": {"limits": {"cpu": "1"}}}),
+                0,
+            ),
+        ];
+        for (name, spec, want) in cases {
+            assert_eq!(memory_request_mi(spec), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_bad_quantity_names_where_it_is() {
+        let cases = [
+            (
+                serde_json::json!({"containers": [], "overhead": {"memory": "-1"}}),
+                "pod shop/web: spec: overhead.memory \"-1\"",
+            ),
+            (
+                serde_json::json!({"containers": [], "initContainers": [{"name": "i",
+                    "resources": {"requests": {"ephemeral-storage": "lots"}}}]}),
+                "pod shop/web: init container i: resources.requests.ephemeral-storage \"lots\"",
+            ),
+            (
+                serde_json::json!({"containers": [], "resources": {"requests": {"memory": "x"}}}),
+                "pod shop/web: spec: resources.requests.memory \"x\"",
+            ),
+        ];
+        for (spec, want) in cases {
+            let err = read(&pod(spec)).unwrap_err().to_string();
+            assert!(err.starts_with(want), "{err}");
+        }
     }
 }
