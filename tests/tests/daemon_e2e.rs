@@ -86,6 +86,10 @@ impl World {
     /// The config with the test's `kubernetes:` and `agent:` lines; evictions paced at 60 a
     /// minute unless the test says otherwise.
     fn config(&self, kube: &str, agent: &str) -> String {
+        self.config_with_threshold("824Mi", kube, agent)
+    }
+
+    fn config_with_threshold(&self, threshold: &str, kube: &str, agent: &str) -> String {
         let kube = if kube.contains("evictions_per_minute") {
             kube.to_string()
         } else {
@@ -96,7 +100,7 @@ impl World {
             node: &self.node,
             socket: &self.socket,
             port: self.port,
-            threshold: "824Mi",
+            threshold,
             kube: &kube,
             agent,
         }
@@ -697,4 +701,64 @@ fn standalone_mode_decides_in_dry_run_and_shows_it_on_stdout() -> anyhow::Result
     assert!(hog.go().is_ok() && big.exists(), "nothing was killed");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// `allocatableMemory.available` = allocatable − the kubepods cgroup's working set: with the
+/// node far from its own threshold, the pods outgrowing what is allocatable to them are
+/// noticed by the kernel line on kubepods and the top-ranked pod is evicted for that signal.
+#[test]
+fn pods_beyond_allocatable_memory_are_evicted_for_allocatable_memory_available(
+) -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("e2e-alloc", &[hog(), calm()])?;
+    // memory.available: 1Gi capacity, 1Mi threshold: never met here. The kubelet copies hard
+    // memory.available onto allocatableMemory.available: met past 199Mi in kubepods.
+    std::fs::write(
+        &w.config,
+        w.config_with_threshold("1Mi", "", "  allocatable_memory: 200Mi\n"),
+    )?;
+    let daemon = Daemon::start(&w.config, w.port)?;
+    let lists = w.cluster().pod_lists;
+    wait_until(wait(), "two pod list fetches", || {
+        w.cluster().pod_lists >= lists + 2
+    })?;
+    let trace = attach_trace(&w.socket, &["--kind", "eviction,memory_threshold"])?;
+
+    let _calm = w.load("calm", 120)?;
+    assert!(
+        w.evictions().is_empty(),
+        "120Mi of 200Mi allocatable: no eviction"
+    );
+    let _hog = w.load("hog", 100)?;
+    wait_until(wait(), "the eviction request", || !w.evictions().is_empty())?;
+    let mut crossed_on_kubepods = false;
+    let eviction = loop {
+        let v = trace.json.recv_timeout(wait())?;
+        match v["kind"].as_str() {
+            Some("memory_threshold") if v["direction"] == "up" => {
+                crossed_on_kubepods |= v["cgroup"]["path"]
+                    .as_str()
+                    .is_some_and(|p| p.ends_with("/kubepods"));
+            }
+            Some("eviction") => break v,
+            _ => {}
+        }
+    };
+    assert!(crossed_on_kubepods, "the kernel line on kubepods fired");
+    assert_eq!(
+        (
+            eviction["name"].as_str(),
+            eviction["signal"].as_str(),
+            eviction["result"].as_str()
+        ),
+        (
+            Some("hog"),
+            Some("allocatableMemory.available"),
+            Some("evicted")
+        )
+    );
+    assert_eq!(eviction["threshold"], 1 << 20);
+    assert!(eviction["observed"].as_i64().unwrap() < 1 << 20);
+    w.assert_nothing_refused();
+    daemon.stop()
 }

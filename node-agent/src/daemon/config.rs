@@ -58,6 +58,10 @@ pub struct AgentSettings {
     pub node_cgroup: String,
     /// Node memory capacity (a quantity); default: MemTotal from /proc/meminfo.
     pub memory_capacity: Option<String>,
+    /// The node's allocatable memory (a quantity: the Node's `status.allocatable.memory`).
+    /// Set, `allocatableMemory.available` = this − the working set of the kubepods cgroup
+    /// below `node_cgroup` is observed, as the kubelet does with `enforceNodeAllocatable: pods`.
+    pub allocatable_memory: Option<String>,
     /// Filesystem of `nodefs.*` (the kubelet's root dir). Unset: `/var/lib/kubelet`, or `/`
     /// when that does not exist; set, it must exist.
     pub nodefs_path: Option<PathBuf>,
@@ -84,6 +88,7 @@ impl Default for AgentSettings {
             trace_socket: PathBuf::from("/run/node-agent/trace.sock"),
             node_cgroup: "/".into(),
             memory_capacity: None,
+            allocatable_memory: None,
             nodefs_path: None,
             imagefs_path: None,
             resync_interval: "10s".into(),
@@ -104,6 +109,7 @@ pub struct Settings {
     pub trace_socket: PathBuf,
     pub node_cgroup: PathBuf,
     pub memory_capacity: Option<i64>,
+    pub allocatable_memory: Option<i64>,
     pub nodefs_path: PathBuf,
     pub imagefs_path: Option<PathBuf>,
     pub resync_interval: Duration,
@@ -252,6 +258,21 @@ fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
         .as_deref()
         .map(checks::memory_capacity)
         .transpose()?;
+    let allocatable_memory = a
+        .allocatable_memory
+        .as_deref()
+        .map(|text| checks::memory_bytes("allocatable_memory", text))
+        .transpose()?;
+    if let (Some(capacity), Some(allocatable)) = (memory_capacity, allocatable_memory) {
+        if allocatable > capacity {
+            return Err(ConfigError::AgentField {
+                field: "allocatable_memory",
+                problem: format!(
+                    "{allocatable} bytes is more than memory_capacity ({capacity} bytes): allocatable is capacity minus what is reserved"
+                ),
+            });
+        }
+    }
     if !a.node_cgroup.starts_with('/') || a.node_cgroup.split('/').any(|c| c == "..") {
         return Err(ConfigError::AgentField {
             field: "node_cgroup",
@@ -278,6 +299,7 @@ fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
         trace_socket: o.trace_socket.clone().unwrap_or(a.trace_socket),
         node_cgroup: PathBuf::from(a.node_cgroup),
         memory_capacity,
+        allocatable_memory,
         nodefs_path,
         imagefs_path,
         resync_interval: duration("resync_interval", &a.resync_interval)?,
@@ -343,6 +365,14 @@ mod tests {
             ("agent: {resync_interval: soon}", "agent.resync_interval"),
             ("agent: {pressure_poll_interval: 0s}", "must be positive"),
             ("agent: {memory_capacity: lots}", "agent.memory_capacity"),
+            (
+                "agent: {allocatable_memory: 1m}",
+                "agent.allocatable_memory",
+            ),
+            (
+                "agent: {memory_capacity: 1Gi, allocatable_memory: 2Gi}",
+                "agent.allocatable_memory: 2147483648 bytes is more than memory_capacity",
+            ),
             ("agent: {node_cgroup: relative}", "agent.node_cgroup"),
             ("agent: {ring_bytes: 1000}", "agent.ring_bytes"),
             ("agent: {no_such_field: 1}", "no_such_field"),

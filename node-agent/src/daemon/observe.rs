@@ -1,5 +1,7 @@
 //! Reading the node's signals as the kubelet computes them: `memory.available` = capacity −
-//! working set of the node's cgroup (usage − inactive_file), `nodefs.*`/`imagefs.*` from
+//! working set of the node's cgroup (usage − inactive_file), `allocatableMemory.available` =
+//! allocatable − working set of the kubepods cgroup (when allocatable is configured),
+//! `nodefs.*`/`imagefs.*` from
 //! statvfs, `pid.available` = min(pid_max, threads-max) − live tasks (sysinfo's `procs`).
 //! Readings are taken at the moment of each evaluation, never cached.
 
@@ -34,6 +36,9 @@ pub enum ObserveError {
 pub enum Source {
     /// `/proc/meminfo` and the node cgroup: `memory.available`.
     Memory,
+    /// The kubepods cgroup, when allocatable memory is configured:
+    /// `allocatableMemory.available`.
+    Allocatable,
     /// statvfs of `nodefs_path`: `nodefs.available`, `nodefs.inodesFree`.
     NodeFs,
     /// statvfs of `imagefs_path`: `imagefs.available`, `imagefs.inodesFree`.
@@ -43,8 +48,9 @@ pub enum Source {
 }
 
 impl Source {
-    pub const ALL: [Source; 4] = [
+    pub const ALL: [Source; 5] = [
         Source::Memory,
+        Source::Allocatable,
         Source::NodeFs,
         Source::ImageFs,
         Source::Pids,
@@ -53,6 +59,7 @@ impl Source {
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Memory => "memory",
+            Source::Allocatable => "allocatable",
             Source::NodeFs => "nodefs",
             Source::ImageFs => "imagefs",
             Source::Pids => "pids",
@@ -62,6 +69,7 @@ impl Source {
     pub fn signals(self) -> &'static [Signal] {
         match self {
             Source::Memory => &[Signal::MemoryAvailable],
+            Source::Allocatable => &[Signal::AllocatableMemoryAvailable],
             Source::NodeFs => &[Signal::NodeFsAvailable, Signal::NodeFsInodesFree],
             Source::ImageFs => &[Signal::ImageFsAvailable, Signal::ImageFsInodesFree],
             Source::Pids => &[Signal::PidAvailable],
@@ -86,6 +94,9 @@ pub struct NodeSources {
     pub node_dir: PathBuf,
     pub is_root: bool,
     pub memory_capacity: Option<i64>,
+    /// `agent.allocatable_memory`: observe `allocatableMemory.available` on the kubepods
+    /// cgroup below `node_dir`.
+    pub allocatable_memory: Option<i64>,
     pub nodefs: PathBuf,
     pub imagefs: Option<PathBuf>,
 }
@@ -107,6 +118,11 @@ pub fn read_node(src: &NodeSources) -> NodeReading {
     let mut failed = BTreeMap::new();
     if let Err(e) = read_memory_source(src, &mut reading) {
         failed.insert(Source::Memory, chain(&e));
+    }
+    if let Some(allocatable) = src.allocatable_memory {
+        if let Err(e) = read_allocatable(src, allocatable, &mut reading) {
+            failed.insert(Source::Allocatable, chain(&e));
+        }
     }
     if let Err(e) = read_fs(&src.nodefs, Source::NodeFs, &mut reading) {
         failed.insert(Source::NodeFs, chain(&e));
@@ -160,6 +176,39 @@ fn read_memory_source(src: &NodeSources, reading: &mut NodeReading) -> Result<()
         },
     );
     reading.capacity.memory_bytes = Some(capacity_bytes);
+    Ok(())
+}
+
+/// The kubelet's pods cgroup below the node cgroup (`kubepods` with the cgroupfs driver,
+/// `kubepods.slice` with systemd's), if there is one.
+pub fn kubepods_dir(node_dir: &Path) -> Option<PathBuf> {
+    ["kubepods", "kubepods.slice"]
+        .iter()
+        .map(|k| node_dir.join(k))
+        .find(|d| d.is_dir())
+}
+
+fn read_allocatable(
+    src: &NodeSources,
+    allocatable: i64,
+    reading: &mut NodeReading,
+) -> Result<(), ObserveError> {
+    let dir = kubepods_dir(&src.node_dir).ok_or_else(|| ObserveError::Malformed {
+        path: src.node_dir.clone(),
+        problem: "no kubepods or kubepods.slice cgroup below it: allocatableMemory.available \
+                  needs the kubelet's pods cgroup"
+            .into(),
+    })?;
+    let working_set = paths::read_memory(&dir, src.memory.version())
+        .map_err(ObserveError::Cgroup)?
+        .working_set();
+    reading.observations.insert(
+        Signal::AllocatableMemoryAvailable,
+        Observation {
+            available: allocatable.saturating_sub(i64::try_from(working_set).unwrap_or(i64::MAX)),
+            capacity: allocatable,
+        },
+    );
     Ok(())
 }
 
@@ -317,6 +366,7 @@ mod tests {
             memory: layout.memory.clone(),
             is_root: true,
             memory_capacity: None,
+            allocatable_memory: None,
             nodefs: PathBuf::from("/"),
             imagefs: None,
         };
@@ -337,6 +387,7 @@ mod tests {
             memory: layout.memory.clone(),
             is_root: true,
             memory_capacity: None,
+            allocatable_memory: None,
             nodefs: PathBuf::from("/"),
             imagefs: Some(PathBuf::from("/nonexistent/imagefs")),
         };
@@ -381,5 +432,80 @@ mod tests {
             r.observations.contains_key(&Signal::PidAvailable),
             "PID decisions go on"
         );
+    }
+}
+
+#[cfg(test)]
+mod allocatable_tests {
+    use super::*;
+    use crate::cgroup::CgroupVersion;
+
+    /// A node cgroup with a kubepods child whose v1 memory files say `usage` and
+    /// `inactive_file` (the machine's memory hierarchy is only used for its version).
+    fn node_with_kubepods(usage: u64, inactive_file: u64) -> (tempfile::TempDir, NodeSources) {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = crate::cgroup::detect().expect("cgroups");
+        let pods = dir.path().join("kubepods");
+        std::fs::create_dir(&pods).unwrap();
+        let version = layout.memory.version();
+        let files = paths::MemoryFiles::of(version);
+        let no_limit = match version {
+            CgroupVersion::V1 => "9223372036854771712",
+            CgroupVersion::V2 => "max",
+        };
+        for (file, content) in [
+            (files.usage, usage.to_string()),
+            (files.limit, no_limit.to_string()),
+            (
+                files.stat,
+                format!("anon 0\n{} {inactive_file}\n", files.inactive_file_key),
+            ),
+        ] {
+            std::fs::write(pods.join(file), content + "\n").unwrap();
+        }
+        let src = NodeSources {
+            node_dir: dir.path().to_path_buf(),
+            memory: layout.memory.clone(),
+            is_root: false,
+            memory_capacity: None,
+            allocatable_memory: Some(1 << 30),
+            nodefs: PathBuf::from("/"),
+            imagefs: None,
+        };
+        (dir, src)
+    }
+
+    #[test]
+    fn allocatable_memory_available_is_allocatable_minus_the_pods_working_set() {
+        let (_dir, src) = node_with_kubepods(700 << 20, 100 << 20);
+        let mut reading = NodeReading {
+            observations: Observations::new(),
+            capacity: NodeCapacity::default(),
+            failed: BTreeMap::new(),
+        };
+        read_allocatable(&src, 1 << 30, &mut reading).unwrap();
+        assert_eq!(
+            reading.observations[&Signal::AllocatableMemoryAvailable],
+            Observation {
+                available: (1 << 30) - (600 << 20),
+                capacity: 1 << 30
+            }
+        );
+    }
+
+    #[test]
+    fn without_a_kubepods_cgroup_only_that_signal_is_unknown() {
+        let (dir, src) = node_with_kubepods(0, 0);
+        std::fs::remove_dir_all(dir.path().join("kubepods")).unwrap();
+        let r = read_node(&src);
+        assert!(
+            r.failed[&Source::Allocatable].contains("no kubepods"),
+            "{:?}",
+            r.failed
+        );
+        assert!(!r
+            .observations
+            .contains_key(&Signal::AllocatableMemoryAvailable));
+        assert!(r.observations.contains_key(&Signal::PidAvailable));
     }
 }

@@ -153,6 +153,7 @@ impl Daemon {
         let old = std::mem::replace(&mut self.config, new);
         let new = &self.config;
         self.node.memory_capacity = new.settings.memory_capacity;
+        self.node.allocatable_memory = new.settings.allocatable_memory;
         self.node.nodefs = new.settings.nodefs_path.clone();
         self.node.imagefs = new.settings.imagefs_path.clone();
         let (o, n) = (&old.settings, &new.settings);

@@ -10,6 +10,9 @@
 //! top-level cgroup, which catches one workload running away (growth spread over several is
 //! caught by the next poll or re-sync). While the headroom is gone the lines stay where they
 //! are, and the daemon re-reads the node every `pressure_poll_interval` instead.
+//!
+//! `allocatableMemory.available` (allocatable − the kubepods cgroup's working set) has the same
+//! shape on the kubepods cgroup alone: its line there is set by the tighter headroom of the two.
 
 use std::{
     collections::HashMap,
@@ -18,7 +21,7 @@ use std::{
 
 use node_agent_policy::{EvictionConfig, Signal};
 
-use super::observe::NodeReading;
+use super::observe::{kubepods_dir, NodeReading};
 use crate::{
     cgroup::{paths, CgroupIndex, CgroupVersion},
     ebpf::{ControlError, KernelPrograms},
@@ -80,10 +83,7 @@ impl Triggers {
 
     /// Picks the target cgroups again (pods and cgroups come and go).
     pub fn refresh_targets(&mut self, index: &CgroupIndex) {
-        let kubepods = ["kubepods", "kubepods.slice"]
-            .iter()
-            .map(|k| self.node_dir.join(k))
-            .find(|d| d.is_dir());
+        let kubepods = kubepods_dir(&self.node_dir);
         let dirs: Vec<PathBuf> = match kubepods {
             Some(k) => vec![k],
             None if !self.is_root => vec![self.node_dir.clone()],
@@ -118,37 +118,54 @@ impl Triggers {
         reading: &NodeReading,
         version: CgroupVersion,
     ) -> Result<(), ControlError> {
-        let Some(mem) = reading.observations.get(&Signal::MemoryAvailable) else {
-            return Ok(());
-        };
-        let Some(threshold) = most_lenient(config, Signal::MemoryAvailable, mem.capacity) else {
+        let node = headroom(config, reading, Signal::MemoryAvailable);
+        // `allocatableMemory.available` falls as the kubepods cgroup grows: that cgroup's line
+        // is set by the tighter of the two headrooms.
+        let allocatable = headroom(config, reading, Signal::AllocatableMemoryAvailable);
+        if node.is_none() && allocatable.is_none() {
             self.fired = false;
             return Ok(());
-        };
-        let headroom = mem.available - threshold;
-        if headroom <= 0 {
-            self.fired = true;
-            return Ok(());
         }
-        let headroom = headroom as u64;
-        self.fired = headroom < NEAR;
+        let kubepods = kubepods_dir(&self.node_dir);
+        self.fired = false;
         for (id, dir) in &self.targets {
+            let h = match (node, allocatable) {
+                (Some(n), Some(a)) if kubepods.as_deref() == Some(dir.as_path()) => n.min(a),
+                (Some(n), _) => n,
+                (None, Some(a)) if kubepods.as_deref() == Some(dir.as_path()) => a,
+                (None, _) => continue,
+            };
+            if h <= 0 {
+                // The headroom is gone: lines stay where they are and the daemon polls.
+                self.fired = true;
+                continue;
+            }
+            let h = h as u64;
+            self.fired |= h < NEAR;
             let Ok(reading) = paths::read_memory(dir, version) else {
                 continue;
             };
-            let line = reading.usage.saturating_add(headroom);
+            let line = reading.usage.saturating_add(h);
             // Down always (less headroom must never be noticed late); up only by a real step.
             let moved = self
                 .lines
                 .get(id)
                 .is_none_or(|old| line < *old || line - old > MOVE_AT_LEAST);
             if moved {
-                programs.set_memory_threshold(*id, line, (headroom / 2).min(MAX_HYSTERESIS))?;
+                programs.set_memory_threshold(*id, line, (h / 2).min(MAX_HYSTERESIS))?;
                 self.lines.insert(*id, line);
             }
         }
         Ok(())
     }
+}
+
+/// `available − most lenient threshold` of a memory signal in this reading, if it was read
+/// and has a threshold.
+fn headroom(config: &EvictionConfig, reading: &NodeReading, signal: Signal) -> Option<i64> {
+    let obs = reading.observations.get(&signal)?;
+    let threshold = most_lenient(config, signal, obs.capacity)?;
+    Some(obs.available - threshold)
 }
 
 #[cfg(test)]

@@ -167,6 +167,7 @@ impl Daemon {
             is_root: node_dir == layout.memory.mount(),
             node_dir: node_dir.clone(),
             memory_capacity: config.settings.memory_capacity,
+            allocatable_memory: config.settings.allocatable_memory,
             nodefs: config.settings.nodefs_path.clone(),
             imagefs: config.settings.imagefs_path.clone(),
         };

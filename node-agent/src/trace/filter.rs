@@ -115,20 +115,15 @@ impl Filter {
                 })
             }
         };
-        if let Some(want) = &self.pod {
-            if !pod.as_ref().is_some_and(|p| p.is(want)) {
-                return false;
-            }
-        }
-        if let Some(want) = &self.namespace {
-            if !pod
-                .as_ref()
+        let pod_ok = self
+            .pod
+            .as_ref()
+            .is_none_or(|want| pod.as_ref().is_some_and(|p| p.is(want)));
+        let namespace_ok = self.namespace.as_ref().is_none_or(|want| {
+            pod.as_ref()
                 .is_some_and(|p| p.namespace == Some(want.as_str()))
-            {
-                return false;
-            }
-        }
-        true
+        });
+        pod_ok && namespace_ok
     }
 
     pub fn render(&self, record: &Record, format: OutputFormat) -> String {

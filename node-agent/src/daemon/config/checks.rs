@@ -36,18 +36,21 @@ fn field(field: &'static str, problem: String) -> ConfigError {
 /// `agent.memory_capacity`: a whole number of bytes from [`MIN_MEMORY_CAPACITY`] up to the
 /// int64 range.
 pub fn memory_capacity(text: &str) -> Result<i64, ConfigError> {
+    memory_bytes("memory_capacity", text)
+}
+
+/// A node's amount of memory in field `name` (`memory_capacity`, `allocatable_memory`): a
+/// whole number of bytes from [`MIN_MEMORY_CAPACITY`] up to the int64 range.
+pub fn memory_bytes(name: &'static str, text: &str) -> Result<i64, ConfigError> {
     let q: Quantity = text
         .parse()
-        .map_err(|e| field("memory_capacity", format!("{text:?}: {e}")))?;
+        .map_err(|e| field(name, format!("{text:?}: {e}")))?;
     if q.is_negative() || q.is_zero() {
-        return Err(field(
-            "memory_capacity",
-            format!("{text:?} must be positive"),
-        ));
+        return Err(field(name, format!("{text:?} must be positive")));
     }
     if q.nanos() % NANOS_PER_UNIT != 0 {
         return Err(field(
-            "memory_capacity",
+            name,
             format!(
                 "{text:?} is not a whole number of bytes (`m` is a thousandth; mebibytes are Mi)"
             ),
@@ -55,13 +58,13 @@ pub fn memory_capacity(text: &str) -> Result<i64, ConfigError> {
     }
     let bytes = q.checked_value().map_err(|_| {
         field(
-            "memory_capacity",
+            name,
             format!("{text:?} is beyond what 64 bits of bytes hold"),
         )
     })?;
     if bytes < MIN_MEMORY_CAPACITY {
         return Err(field(
-            "memory_capacity",
+            name,
             format!("{text:?} is {bytes} bytes, less than any node runs on (at least 64Mi); did you mean Mi or Gi?"),
         ));
     }
