@@ -283,7 +283,7 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_with_the_decisions
     );
     assert_eq!(
         daemon
-            .metric("node_agent_evictions_total{signal=\"memory.available\",result=\"evicted\"}")?,
+            .metric("node_agent_evictions_total{eviction_signal=\"memory.available\",result=\"evicted\"}")?,
         Some(1.0)
     );
     w.assert_nothing_refused();
@@ -419,7 +419,7 @@ fn after_an_api_outage_the_next_eviction_follows_within_a_second() -> anyhow::Re
     );
     assert!(
         daemon
-            .metric("node_agent_evictions_total{signal=\"memory.available\",result=\"failed\"}")?
+            .metric("node_agent_evictions_total{eviction_signal=\"memory.available\",result=\"failed\"}")?
             .unwrap_or(0.0)
             >= 1.0
     );
@@ -441,7 +441,7 @@ fn only_critical_pods_over_the_threshold_log_once_per_transition_and_count() -> 
     let w = World::new("e2e-critical", &[static_hog, critical_calm])?;
     let mut daemon = w.start("", "")?;
     const LINE: &str = "threshold met but no pod may be evicted";
-    let gauge = "node_agent_no_evictable_pod{signal=\"memory.available\"}";
+    let gauge = "node_agent_no_evictable_pod{eviction_signal=\"memory.available\"}";
     let _calm = w.load("calm", 120)?;
     let mut hog = w.load("hog", 100)?;
     let line = daemon.wait_log(LINE, wait())?;
@@ -466,7 +466,7 @@ fn only_critical_pods_over_the_threshold_log_once_per_transition_and_count() -> 
     daemon.wait_evaluations(10.0, wait())?;
     assert_eq!(daemon.log_count(LINE), 2);
     assert_eq!(
-        daemon.metric("node_agent_no_evictable_pod_events_total{signal=\"memory.available\"}")?,
+        daemon.metric("node_agent_no_evictable_pod_events_total{eviction_signal=\"memory.available\"}")?,
         Some(2.0)
     );
     assert!(

@@ -203,7 +203,7 @@ impl super::Daemon {
         match outcome {
             Outcome::Eviction(report) => {
                 let result = report.attempt.result;
-                metrics.eviction(report.eviction.signal.as_str(), result.as_str());
+                metrics.eviction(report.eviction.signal, result);
                 if let Some(error) = &report.event_error {
                     metrics.kube_error("pod event");
                     tracing::warn!(%error, "the pod's Evicted event was not recorded");

@@ -78,6 +78,15 @@ pub struct RunArgs {
     pub trace: Option<crate::trace::OutputFormat>,
 }
 
+/// The signals the daemon reads, source by source (`telemetry` creates their counters at
+/// start and checks its list against this).
+#[cfg(test)]
+pub(crate) fn observed_signals() -> impl Iterator<Item = node_agent_policy::Signal> {
+    observe::Source::ALL
+        .into_iter()
+        .flat_map(|source| source.signals().iter().copied())
+}
+
 /// Where the config is read from when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "/etc/node-agent/config.yaml";
 
