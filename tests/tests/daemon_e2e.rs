@@ -282,8 +282,9 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_with_the_decisions
         w.evictions()
     );
     assert_eq!(
-        daemon
-            .metric("node_agent_evictions_total{eviction_signal=\"memory.available\",result=\"evicted\"}")?,
+        daemon.metric(
+            "node_agent_evictions_total{eviction_signal=\"memory.available\",result=\"evicted\"}"
+        )?,
         Some(1.0)
     );
     w.assert_nothing_refused();
@@ -466,7 +467,9 @@ fn only_critical_pods_over_the_threshold_log_once_per_transition_and_count() -> 
     daemon.wait_evaluations(10.0, wait())?;
     assert_eq!(daemon.log_count(LINE), 2);
     assert_eq!(
-        daemon.metric("node_agent_no_evictable_pod_events_total{eviction_signal=\"memory.available\"}")?,
+        daemon.metric(
+            "node_agent_no_evictable_pod_events_total{eviction_signal=\"memory.available\"}"
+        )?,
         Some(2.0)
     );
     assert!(

@@ -339,15 +339,25 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
     }
     // The Service reaches the DaemonSet's pods on the port the ServiceMonitor scrapes.
     let find = |kind: &str| docs.iter().find(|d| d["kind"] == kind).expect(kind);
-    let (daemonset, service, monitor) = (find("DaemonSet"), find("Service"), find("ServiceMonitor"));
+    let (daemonset, service, monitor) =
+        (find("DaemonSet"), find("Service"), find("ServiceMonitor"));
     assert_eq!(
         service["spec"]["selector"],
         daemonset["spec"]["template"]["metadata"]["labels"]
     );
     let container_port = &daemonset["spec"]["template"]["spec"]["containers"][0]["ports"][0];
-    assert_eq!(service["spec"]["ports"][0]["targetPort"], container_port["name"]);
-    assert_eq!(monitor["spec"]["endpoints"][0]["port"], service["spec"]["ports"][0]["name"]);
-    assert_eq!(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"]);
+    assert_eq!(
+        service["spec"]["ports"][0]["targetPort"],
+        container_port["name"]
+    );
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["port"],
+        service["spec"]["ports"][0]["name"]
+    );
+    assert_eq!(
+        monitor["spec"]["selector"]["matchLabels"],
+        service["metadata"]["labels"]
+    );
 
     // The rules as Prometheus loads them: spec.groups in a rules file.
     let rule = find("PrometheusRule");

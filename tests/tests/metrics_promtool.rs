@@ -87,6 +87,13 @@ fn populated() -> std::sync::Arc<Metrics> {
     m.kube_error("pod event");
     m.set_no_evictable_pod(Some(Signal::MemoryAvailable));
     m.telemetry_connection_closed("idle");
+    m.set_kernel_counters(
+        9,
+        Some(node_agent_common::SamplerStats {
+            ticks: 100,
+            busy_ns: 5_000,
+        }),
+    );
     m
 }
 
@@ -116,7 +123,10 @@ fn promtool_still_flags_what_it_flags() {
     // The check is live: a family without help and a counter without `_total` are reported,
     // so a clean result above means something.
     let (ok, said) = check_metrics("# TYPE bad_counter counter\nbad_counter 1\n");
-    assert!(!ok, "promtool passed a counter without help or _total: {said}");
+    assert!(
+        !ok,
+        "promtool passed a counter without help or _total: {said}"
+    );
     assert!(said.contains("bad_counter no help text"), "{said}");
     assert!(said.contains("should have \"_total\" suffix"), "{said}");
 }

@@ -103,6 +103,7 @@ impl super::Daemon {
                         self.telemetry.live.publish(&rec);
                         lost_before = total;
                     }
+                    self.export_kernel_counters();
                     self.rescan_if_due();
                     if self.config_changed() {
                         self.reload("config file changed").await;
@@ -193,6 +194,21 @@ impl super::Daemon {
         for action in actions {
             if self.acts.actions.send(action).await.is_err() {
                 tracing::error!("the executor stopped; its actions are lost");
+            }
+        }
+    }
+
+    /// The kernel programs' own counters (records sent, sampler ticks) onto /metrics. A map
+    /// that cannot be read leaves the last values: logged, never fatal to the loop.
+    fn export_kernel_counters(&mut self) {
+        let programs = &mut self.kernel.programs;
+        match (programs.sent_events(), programs.sampler_stats()) {
+            (Ok(sent), Ok(sampler)) => self
+                .telemetry
+                .metrics
+                .set_kernel_counters(sent.iter().sum(), sampler),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::debug!(%error, "the kernel programs' counters could not be read");
             }
         }
     }

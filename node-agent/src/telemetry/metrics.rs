@@ -1,6 +1,7 @@
 //! The `node_agent_*` metric families (and the standard `process_*` ones), the methods the
 //! daemon records them through, and the two expositions `/metrics` writes.
 
+mod kernel;
 mod kube;
 mod process;
 mod record;
@@ -10,16 +11,17 @@ mod text;
 
 use std::sync::{Arc, OnceLock};
 
+use kernel::{KernelCounters, KernelStats};
 use kube::KubeCounters;
 use node_agent_kube::{api::Counters, evict::EvictionResult};
 use node_agent_policy::Signal;
 use process::ProcessCollector;
-pub use text::{ConvertError, Format};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::{Registry, Unit},
 };
+pub use text::{ConvertError, Format};
 
 /// Upper bounds of the decision latency buckets, in seconds: 1-2-5 steps from 100 µs to 10 s
 /// (×2.15 per step on average, so exponential in effect). The p99 target (2 ms) and the
@@ -56,7 +58,12 @@ pub const TRIGGERS: [&str; 9] = [
 ];
 
 /// The kinds of kernel events counted in `node_agent_kernel_events_total`.
-pub const KERNEL_EVENT_KINDS: [&str; 4] = ["oom_kill", "memory_threshold", "pid_threshold", "fork_storm"];
+pub const KERNEL_EVENT_KINDS: [&str; 4] = [
+    "oom_kill",
+    "memory_threshold",
+    "pid_threshold",
+    "fork_storm",
+];
 
 /// The Kubernetes operations whose failures are counted under a fixed name.
 const KUBE_OPERATIONS: [&str; 3] = ["kubelet pods", "pod event", "node condition"];
@@ -167,6 +174,7 @@ pub struct Metrics {
     no_evictable_pod: Family<SignalLabels, Gauge>,
     no_evictable_pod_events: Family<SignalLabels, Counter>,
     kube_counters: Arc<OnceLock<Arc<Counters>>>,
+    kernel_stats: Arc<KernelStats>,
     telemetry_connections_closed: Family<ReasonLabels, Counter>,
 }
 
@@ -199,6 +207,7 @@ impl Metrics {
             no_evictable_pod: Family::default(),
             no_evictable_pod_events: Family::default(),
             kube_counters: Arc::default(),
+            kernel_stats: Arc::default(),
             telemetry_connections_closed: Family::default(),
         };
         metrics.precreate();
@@ -215,7 +224,8 @@ impl Metrics {
             })
             .set(1);
         for result in ["ok", "invalid", "refused"] {
-            self.config_reloads.get_or_create_owned(&ResultLabels { result });
+            self.config_reloads
+                .get_or_create_owned(&ResultLabels { result });
         }
         for signal in OBSERVED_SIGNALS {
             let eviction_signal = signal.as_str();
@@ -394,6 +404,7 @@ impl Metrics {
             self.telemetry_connections_closed.clone(),
         );
         r.register_collector(Box::new(KubeCounters(self.kube_counters.clone())));
+        r.register_collector(Box::new(KernelCounters(self.kernel_stats.clone())));
         self
     }
 
@@ -424,4 +435,3 @@ impl Metrics {
         }
     }
 }
-

@@ -146,7 +146,8 @@ async fn metrics_are_served_in_the_format_the_scraper_accepts() {
     server
         .metrics
         .eviction(Signal::MemoryAvailable, EvictionResult::Evicted);
-    let sample = r#"node_agent_evictions_total{eviction_signal="memory.available",result="evicted"} 1"#;
+    let sample =
+        r#"node_agent_evictions_total{eviction_signal="memory.available",result="evicted"} 1"#;
     #[rustfmt::skip]
     let rows: &[(&str, &str, Format)] = &[
         ("no Accept header", "", Format::Text),
@@ -160,15 +161,31 @@ async fn metrics_are_served_in_the_format_the_scraper_accepts() {
     for (name, accept, format) in rows {
         let reply = request_with(server.addr, "GET", "/metrics", accept).await;
         assert_eq!(reply.status, 200, "{name}: {reply:?}");
-        assert_eq!(reply.header("content-type"), Some(format.content_type()), "{name}");
+        assert_eq!(
+            reply.header("content-type"),
+            Some(format.content_type()),
+            "{name}"
+        );
         assert_eq!(reply.header("vary"), Some("Accept"), "{name}");
-        assert!(reply.body.lines().any(|line| line == sample), "{name}: {}", reply.body);
+        assert!(
+            reply.body.lines().any(|line| line == sample),
+            "{name}: {}",
+            reply.body
+        );
         let typed = match format {
             Format::OpenMetrics => "# TYPE node_agent_evictions counter",
             Format::Text => "# TYPE node_agent_evictions_total counter",
         };
-        assert!(reply.body.lines().any(|line| line == typed), "{name}: {}", reply.body);
-        assert_eq!(reply.body.ends_with("# EOF\n"), *format == Format::OpenMetrics, "{name}");
+        assert!(
+            reply.body.lines().any(|line| line == typed),
+            "{name}: {}",
+            reply.body
+        );
+        assert_eq!(
+            reply.body.ends_with("# EOF\n"),
+            *format == Format::OpenMetrics,
+            "{name}"
+        );
     }
 }
 

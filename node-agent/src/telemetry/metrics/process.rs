@@ -40,7 +40,9 @@ pub fn parse_stat(path: &Path, text: &str) -> Result<Stat, ProcessError> {
         path: path.to_owned(),
         what,
     };
-    let (_, after_comm) = text.rsplit_once(')').ok_or_else(|| parse("the command name"))?;
+    let (_, after_comm) = text
+        .rsplit_once(')')
+        .ok_or_else(|| parse("the command name"))?;
     // Field 3 (state) is the first after the name.
     let fields: Vec<&str> = after_comm.split_whitespace().collect();
     let field = |n: usize, what| -> Result<u64, ProcessError> {
@@ -284,7 +286,10 @@ mod tests {
             proc_stat: dir.path().join("missing"),
         };
         let r = collector.read();
-        assert_eq!(r.resident_memory_bytes, Some(2560 * crate::sys::page_size() as u64));
+        assert_eq!(
+            r.resident_memory_bytes,
+            Some(2560 * crate::sys::page_size() as u64)
+        );
         assert!(r.cpu_seconds.is_some());
         assert_eq!(r.start_time_seconds, None, "no /proc/stat: no btime");
         assert_eq!(r.open_fds, None, "no fd directory");

@@ -1,6 +1,9 @@
 //! The methods the daemon records through: one per metric family, lock-free once a label
 //! set exists.
 
+use std::sync::atomic::Ordering;
+
+use node_agent_common::SamplerStats;
 use node_agent_policy::Resource;
 
 use super::*;
@@ -102,6 +105,19 @@ impl Metrics {
     /// Counter `node_agent_ringbuf_lost_events_total` (add the delta).
     pub fn ring_lost(&self, delta: u64) {
         self.ringbuf_lost_events.inc_by(delta);
+    }
+
+    /// Counters `node_agent_ringbuf_sent_events_total` (the kernel's per-CPU `SENT`, summed)
+    /// and, when the sampler runs, `node_agent_memory_sampler_ticks_total` and
+    /// `node_agent_memory_sampler_busy_seconds_total`: totals since load, copied as they are.
+    pub fn set_kernel_counters(&self, sent: u64, sampler: Option<SamplerStats>) {
+        let k = &self.kernel_stats;
+        k.sent.store(sent, Ordering::Relaxed);
+        if let Some(stats) = sampler {
+            k.sampler_ticks.store(stats.ticks, Ordering::Relaxed);
+            k.sampler_busy_ns.store(stats.busy_ns, Ordering::Relaxed);
+        }
+        k.sampler.store(sampler.is_some(), Ordering::Relaxed);
     }
 
     /// Counter `node_agent_ringbuf_decode_errors_total`.

@@ -49,6 +49,15 @@ fn each_recorder_writes_its_sample() {
         ("signals start known",
          |_| {},
          "node_agent_signal_unknown{eviction_signal=\"nodefs.available\"} 0"),
+        ("records sent to the ring buffer are copied from the kernel",
+         |m| m.set_kernel_counters(40, None),
+         "node_agent_ringbuf_sent_events_total 40"),
+        ("the sampler's ticks are copied when it runs",
+         |m| m.set_kernel_counters(0, Some(node_agent_common::SamplerStats { ticks: 1000, busy_ns: 2_500_000 })),
+         "node_agent_memory_sampler_ticks_total 1000"),
+        ("and its time in seconds",
+         |m| m.set_kernel_counters(0, Some(node_agent_common::SamplerStats { ticks: 1000, busy_ns: 2_500_000 })),
+         "node_agent_memory_sampler_busy_seconds_total 0.0025"),
         ("the ring buffer counters start at 0",
          |_| {},
          "node_agent_ringbuf_lost_events_total 0"),
@@ -179,6 +188,13 @@ fn populated() -> Arc<Metrics> {
     metrics.set_tracked_cgroups(1, 0, true);
     metrics.set_signal_unknown(Signal::ImageFsAvailable, false);
     metrics.set_no_evictable_pod(Some(Signal::MemoryAvailable));
+    metrics.set_kernel_counters(
+        5,
+        Some(node_agent_common::SamplerStats {
+            ticks: 1,
+            busy_ns: 1,
+        }),
+    );
     metrics
 }
 
@@ -205,7 +221,7 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 17] = [
+const COUNTERS: [&str; 20] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
@@ -216,10 +232,13 @@ const COUNTERS: [&str; 17] = [
     "node_agent_kube_request_failures",
     "node_agent_kube_retries",
     "node_agent_kube_watch_events_dropped",
+    "node_agent_memory_sampler_busy_seconds",
+    "node_agent_memory_sampler_ticks",
     "node_agent_no_evictable_pod_events",
     "node_agent_oom_kills",
     "node_agent_ringbuf_decode_errors",
     "node_agent_ringbuf_lost_events",
+    "node_agent_ringbuf_sent_events",
     "node_agent_stale_data",
     "node_agent_telemetry_connections_closed",
     "node_agent_tracking_cap_reached",
@@ -388,4 +407,21 @@ fn label_values_are_escaped() {
         ),
         "{text}"
     );
+}
+
+#[test]
+fn the_sampler_counters_are_left_out_when_another_mechanism_runs() {
+    let metrics = Metrics::new();
+    let sampler = node_agent_common::SamplerStats {
+        ticks: 3,
+        busy_ns: 9,
+    };
+    metrics.set_kernel_counters(1, Some(sampler));
+    assert!(metrics
+        .encode()
+        .contains("node_agent_memory_sampler_ticks_total 3"));
+    metrics.set_kernel_counters(2, None);
+    let text = metrics.encode();
+    assert!(!text.contains("memory_sampler"), "{text}");
+    assert!(lines(&text).contains(&"node_agent_ringbuf_sent_events_total 2"));
 }

@@ -43,7 +43,12 @@ impl Format {
                     let (key, value) = param.split_once('=')?;
                     let value = value.trim().trim_matches('"');
                     match key.trim().to_ascii_lowercase().as_str() {
-                        "q" => q = value.parse().ok().filter(|q: &f32| (0.0..=1.0).contains(q))?,
+                        "q" => {
+                            q = value
+                                .parse()
+                                .ok()
+                                .filter(|q: &f32| (0.0..=1.0).contains(q))?
+                        }
                         "version" => version = Some(value.to_owned()),
                         _ => {}
                     }
@@ -86,7 +91,9 @@ pub enum ConvertError {
 }
 
 /// What may follow a family's name in its samples' names.
-const SUFFIXES: [&str; 7] = ["", "_total", "_created", "_bucket", "_sum", "_count", "_info"];
+const SUFFIXES: [&str; 7] = [
+    "", "_total", "_created", "_bucket", "_sum", "_count", "_info",
+];
 
 struct Family<'a> {
     name: &'a str,
@@ -123,7 +130,9 @@ pub fn openmetrics_to_text(openmetrics: &str) -> Result<String, ConvertError> {
                 samples: Vec::new(),
             });
         } else if let Some(rest) = text.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').ok_or_else(|| err("TYPE without a type"))?;
+            let (name, kind) = rest
+                .split_once(' ')
+                .ok_or_else(|| err("TYPE without a type"))?;
             match families.last_mut() {
                 Some(family) if family.name == name => family.kind = kind,
                 _ => families.push(Family {
@@ -140,7 +149,9 @@ pub fn openmetrics_to_text(openmetrics: &str) -> Result<String, ConvertError> {
             let family = families
                 .last_mut()
                 .ok_or_else(|| err("a sample before any family"))?;
-            let name_end = text.find(['{', ' ']).ok_or_else(|| err("a sample without value"))?;
+            let name_end = text
+                .find(['{', ' '])
+                .ok_or_else(|| err("a sample without value"))?;
             let suffix = text[..name_end]
                 .strip_prefix(family.name)
                 .filter(|suffix| SUFFIXES.contains(suffix))
@@ -148,9 +159,10 @@ pub fn openmetrics_to_text(openmetrics: &str) -> Result<String, ConvertError> {
             if suffix == "_created" {
                 continue;
             }
-            family.samples.push(without_exemplar(text, name_end).ok_or_else(|| {
-                err("a sample with a timestamp or unbalanced labels")
-            })?);
+            family.samples.push(
+                without_exemplar(text, name_end)
+                    .ok_or_else(|| err("a sample with a timestamp or unbalanced labels"))?,
+            );
         }
     }
     if !eof {
