@@ -646,6 +646,26 @@ fn a_reload_is_taken_whole_or_refused_naming_what_is_wrong() -> anyhow::Result<(
             .unwrap_or(0.0)
             >= 2.0
     );
+    // The real process behind /metrics: its own figures from /proc/self, its build, and
+    // the memory mechanism this kernel gave it (exactly one).
+    assert!(
+        daemon
+            .metric("process_resident_memory_bytes")?
+            .unwrap_or(0.0)
+            > 0.0
+    );
+    assert!(daemon.metric("process_open_fds")?.unwrap_or(0.0) >= 3.0);
+    assert!(daemon.metric("process_start_time_seconds")?.unwrap_or(0.0) > 1.5e9);
+    let metrics = daemon.get("/metrics")?;
+    assert!(
+        metrics.contains("node_agent_build_info{version=\""),
+        "{metrics}"
+    );
+    let mechanisms = metrics
+        .lines()
+        .filter(|l| l.starts_with("node_agent_memory_mechanism{") && l.ends_with(" 1"))
+        .count();
+    assert_eq!(mechanisms, 1, "{metrics}");
     // A valid change is then taken.
     w.reload(&mut daemon, "", "  pressure_poll_interval: 50ms\n")?;
     w.assert_nothing_refused();
