@@ -163,7 +163,7 @@ impl ProcessCollector {
                 .zip(btime.ok())
                 .map(|(s, btime)| btime as f64 + s.start_ticks as f64 / ticks),
             resident_memory_bytes: stat
-                .map(|s| s.rss_pages.saturating_mul(crate::sys::page_size() as u64)),
+                .map(|s| s.rss_pages.saturating_mul(crate::sys::page_size())),
             open_fds: open_fds.ok(),
             max_fds: max_fds.ok().flatten(),
         }
@@ -288,7 +288,7 @@ mod tests {
         let r = collector.read();
         assert_eq!(
             r.resident_memory_bytes,
-            Some(2560 * crate::sys::page_size() as u64)
+            Some(2560 * crate::sys::page_size())
         );
         assert!(r.cpu_seconds.is_some());
         assert_eq!(r.start_time_seconds, None, "no /proc/stat: no btime");
