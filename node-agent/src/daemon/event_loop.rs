@@ -154,15 +154,9 @@ impl super::Daemon {
                 if direction == crate::cgroup::attribution::Direction::Up {
                     self.kernel.triggers.crossed(cgroup.cgroup_id);
                 }
-                Some(Trigger {
-                    name: "memory_threshold",
-                    ktime_ns,
-                })
+                Some(Trigger::at("memory_threshold", ktime_ns))
             }
-            Happened::PidThreshold { .. } => Some(Trigger {
-                name: "pid_threshold",
-                ktime_ns,
-            }),
+            Happened::PidThreshold { .. } => Some(Trigger::at("pid_threshold", ktime_ns)),
             Happened::OomKill(kill) => {
                 let pod = kill
                     .victim
@@ -180,10 +174,7 @@ impl super::Daemon {
                     },
                 ))])
                 .await;
-                Some(Trigger {
-                    name: "oom_kill",
-                    ktime_ns,
-                })
+                Some(Trigger::at("oom_kill", ktime_ns))
             }
             Happened::ForkStorm { .. } => None,
         }

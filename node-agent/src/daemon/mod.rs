@@ -98,11 +98,18 @@ struct Trigger {
 }
 
 impl Trigger {
-    const fn named(name: &'static str) -> Self {
-        Self {
-            name,
-            ktime_ns: None,
-        }
+    fn named(name: &'static str) -> Self {
+        Self::at(name, None)
+    }
+
+    /// Every name is one of `telemetry::metrics::TRIGGERS`, whose counters exist from the
+    /// start (checked in debug builds, which the end-to-end tests run).
+    fn at(name: &'static str, ktime_ns: Option<u64>) -> Self {
+        debug_assert!(
+            crate::telemetry::TRIGGERS.contains(&name),
+            "trigger {name} is missing from telemetry::TRIGGERS"
+        );
+        Self { name, ktime_ns }
     }
 }
 

@@ -18,7 +18,7 @@ mod tests;
 use std::net::SocketAddr;
 
 pub use health::Health;
-pub use metrics::{ConvertError, Format, Metrics, DECISION_LATENCY_BUCKETS};
+pub use metrics::{ConvertError, Format, Metrics, DECISION_LATENCY_BUCKETS, TRIGGERS};
 pub use server::{bind, Server};
 
 #[derive(Debug, thiserror::Error)]
