@@ -325,6 +325,13 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
     )
     .expect("kustomization");
     let (_, docs) = render(&dir);
+    // The built-in kinds against the schemas (the Operator's kinds are not in them).
+    let builtin: String = docs
+        .iter()
+        .filter(|d| d["apiVersion"] != "monitoring.coreos.com/v1")
+        .map(|d| format!("---\n{}", serde_yaml_ng::to_string(d).expect("YAML")))
+        .collect();
+    validate("monitoring", &builtin);
     let kinds = kinds(&docs);
     for expected in [
         "DaemonSet/node-agent",
