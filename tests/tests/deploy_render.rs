@@ -314,6 +314,7 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
         .join(format!("monitoring-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
+    let _cleanup = RemoveOnDrop(dir.clone());
     let deploy = relative(&dir, &deploy_dir());
     std::fs::write(
         dir.join("kustomization.yaml"),
@@ -378,5 +379,13 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
     assert!(said.contains("SUCCESS: 5 rules found"), "{said}");
     std::fs::write(dir.join("tests.yaml"), ALERT_TESTS).expect("tests file");
     promtool(&["test", "rules", "tests.yaml"], &dir);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Removes its directory when dropped, so a failed assertion leaves nothing behind.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
