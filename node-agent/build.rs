@@ -12,6 +12,7 @@ use std::{env, fs, path::PathBuf};
 
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=NODE_AGENT_EBPF_OBJECT");
+    rustc_version();
     println!("cargo::rustc-check-cfg=cfg(node_agent_ebpf)");
     let out = PathBuf::from(env::var("OUT_DIR")?).join("node-agent-ebpf.o");
     match env::var_os("NODE_AGENT_EBPF_OBJECT") {
@@ -30,4 +31,21 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The compiler's version (`rustc 1.89.0 (…)` → `1.89.0`) for `node_agent_build_info`, or
+/// `unknown` when cargo's `RUSTC` cannot say.
+fn rustc_version() {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let version = std::process::Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .and_then(|out| {
+            let text = String::from_utf8(out.stdout).ok()?;
+            text.split_whitespace().nth(1).map(str::to_owned)
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    println!("cargo:rustc-env=NODE_AGENT_RUSTC={version}");
 }

@@ -286,8 +286,9 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_with_the_decisions
         w.evictions()
     );
     assert_eq!(
-        daemon
-            .metric("node_agent_evictions_total{signal=\"memory.available\",result=\"evicted\"}")?,
+        daemon.metric(
+            "node_agent_evictions_total{eviction_signal=\"memory.available\",result=\"evicted\"}"
+        )?,
         Some(1.0)
     );
     w.assert_nothing_refused();
@@ -423,7 +424,7 @@ fn after_an_api_outage_the_next_eviction_follows_within_a_second() -> anyhow::Re
     );
     assert!(
         daemon
-            .metric("node_agent_evictions_total{signal=\"memory.available\",result=\"failed\"}")?
+            .metric("node_agent_evictions_total{eviction_signal=\"memory.available\",result=\"failed\"}")?
             .unwrap_or(0.0)
             >= 1.0
     );
@@ -445,7 +446,7 @@ fn only_critical_pods_over_the_threshold_log_once_per_transition_and_count() -> 
     let w = World::new("e2e-critical", &[static_hog, critical_calm])?;
     let mut daemon = w.start("", "")?;
     const LINE: &str = "threshold met but no pod may be evicted";
-    let gauge = "node_agent_no_evictable_pod{signal=\"memory.available\"}";
+    let gauge = "node_agent_no_evictable_pod{eviction_signal=\"memory.available\"}";
     let _calm = w.load("calm", 120)?;
     let mut hog = w.load("hog", 100)?;
     let line = daemon.wait_log(LINE, wait())?;
@@ -470,7 +471,9 @@ fn only_critical_pods_over_the_threshold_log_once_per_transition_and_count() -> 
     daemon.wait_evaluations(10.0, wait())?;
     assert_eq!(daemon.log_count(LINE), 2);
     assert_eq!(
-        daemon.metric("node_agent_no_evictable_pod_events_total{signal=\"memory.available\"}")?,
+        daemon.metric(
+            "node_agent_no_evictable_pod_events_total{eviction_signal=\"memory.available\"}"
+        )?,
         Some(2.0)
     );
     assert!(
@@ -647,6 +650,26 @@ fn a_reload_is_taken_whole_or_refused_naming_what_is_wrong() -> anyhow::Result<(
             .unwrap_or(0.0)
             >= 2.0
     );
+    // The real process behind /metrics: its own figures from /proc/self, its build, and
+    // the memory mechanism this kernel gave it (exactly one).
+    assert!(
+        daemon
+            .metric("process_resident_memory_bytes")?
+            .unwrap_or(0.0)
+            > 0.0
+    );
+    assert!(daemon.metric("process_open_fds")?.unwrap_or(0.0) >= 3.0);
+    assert!(daemon.metric("process_start_time_seconds")?.unwrap_or(0.0) > 1.5e9);
+    let metrics = daemon.get("/metrics")?;
+    assert!(
+        metrics.contains("node_agent_build_info{version=\""),
+        "{metrics}"
+    );
+    let mechanisms = metrics
+        .lines()
+        .filter(|l| l.starts_with("node_agent_memory_mechanism{") && l.ends_with(" 1"))
+        .count();
+    assert_eq!(mechanisms, 1, "{metrics}");
     // A valid change is then taken.
     w.reload(&mut daemon, "", "  pressure_poll_interval: 50ms\n")?;
     w.assert_nothing_refused();

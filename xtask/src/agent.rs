@@ -178,7 +178,8 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
             .args(extra)
             .env("NODE_AGENT_BIN", &agent_bin)
             .env("KUBECTL", &tools.kubectl)
-            .env("KUBERNETES_VALIDATE", &tools.kubernetes_validate);
+            .env("KUBERNETES_VALIDATE", &tools.kubernetes_validate)
+            .env("PROMTOOL", &tools.promtool);
         if let Err(e) = run_cmd(&mut kernel) {
             eprintln!("xtask: {file} failed: {e:#}");
             failed.push(file);

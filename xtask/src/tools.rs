@@ -1,7 +1,8 @@
 //! Tools the tests and fuzzing need besides the compilers, each installed when missing and
 //! said so: cargo-nextest (runs every test file with a per-test time bound), cargo-fuzz
-//! (libFuzzer targets), kubectl (renders deploy/ with kustomize) and kubernetes-validate
-//! (checks the rendered objects against Kubernetes' OpenAPI schemas, offline).
+//! (libFuzzer targets), kubectl (renders deploy/ with kustomize), kubernetes-validate
+//! (checks the rendered objects against Kubernetes' OpenAPI schemas, offline) and promtool
+//! (lints `/metrics` and the alert rules).
 
 use std::{
     path::{Path, PathBuf},
@@ -19,12 +20,13 @@ const NEXTEST_VERSION: &str = "0.9.143";
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
-/// Where the tests find kubectl and kubernetes-validate (environment variables of the same
-/// names in upper case).
+/// Where the tests find kubectl, kubernetes-validate and promtool (environment variables of
+/// the same names in upper case).
 #[derive(Debug, Clone)]
 pub struct DeployTools {
     pub kubectl: PathBuf,
     pub kubernetes_validate: PathBuf,
+    pub promtool: PathBuf,
 }
 
 /// Everything `cargo xtask test` needs.
@@ -153,5 +155,62 @@ pub fn deploy_tools() -> anyhow::Result<DeployTools> {
     Ok(DeployTools {
         kubectl,
         kubernetes_validate,
+        promtool: promtool()?,
     })
+}
+
+/// promtool from PATH, else out of Debian's `prometheus` package, fetched with `apt-get
+/// download` and unpacked under target/tools/prometheus. Not `apt-get install prometheus`: on
+/// a systemd host that also enables and starts a Prometheus server on port 9090, which no test
+/// wants; promtool is one static binary.
+fn promtool() -> anyhow::Result<PathBuf> {
+    if let Some(path) = on_path("promtool") {
+        return Ok(path);
+    }
+    let dir = workspace_root().join("target/tools/prometheus");
+    let promtool = dir.join("usr/bin/promtool");
+    if promtool.is_file() {
+        return Ok(promtool);
+    }
+    for tool in ["apt-get", "dpkg-deb"] {
+        if !Path::new("/usr/bin").join(tool).exists() {
+            bail!("promtool checks /metrics and the alert rules: this host has no {tool}; put Prometheus' promtool on PATH");
+        }
+    }
+    let download = dir.join("download");
+    let _ = std::fs::remove_dir_all(&download);
+    std::fs::create_dir_all(&download)?;
+    eprintln!(
+        "xtask: fetching Debian's prometheus package for its promtool (apt-get download, unpacked under {}; nothing is installed)",
+        dir.display()
+    );
+    let fetch = || {
+        run(Command::new("apt-get")
+            .args(["download", "prometheus"])
+            .current_dir(&download))
+    };
+    // A fresh machine may have no package lists yet.
+    fetch().or_else(|error| {
+        if !is_root() {
+            bail!("apt-get download prometheus failed ({error:#}); with no package lists, run `sudo apt-get update` first");
+        }
+        run(Command::new("apt-get")
+            .arg("update")
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        fetch()
+    })?;
+    let deb = std::fs::read_dir(&download)?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| path.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download prometheus left no .deb")?;
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&dir))
+        .with_context(|| format!("unpacking {}", deb.display()))?;
+    std::fs::remove_dir_all(&download)?;
+    anyhow::ensure!(
+        promtool.is_file(),
+        "{} has no usr/bin/promtool",
+        deb.display()
+    );
+    Ok(promtool)
 }

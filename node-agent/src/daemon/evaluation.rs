@@ -174,7 +174,7 @@ impl Daemon {
                     signal,
                     passed_over,
                 } => {
-                    metrics.set_no_evictable_pod(Some(signal.as_str()));
+                    metrics.set_no_evictable_pod(Some(signal));
                     let passed: Vec<String> = passed_over
                         .iter()
                         .map(|p| format!("{}/{} ({})", p.namespace, p.name, p.reason.as_str()))
@@ -205,14 +205,14 @@ impl Daemon {
     fn report(&self, reading: &NodeReading, decision: &Decision) {
         let metrics = &self.telemetry.metrics;
         for (signal, obs) in &reading.observations {
-            metrics.set_signal_available(signal.as_str(), obs.available);
+            metrics.set_signal_available(*signal, obs.available);
         }
         for t in self.config.eviction.thresholds() {
             let is_met = decision
                 .thresholds_met
                 .iter()
                 .any(|m| m.signal == t.signal && m.hard == t.is_hard());
-            metrics.set_threshold_met(t.signal.as_str(), t.is_hard(), is_met);
+            metrics.set_threshold_met(t.signal, t.is_hard(), is_met);
         }
         for c in [
             NodeCondition::MemoryPressure,
@@ -242,7 +242,7 @@ impl Daemon {
             for signal in source.signals() {
                 self.telemetry
                     .metrics
-                    .set_signal_unknown(signal.as_str(), is.is_some());
+                    .set_signal_unknown(*signal, is.is_some());
             }
         }
         self.telemetry.health.set_degraded(

@@ -103,6 +103,7 @@ impl super::Daemon {
                         self.telemetry.live.publish(&rec);
                         lost_before = total;
                     }
+                    self.export_kernel_counters();
                     self.rescan_if_due();
                     if self.config_changed() {
                         self.reload("config file changed").await;
@@ -153,15 +154,9 @@ impl super::Daemon {
                 if direction == crate::cgroup::attribution::Direction::Up {
                     self.kernel.triggers.crossed(cgroup.cgroup_id);
                 }
-                Some(Trigger {
-                    name: "memory_threshold",
-                    ktime_ns,
-                })
+                Some(Trigger::at("memory_threshold", ktime_ns))
             }
-            Happened::PidThreshold { .. } => Some(Trigger {
-                name: "pid_threshold",
-                ktime_ns,
-            }),
+            Happened::PidThreshold { .. } => Some(Trigger::at("pid_threshold", ktime_ns)),
             Happened::OomKill(kill) => {
                 let pod = kill
                     .victim
@@ -179,10 +174,7 @@ impl super::Daemon {
                     },
                 ))])
                 .await;
-                Some(Trigger {
-                    name: "oom_kill",
-                    ktime_ns,
-                })
+                Some(Trigger::at("oom_kill", ktime_ns))
             }
             Happened::ForkStorm { .. } => None,
         }
@@ -197,13 +189,28 @@ impl super::Daemon {
         }
     }
 
+    /// The kernel programs' own counters (records sent, sampler ticks) onto /metrics. A map
+    /// that cannot be read leaves the last values: logged, never fatal to the loop.
+    fn export_kernel_counters(&mut self) {
+        let programs = &mut self.kernel.programs;
+        match (programs.sent_events(), programs.sampler_stats()) {
+            (Ok(sent), Ok(sampler)) => self
+                .telemetry
+                .metrics
+                .set_kernel_counters(sent.iter().sum(), sampler),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::debug!(%error, "the kernel programs' counters could not be read");
+            }
+        }
+    }
+
     /// Records what the executor reports; true when the loop should decide again now.
     fn on_outcome(&mut self, outcome: Outcome) -> bool {
         let metrics = &self.telemetry.metrics;
         match outcome {
             Outcome::Eviction(report) => {
                 let result = report.attempt.result;
-                metrics.eviction(report.eviction.signal.as_str(), result.as_str());
+                metrics.eviction(report.eviction.signal, result);
                 if let Some(error) = &report.event_error {
                     metrics.kube_error("pod event");
                     tracing::warn!(%error, "the pod's Evicted event was not recorded");

@@ -78,6 +78,15 @@ pub struct RunArgs {
     pub trace: Option<crate::trace::OutputFormat>,
 }
 
+/// The signals the daemon reads, source by source (`telemetry` creates their counters at
+/// start and checks its list against this).
+#[cfg(test)]
+pub(crate) fn observed_signals() -> impl Iterator<Item = node_agent_policy::Signal> {
+    observe::Source::ALL
+        .into_iter()
+        .flat_map(|source| source.signals().iter().copied())
+}
+
 /// Where the config is read from when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "/etc/node-agent/config.yaml";
 
@@ -89,11 +98,18 @@ struct Trigger {
 }
 
 impl Trigger {
-    const fn named(name: &'static str) -> Self {
-        Self {
-            name,
-            ktime_ns: None,
-        }
+    fn named(name: &'static str) -> Self {
+        Self::at(name, None)
+    }
+
+    /// Every name is one of `telemetry::metrics::TRIGGERS`, whose counters exist from the
+    /// start (checked in debug builds, which the end-to-end tests run).
+    fn at(name: &'static str, ktime_ns: Option<u64>) -> Self {
+        debug_assert!(
+            crate::telemetry::TRIGGERS.contains(&name),
+            "trigger {name} is missing from telemetry::TRIGGERS"
+        );
+        Self { name, ktime_ns }
     }
 }
 

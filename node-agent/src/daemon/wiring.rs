@@ -180,6 +180,7 @@ impl Daemon {
             nodefs = %node.nodefs.display(),
             "node-agent running"
         );
+        metrics.set_memory_mechanism(programs.memory_mechanism());
         let tracked = tracker.refresh(&mut programs)?;
         metrics.set_tracked_cgroups(
             tracked.tracked as i64,

@@ -1,17 +1,27 @@
-//! The `node_agent_*` metric families and the methods the daemon records them through.
+//! The `node_agent_*` metric families (and the standard `process_*` ones), the methods the
+//! daemon records them through, and the two expositions `/metrics` writes.
 
+mod kernel;
 mod kube;
+mod process;
 mod record;
+#[cfg(test)]
+mod tests;
+mod text;
 
 use std::sync::{Arc, OnceLock};
 
+use kernel::{KernelCounters, KernelStats};
 use kube::KubeCounters;
-use node_agent_kube::api::Counters;
+use node_agent_kube::{api::Counters, evict::EvictionResult};
+use node_agent_policy::Signal;
+use process::ProcessCollector;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::{Registry, Unit},
 };
+pub use text::{ConvertError, Format};
 
 /// Upper bounds of the decision latency buckets, in seconds: 1-2-5 steps from 100 µs to 10 s
 /// (×2.15 per step on average, so exponential in effect). The p99 target (2 ms) and the
@@ -22,18 +32,63 @@ pub const DECISION_LATENCY_BUCKETS: [f64; 16] = [
     10.0,
 ];
 
-/// What [`Metrics::encode`] produces: `prometheus-client` writes OpenMetrics text.
-pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The signals the agent observes (`daemon::observe::Source::signals`): their counters exist
+/// from the start. A test holds the two lists together.
+pub const OBSERVED_SIGNALS: [Signal; 6] = [
+    Signal::MemoryAvailable,
+    Signal::NodeFsAvailable,
+    Signal::NodeFsInodesFree,
+    Signal::ImageFsAvailable,
+    Signal::ImageFsInodesFree,
+    Signal::PidAvailable,
+];
 
+/// What triggers an evaluation (the daemon's `Trigger` names): their counters exist from the
+/// start.
+pub const TRIGGERS: [&str; 9] = [
+    "start",
+    "memory_threshold",
+    "pid_threshold",
+    "oom_kill",
+    "eviction_outcome",
+    "pacing",
+    "pressure_poll",
+    "resync",
+    "reload",
+];
+
+/// The kinds of kernel events counted in `node_agent_kernel_events_total`.
+pub const KERNEL_EVENT_KINDS: [&str; 4] = [
+    "oom_kill",
+    "memory_threshold",
+    "pid_threshold",
+    "fork_storm",
+];
+
+/// The Kubernetes operations whose failures are counted under a fixed name.
+const KUBE_OPERATIONS: [&str; 3] = ["kubelet pods", "pod event", "node condition"];
+
+/// `eviction_signal`: the kubelet's own label name for its signal names.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SignalLabels {
-    signal: String,
+    eviction_signal: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ThresholdLabels {
-    signal: String,
+    eviction_signal: &'static str,
     kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    rustc: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MechanismLabels {
+    mechanism: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -43,8 +98,8 @@ struct ConditionLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EvictionLabels {
-    signal: String,
-    result: String,
+    eviction_signal: &'static str,
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -94,7 +149,11 @@ fn latency_histogram() -> Histogram {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    signal_available: Family<SignalLabels, Gauge>,
+    signal_available_bytes: Family<SignalLabels, Gauge>,
+    signal_available_inodes: Family<SignalLabels, Gauge>,
+    signal_available_pids: Family<SignalLabels, Gauge>,
+    build_info: Family<BuildLabels, Gauge>,
+    memory_mechanism: Family<MechanismLabels, Gauge>,
     threshold_met: Family<ThresholdLabels, Gauge>,
     node_condition: Family<ConditionLabels, Gauge>,
     evictions: Family<EvictionLabels, Counter>,
@@ -115,14 +174,19 @@ pub struct Metrics {
     no_evictable_pod: Family<SignalLabels, Gauge>,
     no_evictable_pod_events: Family<SignalLabels, Counter>,
     kube_counters: Arc<OnceLock<Arc<Counters>>>,
+    kernel_stats: Arc<KernelStats>,
     telemetry_connections_closed: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
     pub fn new() -> Arc<Metrics> {
         let metrics = Metrics {
-            registry: Registry::with_prefix("node_agent"),
-            signal_available: Family::default(),
+            registry: Registry::default(),
+            signal_available_bytes: Family::default(),
+            signal_available_inodes: Family::default(),
+            signal_available_pids: Family::default(),
+            build_info: Family::default(),
+            memory_mechanism: Family::default(),
             threshold_met: Family::default(),
             node_condition: Family::default(),
             evictions: Family::default(),
@@ -143,27 +207,100 @@ impl Metrics {
             no_evictable_pod: Family::default(),
             no_evictable_pod_events: Family::default(),
             kube_counters: Arc::default(),
+            kernel_stats: Arc::default(),
             telemetry_connections_closed: Family::default(),
         };
-        // Every reload result exists from the start, so `rate()` and alerts see a 0, not nothing.
+        metrics.precreate();
+        Arc::new(metrics.registered())
+    }
+
+    /// Every counter whose label sets are known at start exists from the start, at 0, so
+    /// `rate()`, `increase()` and alerts see a 0 rather than nothing.
+    fn precreate(&self) {
+        self.build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                rustc: env!("NODE_AGENT_RUSTC"),
+            })
+            .set(1);
         for result in ["ok", "invalid", "refused"] {
-            metrics
-                .config_reloads
+            self.config_reloads
                 .get_or_create_owned(&ResultLabels { result });
         }
-        Arc::new(metrics.registered())
+        for signal in OBSERVED_SIGNALS {
+            let eviction_signal = signal.as_str();
+            for result in EvictionResult::ALL {
+                self.evictions.get_or_create_owned(&EvictionLabels {
+                    eviction_signal,
+                    result: result.as_str(),
+                });
+            }
+            self.no_evictable_pod_events
+                .get_or_create_owned(&SignalLabels { eviction_signal });
+            self.signal_unknown
+                .get_or_create_owned(&SignalLabels { eviction_signal });
+        }
+        for trigger in TRIGGERS {
+            let labels = TriggerLabels {
+                trigger: trigger.to_owned(),
+            };
+            self.evaluations.get_or_create_owned(&labels);
+            self.decision_latency_invalid.get_or_create_owned(&labels);
+        }
+        for kind in KERNEL_EVENT_KINDS {
+            self.kernel_events.get_or_create_owned(&KindLabels {
+                kind: kind.to_owned(),
+            });
+        }
+        self.stale_data.get_or_create_owned(&SourceLabels {
+            source: "pods".to_owned(),
+        });
+        for operation in KUBE_OPERATIONS {
+            self.kube_errors.get_or_create_owned(&OperationLabels {
+                operation: operation.to_owned(),
+            });
+        }
+        for reason in ["client_limit", "capacity", "idle"] {
+            self.telemetry_connections_closed
+                .get_or_create_owned(&ReasonLabels { reason });
+        }
     }
 
     /// The registry holds clones of the families (they share their storage), so recording
     /// through the fields shows up in [`Metrics::encode`].
     fn registered(mut self) -> Self {
-        let r = &mut self.registry;
-        // prometheus-client appends `_total` to counter names and the unit to the histogram's,
-        // and a full stop to each help text.
-        r.register(
+        self.registry
+            .register_collector(Box::new(ProcessCollector::default()));
+        let r = self.registry.sub_registry_with_prefix("node_agent");
+        // prometheus-client appends `_total` to counter names and the unit to the others', and
+        // a full stop to each help text.
+        r.register_with_unit(
             "signal_available",
-            "Available amount of each eviction signal, in the kubelet's unit for it (bytes, inodes or PIDs)",
-            self.signal_available.clone(),
+            "Available bytes of each byte-valued eviction signal (memory.available, nodefs.available, imagefs.available)",
+            Unit::Bytes,
+            self.signal_available_bytes.clone(),
+        );
+        r.register_with_unit(
+            "signal_available",
+            "Free inodes of each inode-valued eviction signal (nodefs.inodesFree, imagefs.inodesFree)",
+            Unit::Other("inodes".into()),
+            self.signal_available_inodes.clone(),
+        );
+        r.register_with_unit(
+            "signal_available",
+            "Available process IDs (pid.available: min(pid_max, threads-max) minus live PIDs)",
+            Unit::Other("pids".into()),
+            self.signal_available_pids.clone(),
+        );
+        r.register(
+            "build_info",
+            "The agent's build: always 1, with its version and the compiler's in labels",
+            self.build_info.clone(),
+        );
+        r.register(
+            "memory_mechanism",
+            "The in-kernel memory mechanism the kernel accepted (fexit, sampler, or polling when none): 1 for the one in use",
+            self.memory_mechanism.clone(),
         );
         r.register(
             "threshold_met",
@@ -267,6 +404,7 @@ impl Metrics {
             self.telemetry_connections_closed.clone(),
         );
         r.register_collector(Box::new(KubeCounters(self.kube_counters.clone())));
+        r.register_collector(Box::new(KernelCounters(self.kernel_stats.clone())));
         self
     }
 
@@ -275,7 +413,7 @@ impl Metrics {
         let _ = self.kube_counters.set(counters);
     }
 
-    /// The whole exposition in OpenMetrics text ([`METRICS_CONTENT_TYPE`]), ending in `# EOF`.
+    /// The whole exposition in OpenMetrics text, ending in `# EOF`.
     ///
     /// Encoding into a `String` cannot fail with these metric types; if it ever did, the error
     /// is logged and the text is returned without its `# EOF`, which scrapers reject as a
@@ -287,278 +425,13 @@ impl Metrics {
         }
         text
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::Ordering;
-
-    use super::*;
-
-    fn lines(text: &str) -> Vec<&str> {
-        text.lines().collect()
-    }
-
-    #[test]
-    fn each_recorder_writes_its_sample() {
-        type Record = fn(&Metrics);
-        #[rustfmt::skip]
-        let rows: &[(&str, Record, &str)] = &[
-            ("signal available is a gauge set to the value",
-             |m| { m.set_signal_available("memory.available", 5); m.set_signal_available("memory.available", 1 << 40) },
-             "node_agent_signal_available{signal=\"memory.available\"} 1099511627776"),
-            ("a met hard threshold is 1",
-             |m| m.set_threshold_met("nodefs.available", true, true),
-             "node_agent_threshold_met{signal=\"nodefs.available\",kind=\"hard\"} 1"),
-            ("an unmet soft threshold is 0",
-             |m| { m.set_threshold_met("pid.available", false, true); m.set_threshold_met("pid.available", false, false) },
-             "node_agent_threshold_met{signal=\"pid.available\",kind=\"soft\"} 0"),
-            ("an active condition is 1",
-             |m| m.set_condition("MemoryPressure", true),
-             "node_agent_node_condition{condition=\"MemoryPressure\"} 1"),
-            ("an inactive condition is 0",
-             |m| m.set_condition("PIDPressure", false),
-             "node_agent_node_condition{condition=\"PIDPressure\"} 0"),
-            ("an eviction counts by signal and result",
-             |m| m.eviction("memory.available", "evicted"),
-             "node_agent_evictions_total{signal=\"memory.available\",result=\"evicted\"} 1"),
-            ("evictions accumulate per label set",
-             |m| { m.eviction("memory.available", "dry_run"); m.eviction("memory.available", "dry_run"); m.eviction("memory.available", "failed") },
-             "node_agent_evictions_total{signal=\"memory.available\",result=\"dry_run\"} 2"),
-            ("an OOM kill counts by namespace",
-             |m| m.oom_kill("default"),
-             "node_agent_oom_kills_total{namespace=\"default\"} 1"),
-            ("an OOM kill outside pods counts as namespace none",
-             |m| m.oom_kill(""),
-             "node_agent_oom_kills_total{namespace=\"none\"} 1"),
-            ("kernel events count by kind",
-             |m| m.kernel_event("fork_storm"),
-             "node_agent_kernel_events_total{kind=\"fork_storm\"} 1"),
-            ("ring buffer losses add their deltas",
-             |m| { m.ring_lost(3); m.ring_lost(0); m.ring_lost(4) },
-             "node_agent_ringbuf_lost_events_total 7"),
-            ("decode errors count",
-             |m| m.decode_error(),
-             "node_agent_ringbuf_decode_errors_total 1"),
-            ("a decision latency is observed",
-             |m| m.decision_latency("memory_threshold", 0.0015),
-             "node_agent_decision_latency_seconds_count{trigger=\"memory_threshold\"} 1"),
-            ("a negative decision latency is counted as invalid",
-             |m| m.decision_latency("resync", -0.5),
-             "node_agent_decision_latency_invalid_total{trigger=\"resync\"} 1"),
-            ("evaluations count by trigger",
-             |m| m.evaluation("resync"),
-             "node_agent_evaluations_total{trigger=\"resync\"} 1"),
-            ("stale data counts by source",
-             |m| m.stale_data("kubelet_pods"),
-             "node_agent_stale_data_total{source=\"kubelet_pods\"} 1"),
-            ("a good reload counts as ok",
-             |m| m.config_reload("ok"),
-             "node_agent_config_reloads_total{result=\"ok\"} 1"),
-            ("a bad reload counts as invalid",
-             |m| m.config_reload("invalid"),
-             "node_agent_config_reloads_total{result=\"invalid\"} 1"),
-            ("a reload changing what cannot change counts as refused",
-             |m| m.config_reload("refused"),
-             "node_agent_config_reloads_total{result=\"refused\"} 1"),
-            ("reload results start at zero",
-             |_| {},
-             "node_agent_config_reloads_total{result=\"invalid\"} 0"),
-            ("tracked cgroups is a gauge",
-             |m| m.set_tracked_cgroups(42, 0, false),
-             "node_agent_tracked_cgroups 42"),
-            ("cgroups over the cap are a gauge",
-             |m| m.set_tracked_cgroups(8192, 17, true),
-             "node_agent_untracked_cgroups 17"),
-            ("reaching the cap is counted",
-             |m| { m.set_tracked_cgroups(8192, 17, true); m.set_tracked_cgroups(8192, 17, false) },
-             "node_agent_tracking_cap_reached_total 1"),
-            ("an unreadable signal is 1",
-             |m| m.set_signal_unknown("imagefs.available", true),
-             "node_agent_signal_unknown{signal=\"imagefs.available\"} 1"),
-            ("no evictable pod is a gauge per signal",
-             |m| m.set_no_evictable_pod(Some("memory.available")),
-             "node_agent_no_evictable_pod{signal=\"memory.available\"} 1"),
-            ("and counted on entry",
-             |m| { m.set_no_evictable_pod(Some("memory.available")); m.set_no_evictable_pod(None); m.set_no_evictable_pod(Some("memory.available")) },
-             "node_agent_no_evictable_pod_events_total{signal=\"memory.available\"} 2"),
-            ("cleared to 0",
-             |m| { m.set_no_evictable_pod(Some("pid.available")); m.set_no_evictable_pod(None) },
-             "node_agent_no_evictable_pod{signal=\"pid.available\"} 0"),
-            ("the kube clients' counts are exported",
-             |m| {
-                 let c = Arc::new(Counters::default());
-                 c.retries.fetch_add(3, Ordering::Relaxed);
-                 m.export_kube_counters(c);
-             },
-             "node_agent_kube_retries_total 3"),
-            ("and read as zero before a cluster is connected",
-             |_| {},
-             "node_agent_kube_request_failures_total 0"),
-            ("kube errors count by operation",
-             |m| m.kube_error("list_pods"),
-             "node_agent_kube_errors_total{operation=\"list_pods\"} 1"),
-        ];
-        for (name, record, expected) in rows {
-            let metrics = Metrics::new();
-            record(&metrics);
-            let text = metrics.encode();
-            assert!(
-                lines(&text).contains(expected),
-                "{name}: no line `{expected}` in\n{text}"
-            );
-            assert!(
-                text.ends_with("# EOF\n"),
-                "{name}: exposition not terminated"
-            );
+    /// The whole exposition in `format` (its content type: [`Format::content_type`]).
+    pub fn encode_as(&self, format: Format) -> Result<String, ConvertError> {
+        let openmetrics = self.encode();
+        match format {
+            Format::OpenMetrics => Ok(openmetrics),
+            Format::Text => text::openmetrics_to_text(&openmetrics),
         }
-    }
-
-    #[test]
-    fn every_family_is_prefixed_and_has_help() {
-        let metrics = Metrics::new();
-        metrics.set_signal_available("memory.available", 1);
-        metrics.set_threshold_met("memory.available", true, false);
-        metrics.set_condition("MemoryPressure", false);
-        metrics.eviction("memory.available", "evicted");
-        metrics.oom_kill("");
-        metrics.kernel_event("oom_kill");
-        metrics.decision_latency("memory_threshold", 0.001);
-        metrics.decision_latency("memory_threshold", f64::NAN);
-        metrics.evaluation("resync");
-        metrics.stale_data("cgroup");
-        metrics.kube_error("evict");
-        metrics.set_tracked_cgroups(1, 0, true);
-        metrics.set_signal_unknown("imagefs.available", false);
-        metrics.set_no_evictable_pod(Some("memory.available"));
-        let text = metrics.encode();
-
-        let mut families: Vec<&str> = lines(&text)
-            .into_iter()
-            .filter_map(|line| line.strip_prefix("# TYPE "))
-            .filter_map(|rest| rest.split(' ').next())
-            .collect();
-        families.sort_unstable();
-        assert_eq!(
-            families,
-            [
-                "node_agent_config_reloads",
-                "node_agent_decision_latency_invalid",
-                "node_agent_decision_latency_seconds",
-                "node_agent_evaluations",
-                "node_agent_evictions",
-                "node_agent_kernel_events",
-                "node_agent_kube_errors",
-                "node_agent_kube_pods_skipped",
-                "node_agent_kube_request_failures",
-                "node_agent_kube_retries",
-                "node_agent_kube_watch_events_dropped",
-                "node_agent_no_evictable_pod",
-                "node_agent_no_evictable_pod_events",
-                "node_agent_node_condition",
-                "node_agent_oom_kills",
-                "node_agent_ringbuf_decode_errors",
-                "node_agent_ringbuf_lost_events",
-                "node_agent_signal_available",
-                "node_agent_signal_unknown",
-                "node_agent_stale_data",
-                "node_agent_threshold_met",
-                "node_agent_tracked_cgroups",
-                "node_agent_tracking_cap_reached",
-                "node_agent_untracked_cgroups",
-            ]
-        );
-        for family in families {
-            let help = format!("# HELP {family} ");
-            assert!(
-                text.lines()
-                    .any(|line| line.starts_with(&help) && line.len() > help.len() + 10),
-                "{family} has no help text"
-            );
-        }
-        assert!(lines(&text).contains(&"# UNIT node_agent_decision_latency_seconds seconds"));
-    }
-
-    #[test]
-    fn decision_latency_buckets_span_100us_to_10s() {
-        assert_eq!(DECISION_LATENCY_BUCKETS.first(), Some(&0.0001));
-        assert_eq!(DECISION_LATENCY_BUCKETS.last(), Some(&10.0));
-        assert!(
-            DECISION_LATENCY_BUCKETS.contains(&0.002),
-            "the 2 ms target is a bucket bound"
-        );
-        for pair in DECISION_LATENCY_BUCKETS.windows(2) {
-            let ratio = pair[1] / pair[0];
-            assert!(
-                (2.0..=2.5).contains(&ratio),
-                "{pair:?}: steps grow by 2 to 2.5"
-            );
-        }
-    }
-
-    #[test]
-    fn decision_latency_lands_in_the_right_buckets() {
-        let metrics = Metrics::new();
-        for seconds in [0.00005, 0.0015, 0.002, 0.0021, 3.0, 60.0] {
-            metrics.decision_latency("t", seconds);
-        }
-        let text = metrics.encode();
-        let bucket = |le: &str| -> String {
-            let prefix =
-                format!("node_agent_decision_latency_seconds_bucket{{le=\"{le}\",trigger=\"t\"}} ");
-            let line = text.lines().find(|line| line.starts_with(&prefix));
-            let line = line.unwrap_or_else(|| panic!("no bucket le={le} in\n{text}"));
-            line[prefix.len()..].to_owned()
-        };
-        #[rustfmt::skip]
-        let rows = [
-            ("0.0001", "1"), // 50 µs
-            ("0.001", "1"),
-            ("0.002", "3"), // 1.5 ms and exactly 2 ms (bounds are inclusive)
-            ("0.005", "4"),
-            ("2.0", "4"),
-            ("5.0", "5"),
-            ("10.0", "5"),
-            ("+Inf", "6"), // a minute: beyond the last bound
-        ];
-        for (le, cumulative) in rows {
-            assert_eq!(bucket(le), cumulative, "bucket le={le}");
-        }
-        let buckets = text
-            .lines()
-            .filter(|line| line.starts_with("node_agent_decision_latency_seconds_bucket{"))
-            .count();
-        assert_eq!(
-            buckets,
-            DECISION_LATENCY_BUCKETS.len() + 1,
-            "the bounds plus +Inf"
-        );
-    }
-
-    #[test]
-    fn invalid_decision_latencies_are_counted_not_observed() {
-        let metrics = Metrics::new();
-        for seconds in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.001] {
-            metrics.decision_latency("t", seconds);
-        }
-        metrics.decision_latency("t", 0.0);
-        let text = metrics.encode();
-        let text = lines(&text);
-        assert!(text.contains(&"node_agent_decision_latency_invalid_total{trigger=\"t\"} 4"));
-        assert!(text.contains(&"node_agent_decision_latency_seconds_count{trigger=\"t\"} 1"));
-        assert!(text.contains(&"node_agent_decision_latency_seconds_sum{trigger=\"t\"} 0.0"));
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        let metrics = Metrics::new();
-        metrics.eviction("odd\"signal\\with\nnewline", "évicté");
-        let text = metrics.encode();
-        assert!(
-            lines(&text).contains(
-                &r#"node_agent_evictions_total{signal="odd\"signal\\with\nnewline",result="évicté"} 1"#
-            ),
-            "{text}"
-        );
     }
 }

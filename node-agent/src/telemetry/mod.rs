@@ -1,5 +1,6 @@
 //! What the daemon shows operators over HTTP: `/metrics` (OpenMetrics text from
-//! `prometheus-client`), `/healthz` (the main loop is still beating) and `/readyz` (programs
+//! `prometheus-client`, or the Prometheus text format 0.0.4, as the scraper's `Accept` header
+//! asks), `/healthz` (the main loop is still beating) and `/readyz` (programs
 //! attached, first evaluation done).
 //!
 //! The daemon records into [`Metrics`] and [`Health`] (plain atomics, no I/O) and runs the
@@ -17,7 +18,7 @@ mod tests;
 use std::net::SocketAddr;
 
 pub use health::Health;
-pub use metrics::{Metrics, DECISION_LATENCY_BUCKETS, METRICS_CONTENT_TYPE};
+pub use metrics::{ConvertError, Format, Metrics, DECISION_LATENCY_BUCKETS, TRIGGERS};
 pub use server::{bind, Server};
 
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,7 @@ use std::{
 use http_body_util::Full;
 use hyper::{
     body::{Bytes, Incoming},
-    header::{HeaderValue, ALLOW, CONTENT_TYPE},
+    header::{HeaderValue, ACCEPT, ALLOW, CONTENT_TYPE, VARY},
     server::conn::http1,
     service::service_fn,
     Method, Request, Response, StatusCode,
@@ -26,7 +26,7 @@ use tokio::{
 use super::{
     connections::{Activity, Client, Clock, Closed, Limits, Table, Tracked},
     health::{Health, Liveness},
-    Metrics, TelemetryError, METRICS_CONTENT_TYPE,
+    Format, Metrics, TelemetryError,
 };
 
 /// Request line plus headers; a probe or scraper sends a few hundred bytes.
@@ -153,9 +153,14 @@ impl Server {
                     let metrics = Arc::clone(&metrics);
                     let health = Arc::clone(&health);
                     let service = service_fn(move |request: Request<Incoming>| {
+                        let accept = request
+                            .headers()
+                            .get(ACCEPT)
+                            .map(|v| v.to_str().unwrap_or(""));
                         let response = respond(
                             request.method(),
                             request.uri().path(),
+                            accept,
                             &metrics,
                             &health,
                             Instant::now(),
@@ -259,6 +264,7 @@ impl ClosedLog {
 fn respond(
     method: &Method,
     path: &str,
+    accept: Option<&str>,
     metrics: &Metrics,
     health: &Health,
     now: Instant,
@@ -278,7 +284,24 @@ fn respond(
         return response;
     }
     match path {
-        "/metrics" => response(StatusCode::OK, METRICS_CONTENT_TYPE, metrics.encode()),
+        "/metrics" => {
+            let format = Format::negotiate(accept);
+            let mut response = match metrics.encode_as(format) {
+                Ok(body) => response(StatusCode::OK, format.content_type(), body),
+                Err(error) => {
+                    tracing::error!(%error, "converting the metrics to the text format failed");
+                    response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        TEXT,
+                        format!("encoding the metrics failed: {error}\n"),
+                    )
+                }
+            };
+            response
+                .headers_mut()
+                .insert(VARY, HeaderValue::from_static("Accept"));
+            response
+        }
         "/healthz" => match health.liveness(now) {
             Liveness::Alive { since_beat } => response(
                 StatusCode::OK,

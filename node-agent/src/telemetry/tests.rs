@@ -10,7 +10,10 @@ use tokio::{
     time::timeout,
 };
 
-use super::{bind, Health, Metrics, TelemetryError, METRICS_CONTENT_TYPE};
+use node_agent_kube::evict::EvictionResult;
+use node_agent_policy::Signal;
+
+use super::{bind, Format, Health, Metrics, TelemetryError};
 
 /// Every network step of a test finishes within this or the test fails.
 const STEP: Duration = Duration::from_secs(5);
@@ -95,7 +98,13 @@ async fn exchange_raw(addr: SocketAddr, request: &[u8]) -> std::io::Result<Vec<u
 }
 
 async fn request(addr: SocketAddr, method: &str, path: &str) -> Reply {
-    let request = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    request_with(addr, method, path, "").await
+}
+
+/// A request with extra header lines (each ending in CRLF).
+async fn request_with(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Reply {
+    let request =
+        format!("{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n");
     let raw = timeout(STEP, exchange_raw(addr, request.as_bytes()))
         .await
         .unwrap_or_else(|_| panic!("{method} {path}: no reply within {STEP:?}"))
@@ -132,21 +141,52 @@ async fn read_one_reply(stream: &mut TcpStream) -> Reply {
 }
 
 #[tokio::test]
-async fn metrics_are_served_with_their_content_type() {
+async fn metrics_are_served_in_the_format_the_scraper_accepts() {
     let server = start(Duration::from_secs(60)).await;
-    server.metrics.eviction("memory.available", "evicted");
-
-    let reply = request(server.addr, "GET", "/metrics").await;
-
-    assert_eq!(reply.status, 200, "{reply:?}");
-    assert_eq!(reply.header("content-type"), Some(METRICS_CONTENT_TYPE));
-    assert!(
-        reply.body.lines().any(|line| line
-            == r#"node_agent_evictions_total{signal="memory.available",result="evicted"} 1"#),
-        "{}",
-        reply.body
-    );
-    assert!(reply.body.ends_with("# EOF\n"));
+    server
+        .metrics
+        .eviction(Signal::MemoryAvailable, EvictionResult::Evicted);
+    let sample =
+        r#"node_agent_evictions_total{eviction_signal="memory.available",result="evicted"} 1"#;
+    #[rustfmt::skip]
+    let rows: &[(&str, &str, Format)] = &[
+        ("no Accept header", "", Format::Text),
+        ("promtool and old Prometheus", "Accept: text/plain; version=0.0.4\r\n", Format::Text),
+        ("anything", "Accept: */*\r\n", Format::Text),
+        ("OpenMetrics", "Accept: application/openmetrics-text; version=1.0.0\r\n", Format::OpenMetrics),
+        ("Prometheus 2.x",
+         "Accept: application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2\r\n",
+         Format::OpenMetrics),
+    ];
+    for (name, accept, format) in rows {
+        let reply = request_with(server.addr, "GET", "/metrics", accept).await;
+        assert_eq!(reply.status, 200, "{name}: {reply:?}");
+        assert_eq!(
+            reply.header("content-type"),
+            Some(format.content_type()),
+            "{name}"
+        );
+        assert_eq!(reply.header("vary"), Some("Accept"), "{name}");
+        assert!(
+            reply.body.lines().any(|line| line == sample),
+            "{name}: {}",
+            reply.body
+        );
+        let typed = match format {
+            Format::OpenMetrics => "# TYPE node_agent_evictions counter",
+            Format::Text => "# TYPE node_agent_evictions_total counter",
+        };
+        assert!(
+            reply.body.lines().any(|line| line == typed),
+            "{name}: {}",
+            reply.body
+        );
+        assert_eq!(
+            reply.body.ends_with("# EOF\n"),
+            *format == Format::OpenMetrics,
+            "{name}"
+        );
+    }
 }
 
 #[tokio::test]

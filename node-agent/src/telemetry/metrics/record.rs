@@ -1,7 +1,13 @@
 //! The methods the daemon records through: one per metric family, lock-free once a label
 //! set exists.
 
+use std::sync::atomic::Ordering;
+
+use node_agent_common::SamplerStats;
+use node_agent_policy::Resource;
+
 use super::*;
+use crate::ebpf::MemoryMechanism;
 
 impl Metrics {
     /// Counter `node_agent_telemetry_connections_closed_total{reason}`: connections the
@@ -12,20 +18,38 @@ impl Metrics {
             .inc();
     }
 
-    /// Gauge `node_agent_signal_available{signal}` (bytes, inodes or PIDs as the kubelet's
-    /// signal).
-    pub fn set_signal_available(&self, signal: &str, available: i64) {
-        self.signal_available
+    /// Gauge `node_agent_signal_available_{bytes,inodes,pids}{eviction_signal}`: one family
+    /// per unit, chosen by the signal's resource.
+    pub fn set_signal_available(&self, signal: Signal, available: i64) {
+        let family = match signal.resource() {
+            Resource::Memory | Resource::EphemeralStorage => &self.signal_available_bytes,
+            Resource::Inodes => &self.signal_available_inodes,
+            Resource::Pids => &self.signal_available_pids,
+        };
+        family
             .get_or_create(&SignalLabels {
-                signal: signal.to_owned(),
+                eviction_signal: signal.as_str(),
             })
             .set(available);
     }
 
-    /// Gauge `node_agent_threshold_met{signal,kind="hard"|"soft"}` 1/0.
-    pub fn set_threshold_met(&self, signal: &str, hard: bool, met: bool) {
+    /// Gauge `node_agent_memory_mechanism{mechanism}`: 1 for the mechanism in use (set once,
+    /// at start).
+    pub fn set_memory_mechanism(&self, mechanism: MemoryMechanism) {
+        let mechanism = match mechanism {
+            MemoryMechanism::PageCounterFexit => "fexit",
+            MemoryMechanism::CounterSampler => "sampler",
+            MemoryMechanism::Unavailable => "polling",
+        };
+        self.memory_mechanism
+            .get_or_create(&MechanismLabels { mechanism })
+            .set(1);
+    }
+
+    /// Gauge `node_agent_threshold_met{eviction_signal,kind="hard"|"soft"}` 1/0.
+    pub fn set_threshold_met(&self, signal: Signal, hard: bool, met: bool) {
         let labels = ThresholdLabels {
-            signal: signal.to_owned(),
+            eviction_signal: signal.as_str(),
             kind: if hard { "hard" } else { "soft" },
         };
         self.threshold_met
@@ -43,13 +67,14 @@ impl Metrics {
             .set(i64::from(active));
     }
 
-    /// Counter `node_agent_evictions_total{signal,result}` (result: evicted, pdb_overridden,
-    /// dry_run, blocked_by_pdb, rate_limited, api_rate_limited, already_gone, refused, failed).
-    pub fn eviction(&self, signal: &str, result: &str) {
+    /// Counter `node_agent_evictions_total{eviction_signal,result}` (result: evicted,
+    /// pdb_overridden, dry_run, blocked_by_pdb, rate_limited, api_rate_limited, already_gone,
+    /// refused, failed).
+    pub fn eviction(&self, signal: Signal, result: EvictionResult) {
         self.evictions
             .get_or_create(&EvictionLabels {
-                signal: signal.to_owned(),
-                result: result.to_owned(),
+                eviction_signal: signal.as_str(),
+                result: result.as_str(),
             })
             .inc();
     }
@@ -80,6 +105,19 @@ impl Metrics {
     /// Counter `node_agent_ringbuf_lost_events_total` (add the delta).
     pub fn ring_lost(&self, delta: u64) {
         self.ringbuf_lost_events.inc_by(delta);
+    }
+
+    /// Counters `node_agent_ringbuf_sent_events_total` (the kernel's per-CPU `SENT`, summed)
+    /// and, when the sampler runs, `node_agent_memory_sampler_ticks_total` and
+    /// `node_agent_memory_sampler_busy_seconds_total`: totals since load, copied as they are.
+    pub fn set_kernel_counters(&self, sent: u64, sampler: Option<SamplerStats>) {
+        let k = &self.kernel_stats;
+        k.sent.store(sent, Ordering::Relaxed);
+        if let Some(stats) = sampler {
+            k.sampler_ticks.store(stats.ticks, Ordering::Relaxed);
+            k.sampler_busy_ns.store(stats.busy_ns, Ordering::Relaxed);
+        }
+        k.sampler.store(sampler.is_some(), Ordering::Relaxed);
     }
 
     /// Counter `node_agent_ringbuf_decode_errors_total`.
@@ -140,23 +178,24 @@ impl Metrics {
         }
     }
 
-    /// Gauge `node_agent_signal_unknown{signal}` 1/0.
-    pub fn set_signal_unknown(&self, signal: &str, unknown: bool) {
+    /// Gauge `node_agent_signal_unknown{eviction_signal}` 1/0.
+    pub fn set_signal_unknown(&self, signal: Signal, unknown: bool) {
         self.signal_unknown
             .get_or_create(&SignalLabels {
-                signal: signal.to_owned(),
+                eviction_signal: signal.as_str(),
             })
             .set(i64::from(unknown));
     }
 
-    /// Gauge `node_agent_no_evictable_pod{signal}`: 1 for `signal` (counted in
-    /// `node_agent_no_evictable_pod_events_total{signal}`), 0 for every other; `None`: all 0.
-    pub fn set_no_evictable_pod(&self, signal: Option<&str>) {
-        for s in node_agent_policy::Signal::ALL {
+    /// Gauge `node_agent_no_evictable_pod{eviction_signal}`: 1 for `signal` (counted in
+    /// `node_agent_no_evictable_pod_events_total{eviction_signal}`), 0 for every other;
+    /// `None`: all 0.
+    pub fn set_no_evictable_pod(&self, signal: Option<Signal>) {
+        for s in Signal::ALL {
             let labels = SignalLabels {
-                signal: s.as_str().to_owned(),
+                eviction_signal: s.as_str(),
             };
-            let on = signal == Some(s.as_str());
+            let on = signal == Some(s);
             self.no_evictable_pod
                 .get_or_create(&labels)
                 .set(i64::from(on));
