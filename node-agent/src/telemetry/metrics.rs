@@ -34,8 +34,9 @@ pub const DECISION_LATENCY_BUCKETS: [f64; 16] = [
 
 /// The signals the agent observes (`daemon::observe::Source::signals`): their counters exist
 /// from the start. A test holds the two lists together.
-pub const OBSERVED_SIGNALS: [Signal; 6] = [
+pub const OBSERVED_SIGNALS: [Signal; 7] = [
     Signal::MemoryAvailable,
+    Signal::AllocatableMemoryAvailable,
     Signal::NodeFsAvailable,
     Signal::NodeFsInodesFree,
     Signal::ImageFsAvailable,

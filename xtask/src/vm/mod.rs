@@ -66,7 +66,14 @@ const HOST_ONLY: &[(&str, &str)] = &[
         "image_container",
         "needs containerd, runc, buildah and the image build",
     ),
-    ("deploy_render", "needs kubectl and kubernetes-validate"),
+    (
+        "deploy_render",
+        "needs kubectl, kubernetes-validate and promtool",
+    ),
+    (
+        "metrics_promtool",
+        "needs promtool; checks text, not the kernel",
+    ),
 ];
 
 /// How the agent watches memory thresholds on a kernel (node-agent's `MemoryMechanism`).
