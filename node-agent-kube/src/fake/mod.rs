@@ -8,6 +8,7 @@
 
 mod reply;
 mod strict;
+mod taints;
 
 use std::{
     convert::Infallible,
@@ -31,6 +32,7 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 pub use reply::{Body, Reply};
+pub use taints::NodeStore;
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;

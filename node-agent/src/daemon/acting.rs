@@ -150,6 +150,12 @@ impl Acting {
                 pressure: !decision.conditions.is_empty(),
                 conditions: decision.conditions.clone(),
             });
+            // The taint follows the condition: on while it is True, off when it clears (after
+            // the transition period, as the policy decides it). Whether taints are wanted at
+            // all is the executor's setting, so a reload applies it with the next report.
+            plan.actions.push(Action::Taint {
+                conditions: decision.conditions.clone(),
+            });
             self.last_conditions = Some(decision.conditions.clone());
         }
         self.last_met = met;

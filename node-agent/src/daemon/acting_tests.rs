@@ -118,6 +118,9 @@ fn the_first_decision_reports_pressure_and_evicts() {
     assert!(
         matches!(&plan.actions[2], Action::Condition { pressure: true, conditions } if conditions == &[NodeCondition::MemoryPressure])
     );
+    assert!(
+        matches!(&plan.actions[3], Action::Taint { conditions } if conditions == &[NodeCondition::MemoryPressure])
+    );
     assert_eq!(
         (
             e.eviction.name.as_str(),
@@ -136,6 +139,51 @@ fn the_first_decision_reports_pressure_and_evicts() {
         "nothing new to report, one eviction in flight: {:?}",
         again.actions
     );
+}
+
+/// The taint follows the node condition as the policy decides it: on with the first condition,
+/// rewritten when the conditions change, off only when they clear (the policy keeps them for
+/// the transition period), and sent anew after a reload.
+#[test]
+fn the_taint_follows_the_condition_and_clears_with_it() {
+    let taints = |actions: &[Action]| -> Vec<Vec<NodeCondition>> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Taint { conditions } => Some(conditions.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let with = |conditions: Vec<NodeCondition>| Decision {
+        conditions,
+        evict: None,
+        ..decision(None)
+    };
+    let (mem, pid) = (NodeCondition::MemoryPressure, NodeCondition::PidPressure);
+    let mut acting = Acting::default();
+    let rows: Vec<(&str, Decision, Vec<Vec<NodeCondition>>)> = vec![
+        ("pressure: the taint comes", with(vec![mem]), vec![vec![mem]]),
+        ("unchanged: nothing sent", with(vec![mem]), vec![]),
+        ("another condition: rewritten", with(vec![mem, pid]), vec![vec![mem, pid]]),
+        ("threshold gone, conditions held (transition period): kept", Decision {
+            thresholds_met: vec![],
+            reclaim: None,
+            ..with(vec![mem, pid])
+        }, vec![]),
+        ("conditions cleared: the taint goes", Decision {
+            thresholds_met: vec![],
+            reclaim: None,
+            ..with(vec![])
+        }, vec![vec![]]),
+    ];
+    for (i, (what, decision, want)) in rows.into_iter().enumerate() {
+        let plan = acting.plan(&decision, &pods(), true, None, &cgroup, s(i as u64));
+        assert_eq!(taints(&plan.actions), want, "{what}");
+    }
+    acting.reset_reported();
+    let plan = acting.plan(&with(vec![]), &pods(), true, None, &cgroup, s(9));
+    assert_eq!(taints(&plan.actions), vec![Vec::<NodeCondition>::new()], "after a reload");
 }
 
 #[test]

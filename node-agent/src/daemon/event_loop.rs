@@ -170,15 +170,21 @@ impl super::Daemon {
                 self.telemetry
                     .metrics
                     .oom_kill(pod.as_ref().map(|(ns, _)| ns.as_str()).unwrap_or(""));
-                // Reported on the node as the kubelet does, naming the process and its pod.
-                self.act(vec![Action::NodeEvent(NodeEvent::OomKilling(
-                    node_agent_kube::events::OomKill {
-                        pid: kill.pid,
-                        comm: kill.comm,
-                        pod,
-                    },
-                ))])
-                .await;
+                // Reported on the node under the agent's own reason, naming the process and
+                // its pod, unless node-problem-detector is left to report kills.
+                let own_events = self.config.kubernetes.as_ref().is_none_or(|k| {
+                    k.node_oom_events == node_agent_kube::config::NodeOomEvents::Own
+                });
+                if own_events {
+                    self.act(vec![Action::NodeEvent(NodeEvent::OomKill(
+                        node_agent_kube::events::OomKill {
+                            pid: kill.pid,
+                            comm: kill.comm,
+                            pod,
+                        },
+                    ))])
+                    .await;
+                }
                 Some(Trigger {
                     name: "oom_kill",
                     ktime_ns,
@@ -234,6 +240,13 @@ impl super::Daemon {
                 if let Some(error) = error {
                     metrics.kube_error("node condition");
                     tracing::warn!(pressure, %error, "node condition not written");
+                }
+                false
+            }
+            Outcome::Taint { wanted, result } => {
+                if let Err(error) = result {
+                    metrics.kube_error("node taint");
+                    tracing::warn!(wanted, %error, "node taint not written");
                 }
                 false
             }

@@ -291,6 +291,7 @@ pub(super) fn executor_settings(
         evictions_per_minute,
         eviction_burst,
         eligibility: base_eligibility(config, overrides),
+        taint: config.kubernetes.as_ref().is_some_and(|k| k.taint),
     }
 }
 
