@@ -143,7 +143,7 @@ fn rbac_grants_exactly_the_intended_verbs() {
     let want: BTreeMap<(String, String), Vec<String>> = [
         ("", "pods", &["get", "list", "watch"][..]),
         ("", "pods/eviction", &["create"]),
-        ("", "nodes", &["get"]),
+        ("", "nodes", &["get", "patch"]),
         ("", "nodes/status", &["patch"]),
         ("", "nodes/stats", &["get"]),
         ("", "nodes/pods", &["get"]),
