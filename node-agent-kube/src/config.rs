@@ -447,6 +447,8 @@ mod tests {
         assert_eq!(c.pdb_policy, PdbPolicy::Respect);
         assert_eq!(c.kubelet_url(), "https://node-a:10250");
         assert!(!c.dry_run);
+        assert!(c.taint, "the pressure taint is on by default");
+        assert_eq!(c.node_oom_events, NodeOomEvents::Own);
     }
 
     #[test]
@@ -492,11 +494,14 @@ mod tests {
         for yaml in [
             "node_name: n\ndryrun: true",
             "node_name: n\npdb_policy: ignore",
+            "node_name: n\ntaint: maybe",
+            "node_name: n\nnode_oom_events: OOMKilling",
         ] {
-            assert!(matches!(
-                KubeConfig::from_yaml(yaml, None),
-                Err(ConfigError::Parse { .. })
-            ));
+            let result = KubeConfig::from_yaml(yaml, None);
+            assert!(matches!(result, Err(ConfigError::Parse { .. })), "{yaml}");
+            let field = yaml.lines().nth(1).unwrap().split(':').next().unwrap();
+            let err = result.unwrap_err().to_string();
+            assert!(err.contains(field), "{yaml:?}: the error names {field}: {err}");
         }
     }
 }

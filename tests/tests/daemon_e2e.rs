@@ -286,6 +286,14 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_with_the_decisions
             .metric("node_agent_evictions_total{signal=\"memory.available\",result=\"evicted\"}")?,
         Some(1.0)
     );
+    // While the agent reports pressure, its NoSchedule taint is on the node beside the other.
+    let tainted = serde_json::json!([
+        {"key": "dedicated", "value": "e2e", "effect": "NoSchedule"},
+        {"key": "node-agent.io/pressure", "value": "MemoryPressure", "effect": "NoSchedule"}
+    ]);
+    wait_until(wait(), "the pressure taint", || {
+        w.cluster().node.node()["spec"]["taints"] == tainted
+    })?;
     w.assert_nothing_refused();
     drop((trace, evictions_only));
     daemon.stop()
@@ -552,7 +560,7 @@ fn an_exclusion_added_by_reload_is_never_evicted() -> anyhow::Result<()> {
 }
 
 #[test]
-fn an_oom_kill_in_a_pod_is_reported_on_the_node_as_oomkilling() -> anyhow::Result<()> {
+fn an_oom_kill_in_a_pod_is_reported_on_the_node_under_the_agents_own_reason() -> anyhow::Result<()> {
     require_root();
     let w = World::new("e2e-oom", &[hog(), calm()])?;
     // The pod's own limit: the OOM killer acts inside the pod, not the agent.
@@ -563,17 +571,17 @@ fn an_oom_kill_in_a_pod_is_reported_on_the_node_as_oomkilling() -> anyhow::Resul
     move_into(w.dir_of("hog"), helper.pid())?;
     helper.go()?;
     helper.wait_killed(scaled(Duration::from_secs(20)))?;
-    wait_until(wait(), "the OOMKilling event", || {
+    wait_until(wait(), "the NodeAgentOOMKill event", || {
         w.cluster()
             .answered
             .iter()
-            .any(|a| a.body["reason"] == "OOMKilling")
+            .any(|a| a.body["reason"] == "NodeAgentOOMKill")
     })?;
     let event = w
         .cluster()
         .answered
         .iter()
-        .find(|a| a.body["reason"] == "OOMKilling")
+        .find(|a| a.body["reason"] == "NodeAgentOOMKill")
         .cloned()
         .unwrap();
     let note = event.body["note"].as_str().unwrap_or_default().to_string();

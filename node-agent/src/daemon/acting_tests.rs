@@ -17,7 +17,7 @@ use node_agent_policy::{
 };
 use proptest::prelude::*;
 
-use super::acting::{Acting, Note, Timing};
+use super::acting::{oom_kill_actions, Acting, Note, Timing};
 
 const TIMING: Timing = Timing {
     pass_over: Duration::from_secs(30),
@@ -139,6 +139,30 @@ fn the_first_decision_reports_pressure_and_evicts() {
         "nothing new to report, one eviction in flight: {:?}",
         again.actions
     );
+}
+
+#[test]
+fn oom_kills_are_reported_under_our_reason_or_not_at_all() {
+    let kill = node_agent_kube::events::OomKill {
+        pid: 7,
+        comm: "java".into(),
+        pod: None,
+    };
+    let kube = |yaml: &str| node_agent_kube::config::KubeConfig::from_yaml(yaml, Some("n1")).unwrap();
+    let rows = [
+        ("standalone", None, 1),
+        ("the default: our own reason", Some(kube("{}")), 1),
+        ("own", Some(kube("{node_oom_events: own}")), 1),
+        ("off: node-problem-detector reports kills", Some(kube("{node_oom_events: off}")), 0),
+    ];
+    for (what, config, n) in rows {
+        let actions = oom_kill_actions(config.as_ref(), kill.clone());
+        assert_eq!(actions.len(), n, "{what}");
+        for a in &actions {
+            let Action::NodeEvent(e) = a else { panic!("{what}: {a:?}") };
+            assert_eq!(e.reason(), "NodeAgentOOMKill", "{what}");
+        }
+    }
 }
 
 /// The taint follows the node condition as the policy decides it: on with the first condition,

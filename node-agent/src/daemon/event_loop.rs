@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use node_agent_kube::executor::{Action, NodeEvent, Outcome};
+use node_agent_kube::executor::{Action, Outcome};
 
 use super::{DaemonError, Trigger};
 use crate::{
@@ -170,21 +170,13 @@ impl super::Daemon {
                 self.telemetry
                     .metrics
                     .oom_kill(pod.as_ref().map(|(ns, _)| ns.as_str()).unwrap_or(""));
-                // Reported on the node under the agent's own reason, naming the process and
-                // its pod, unless node-problem-detector is left to report kills.
-                let own_events = self.config.kubernetes.as_ref().is_none_or(|k| {
-                    k.node_oom_events == node_agent_kube::config::NodeOomEvents::Own
-                });
-                if own_events {
-                    self.act(vec![Action::NodeEvent(NodeEvent::OomKill(
-                        node_agent_kube::events::OomKill {
-                            pid: kill.pid,
-                            comm: kill.comm,
-                            pod,
-                        },
-                    ))])
-                    .await;
-                }
+                let kill = node_agent_kube::events::OomKill {
+                    pid: kill.pid,
+                    comm: kill.comm,
+                    pod,
+                };
+                let actions = super::acting::oom_kill_actions(self.config.kubernetes.as_ref(), kill);
+                self.act(actions).await;
                 Some(Trigger {
                     name: "oom_kill",
                     ktime_ns,
