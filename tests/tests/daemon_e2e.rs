@@ -651,8 +651,25 @@ fn a_reload_is_taken_whole_or_refused_naming_what_is_wrong() -> anyhow::Result<(
             .unwrap_or(0.0)
             >= 2.0
     );
-    // A valid change is then taken.
-    w.reload(&mut daemon, "", "  pressure_poll_interval: 50ms\n")?;
+    // A valid change is then taken, and with it the kubelet's config file is read again: its
+    // threshold, met before the agent's 824Mi, is warned about, naming both.
+    let kubelet = w.dir.join("kubelet-config.yaml");
+    std::fs::write(
+        &kubelet,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard: {memory.available: 900Mi}\n",
+    )?;
+    let agent = format!(
+        "  pressure_poll_interval: 50ms\n  kubelet_config: '{}'\n",
+        kubelet.display()
+    );
+    w.reload(&mut daemon, "", &agent)?;
+    let warned = daemon.wait_log("beside the kubelet", wait())?;
+    assert!(
+        warned.contains(
+            "the kubelet's hard memory.available<900Mi is met before the agent's hard memory.available<824Mi"
+        ),
+        "{warned}"
+    );
     w.assert_nothing_refused();
     daemon.stop()
 }

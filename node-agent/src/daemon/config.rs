@@ -63,6 +63,9 @@ pub struct AgentSettings {
     pub nodefs_path: Option<PathBuf>,
     /// Filesystem of `imagefs.*` when the runtime keeps images on a dedicated one.
     pub imagefs_path: Option<PathBuf>,
+    /// The kubelet's own config file, read at start and on reload to warn when the kubelet
+    /// would evict before the agent; `null` skips the comparison. An absolute path.
+    pub kubelet_config: Option<PathBuf>,
     /// Slow re-evaluation that only guards against drift and missed events (Go duration).
     pub resync_interval: String,
     /// Re-evaluation while a memory trigger is armed or a threshold is met.
@@ -86,6 +89,7 @@ impl Default for AgentSettings {
             memory_capacity: None,
             nodefs_path: None,
             imagefs_path: None,
+            kubelet_config: Some(PathBuf::from(DEFAULT_KUBELET_CONFIG)),
             resync_interval: "10s".into(),
             pressure_poll_interval: "100ms".into(),
             pod_refresh_interval: "2s".into(),
@@ -106,6 +110,7 @@ pub struct Settings {
     pub memory_capacity: Option<i64>,
     pub nodefs_path: PathBuf,
     pub imagefs_path: Option<PathBuf>,
+    pub kubelet_config: Option<PathBuf>,
     pub resync_interval: Duration,
     pub pressure_poll_interval: Duration,
     pub pod_refresh_interval: Duration,
@@ -226,6 +231,9 @@ fn duration(field: &'static str, text: &str) -> Result<Duration, ConfigError> {
 
 /// The kubelet's root directory, the default `nodefs_path`.
 pub const DEFAULT_NODEFS: &str = "/var/lib/kubelet";
+/// Where kubeadm and most installers put the kubelet's config file, the default
+/// `kubelet_config`.
+pub const DEFAULT_KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
 
 /// A filesystem path the agent will statvfs: it must be a directory that exists now.
 fn existing_dir(field: &'static str, path: PathBuf) -> Result<PathBuf, ConfigError> {
@@ -272,6 +280,13 @@ fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
         .map(|p| existing_dir("imagefs_path", p))
         .transpose()?;
     checks::ring_bytes(a.ring_bytes)?;
+    // May be absent (a node without a kubelet, or one configured by flags): only said at start.
+    if let Some(p) = a.kubelet_config.as_ref().filter(|p| !p.is_absolute()) {
+        return Err(ConfigError::AgentField {
+            field: "kubelet_config",
+            problem: format!("{} is not an absolute path (or null to skip)", p.display()),
+        });
+    }
     Ok(Settings {
         dry_run: a.dry_run || o.dry_run,
         listen,
@@ -280,6 +295,7 @@ fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
         memory_capacity,
         nodefs_path,
         imagefs_path,
+        kubelet_config: a.kubelet_config,
         resync_interval: duration("resync_interval", &a.resync_interval)?,
         pressure_poll_interval: duration("pressure_poll_interval", &a.pressure_poll_interval)?,
         pod_refresh_interval: duration("pod_refresh_interval", &a.pod_refresh_interval)?,
@@ -359,6 +375,7 @@ mod tests {
                 "agent.nodefs_path",
             ),
             ("agent: {nodefs_path: relative/dir}", "agent.nodefs_path"),
+            ("agent: {kubelet_config: config.yaml}", "agent.kubelet_config"),
         ];
         for (text, needle) in cases {
             let err = AgentConfig::parse(text, &none).unwrap_err();

@@ -179,6 +179,7 @@ impl Daemon {
             nodefs = %node.nodefs.display(),
             "node-agent running"
         );
+        super::kubelet::warn_if_kubelet_acts_first(&config, &node);
         let tracked = tracker.refresh(&mut programs)?;
         metrics.set_tracked_cgroups(
             tracked.tracked as i64,
