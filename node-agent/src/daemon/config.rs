@@ -398,6 +398,15 @@ mod tests {
         let text = cm["data"]["config.yaml"]
             .as_str()
             .expect("data.config.yaml");
+        // The paths are the DaemonSet's host mounts (node-agent-kube/tests/deploy.rs checks
+        // that); this machine runs no kubelet, so existing directories stand in for them.
+        let stand_in = tempfile::tempdir().unwrap();
+        let dir = stand_in.path().display().to_string();
+        let text = text
+            .replace("nodefs_path: /var/lib/kubelet", &format!("nodefs_path: {dir}"))
+            .replace("imagefs_path: /var/lib/containerd", &format!("imagefs_path: {dir}"));
+        assert_eq!(text.matches(dir.as_str()).count(), 2, "both paths set: {text}");
+        let text = text.as_str();
         let o = Overrides {
             node_name: Some("worker-1".into()),
             ..Default::default()
@@ -409,6 +418,11 @@ mod tests {
             .expect("the DaemonSet talks to the cluster");
         assert_eq!(kube.node_name, "worker-1");
         assert!(!c.dry_run(), "the shipped config acts");
+        assert!(kube.taint, "the pressure taint is on");
+        assert_eq!(
+            c.settings.kubelet_config.as_deref(),
+            Some(std::path::Path::new(DEFAULT_KUBELET_CONFIG))
+        );
         assert!(c
             .eviction
             .thresholds()
