@@ -501,7 +501,10 @@ mod tests {
             assert!(matches!(result, Err(ConfigError::Parse { .. })), "{yaml}");
             let field = yaml.lines().nth(1).unwrap().split(':').next().unwrap();
             let err = result.unwrap_err().to_string();
-            assert!(err.contains(field), "{yaml:?}: the error names {field}: {err}");
+            assert!(
+                err.contains(field),
+                "{yaml:?}: the error names {field}: {err}"
+            );
         }
     }
 }

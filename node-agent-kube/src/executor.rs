@@ -50,7 +50,9 @@ pub enum Action {
     },
     /// The node's taint for these conditions (none while there are none), decided with the
     /// condition.
-    Taint { conditions: Vec<NodeCondition> },
+    Taint {
+        conditions: Vec<NodeCondition>,
+    },
 }
 
 /// The policy's decision, the pod it is about, and the kernel timestamp of what triggered it.
@@ -189,8 +191,13 @@ impl Executor {
         };
         let value = want.and_then(|t| t.value.as_deref()).unwrap_or("");
         if settings.dry_run {
-            tracing::info!(key = taint::TAINT_KEY, effect = taint::TAINT_EFFECT, value,
-                present = want.is_some(), "dry run: node taint not written");
+            tracing::info!(
+                key = taint::TAINT_KEY,
+                effect = taint::TAINT_EFFECT,
+                value,
+                present = want.is_some(),
+                "dry run: node taint not written"
+            );
             return Ok(None);
         }
         let change = taint::apply(ctx, want).await.map_err(|e| e.to_string())?;

@@ -174,16 +174,45 @@ mod tests {
         let ours_exec = taint(TAINT_KEY, "NoExecute", None);
         let mem = taint(TAINT_KEY, TAINT_EFFECT, Some("MemoryPressure"));
         let disk = taint(TAINT_KEY, TAINT_EFFECT, Some("DiskPressure"));
-        let rows: Vec<(&str, Vec<Taint>, Option<&Taint>, Option<(Vec<Taint>, TaintChange)>)> = vec![
+        /// (behaviour, the node's taints, ours wanted, the list to write and the change)
+        type Row<'a> = (
+            &'a str,
+            Vec<Taint>,
+            Option<&'a Taint>,
+            Option<(Vec<Taint>, TaintChange)>,
+        );
+        let rows: Vec<Row> = vec![
             ("nothing, none wanted", vec![other.clone()], None, None),
-            ("added after the others", vec![other.clone()], Some(&mem),
-                Some((vec![other.clone(), mem.clone()], TaintChange::Added))),
-            ("already there", vec![mem.clone(), other.clone()], Some(&mem), None),
-            ("value updated in place", vec![mem.clone(), other.clone()], Some(&disk),
-                Some((vec![disk.clone(), other.clone()], TaintChange::Updated))),
-            ("removed, the others kept", vec![other.clone(), mem.clone(), ours_exec.clone()], None,
-                Some((vec![other.clone(), ours_exec.clone()], TaintChange::Removed))),
-            ("our key with another effect is not ours", vec![ours_exec.clone()], None, None),
+            (
+                "added after the others",
+                vec![other.clone()],
+                Some(&mem),
+                Some((vec![other.clone(), mem.clone()], TaintChange::Added)),
+            ),
+            (
+                "already there",
+                vec![mem.clone(), other.clone()],
+                Some(&mem),
+                None,
+            ),
+            (
+                "value updated in place",
+                vec![mem.clone(), other.clone()],
+                Some(&disk),
+                Some((vec![disk.clone(), other.clone()], TaintChange::Updated)),
+            ),
+            (
+                "removed, the others kept",
+                vec![other.clone(), mem.clone(), ours_exec.clone()],
+                None,
+                Some((vec![other.clone(), ours_exec.clone()], TaintChange::Removed)),
+            ),
+            (
+                "our key with another effect is not ours",
+                vec![ours_exec.clone()],
+                None,
+                None,
+            ),
         ];
         for (what, current, want, expected) in rows {
             assert_eq!(next_taints(&current, want), expected, "{what}");

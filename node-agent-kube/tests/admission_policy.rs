@@ -344,7 +344,10 @@ fn the_policy_binds_the_agents_writes_to_its_node() {
     let uid = refused("pod's UID");
     let own_events = refused("events must come from its own node");
     let own_taint = refused("only its own taint");
-    let (ours, other) = (taint(TAINT_KEY, "NoSchedule"), taint("dedicated", "NoSchedule"));
+    let (ours, other) = (
+        taint(TAINT_KEY, "NoSchedule"),
+        taint("dedicated", "NoSchedule"),
+    );
     let same = |_: &mut Value| {};
 
     #[rustfmt::skip]

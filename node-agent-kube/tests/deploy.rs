@@ -229,7 +229,10 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
         .iter()
         .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()));
     // The image is a name kustomize's `images:` rewrites (deploy_render checks the result).
-    assert_eq!(pod.containers[0].image.as_deref(), Some("node-agent:latest"));
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        Some("node-agent:latest")
+    );
     assert_eq!(
         pod.priority_class_name.as_deref(),
         Some("system-node-critical")
@@ -338,10 +341,15 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     let config: serde_json::Value = serde_yaml_ng::from_str(text).unwrap();
     let mounted = |p: &serde_json::Value| {
         let p = p.as_str().unwrap_or_else(|| panic!("{p} set"));
-        mounts.values().any(|m| std::path::Path::new(p).starts_with(m))
+        mounts
+            .values()
+            .any(|m| std::path::Path::new(p).starts_with(m))
     };
     for field in ["nodefs_path", "imagefs_path", "kubelet_config"] {
-        assert!(mounted(&config["agent"][field]), "agent.{field} is inside a mount");
+        assert!(
+            mounted(&config["agent"][field]),
+            "agent.{field} is inside a mount"
+        );
     }
     let config_volume = pod
         .volumes

@@ -532,7 +532,10 @@ async fn node_events_name_the_node_and_the_killed_process() {
                 Some("Attempting to reclaim memory")
             )
         );
-        assert_eq!(seen[1].body["reason"], "NodeAgentOOMKill", "never node-problem-detector's OOMKilling");
+        assert_eq!(
+            seen[1].body["reason"], "NodeAgentOOMKill",
+            "never node-problem-detector's OOMKilling"
+        );
         assert_eq!(
             seen[1].body["note"],
             "Out of memory: killed process 4242 (java) in pod shop/web-7c9f8d6b5-x2x9q"

@@ -78,8 +78,14 @@ async fn start(store: &NodeStore, taint: bool, dry_run: bool) -> Running {
 }
 
 impl Running {
-    async fn taint(&mut self, conditions: Vec<NodeCondition>) -> Result<Option<TaintChange>, String> {
-        self.actions.send(Action::Taint { conditions }).await.unwrap();
+    async fn taint(
+        &mut self,
+        conditions: Vec<NodeCondition>,
+    ) -> Result<Option<TaintChange>, String> {
+        self.actions
+            .send(Action::Taint { conditions })
+            .await
+            .unwrap();
         match self.outcomes.recv().await.unwrap() {
             Outcome::Taint { result, .. } => result,
             other => panic!("not a taint outcome: {other:?}"),
@@ -107,13 +113,30 @@ async fn the_taint_comes_with_pressure_and_goes_with_the_condition_others_untouc
         let mut ex = start(&store, true, false).await;
         let before = store.node();
         let rows: Vec<(&str, Vec<NodeCondition>, TaintChange, Value)> = vec![
-            ("pressure: added after the others", vec![NodeCondition::MemoryPressure],
-                TaintChange::Added, with(others(), ours("MemoryPressure"))),
-            ("the same again: nothing sent", vec![NodeCondition::MemoryPressure],
-                TaintChange::Unchanged, with(others(), ours("MemoryPressure"))),
-            ("another condition: the value follows", vec![NodeCondition::MemoryPressure, NodeCondition::DiskPressure],
-                TaintChange::Updated, with(others(), ours("DiskPressure.MemoryPressure"))),
-            ("the condition cleared: removed", vec![], TaintChange::Removed, others()),
+            (
+                "pressure: added after the others",
+                vec![NodeCondition::MemoryPressure],
+                TaintChange::Added,
+                with(others(), ours("MemoryPressure")),
+            ),
+            (
+                "the same again: nothing sent",
+                vec![NodeCondition::MemoryPressure],
+                TaintChange::Unchanged,
+                with(others(), ours("MemoryPressure")),
+            ),
+            (
+                "another condition: the value follows",
+                vec![NodeCondition::MemoryPressure, NodeCondition::DiskPressure],
+                TaintChange::Updated,
+                with(others(), ours("DiskPressure.MemoryPressure")),
+            ),
+            (
+                "the condition cleared: removed",
+                vec![],
+                TaintChange::Removed,
+                others(),
+            ),
         ];
         for (what, conditions, change, taints) in rows {
             assert_eq!(ex.taint(conditions).await, Ok(Some(change)), "{what}");
@@ -126,14 +149,32 @@ async fn the_taint_comes_with_pressure_and_goes_with_the_condition_others_untouc
         after["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"].clone();
         assert_eq!(after, before);
         // Each change: a read, then a merge patch conditional on the version read.
-        let patches: Vec<Seen> = ex.fake.seen().into_iter().filter(|s| s.method == "PATCH").collect();
+        let patches: Vec<Seen> = ex
+            .fake
+            .seen()
+            .into_iter()
+            .filter(|s| s.method == "PATCH")
+            .collect();
         assert_eq!(patches.len(), 3);
         let path = format!("/api/v1/nodes/{NODE}");
         for p in &patches {
             assert_eq!(p.path, path);
-            assert_eq!(p.content_type.as_deref(), Some("application/merge-patch+json"));
-            assert_eq!(p.body.as_object().unwrap().len(), 2, "metadata and spec only: {}", p.body);
-            assert_eq!(p.body["spec"].as_object().unwrap().len(), 1, "spec.taints only: {}", p.body);
+            assert_eq!(
+                p.content_type.as_deref(),
+                Some("application/merge-patch+json")
+            );
+            assert_eq!(
+                p.body.as_object().unwrap().len(),
+                2,
+                "metadata and spec only: {}",
+                p.body
+            );
+            assert_eq!(
+                p.body["spec"].as_object().unwrap().len(),
+                1,
+                "spec.taints only: {}",
+                p.body
+            );
         }
         assert_eq!(patches[0].body["metadata"]["resourceVersion"], "100");
         let gets = ex.calls().iter().filter(|(m, _)| m == "GET").count();
@@ -153,21 +194,38 @@ async fn a_concurrent_change_is_read_again_and_kept() {
             move |s: &Seen, _| {
                 if s.method == "PATCH" && !std::mem::replace(&mut *raced.lock().unwrap(), true) {
                     store.change(|n| {
-                        n["spec"]["taints"].as_array_mut().unwrap().push(json!({"key": "maintenance", "effect": "NoSchedule"}));
+                        n["spec"]["taints"]
+                            .as_array_mut()
+                            .unwrap()
+                            .push(json!({"key": "maintenance", "effect": "NoSchedule"}));
                     });
                 }
-                store.answer(s).unwrap_or_else(|| Reply::status(404, "NotFound", "not found"))
+                store
+                    .answer(s)
+                    .unwrap_or_else(|| Reply::status(404, "NotFound", "not found"))
             }
         })
         .await;
         let ctx = fake.context("api server", 2, NODE);
         let want = node_agent_kube::taint::wanted(&[NodeCondition::PidPressure]);
-        let change = node_agent_kube::taint::apply(&ctx, want.as_ref()).await.unwrap();
+        let change = node_agent_kube::taint::apply(&ctx, want.as_ref())
+            .await
+            .unwrap();
         assert_eq!(change, TaintChange::Added);
         let statuses: Vec<(String, String)> = fake.calls();
-        assert_eq!(statuses.iter().filter(|(m, _)| m == "PATCH").count(), 2, "the first patch met 409: {statuses:?}");
+        assert_eq!(
+            statuses.iter().filter(|(m, _)| m == "PATCH").count(),
+            2,
+            "the first patch met 409: {statuses:?}"
+        );
         let taints = store.node()["spec"]["taints"].clone();
-        let want = with(with(others(), json!({"key": "maintenance", "effect": "NoSchedule"})), ours("PIDPressure"));
+        let want = with(
+            with(
+                others(),
+                json!({"key": "maintenance", "effect": "NoSchedule"}),
+            ),
+            ours("PIDPressure"),
+        );
         assert_eq!(taints, want, "the other controller's taint survives");
     })
     .await;
@@ -178,14 +236,24 @@ async fn dry_run_never_taints_and_sends_nothing() {
     bounded(async {
         let store = node(others());
         let mut ex = start(&store, true, true).await;
-        assert_eq!(ex.taint(vec![NodeCondition::MemoryPressure]).await, Ok(None));
+        assert_eq!(
+            ex.taint(vec![NodeCondition::MemoryPressure]).await,
+            Ok(None)
+        );
         assert!(ex.calls().is_empty(), "{:?}", ex.calls());
         // Dry run set by a reload holds for the next action.
         ex.settings.send_modify(|s| s.dry_run = false);
-        assert_eq!(ex.taint(vec![NodeCondition::MemoryPressure]).await, Ok(Some(TaintChange::Added)));
+        assert_eq!(
+            ex.taint(vec![NodeCondition::MemoryPressure]).await,
+            Ok(Some(TaintChange::Added))
+        );
         ex.settings.send_modify(|s| s.dry_run = true);
         assert_eq!(ex.taint(vec![]).await, Ok(None));
-        assert_eq!(store.node()["spec"]["taints"], with(others(), ours("MemoryPressure")), "dry run removes nothing either");
+        assert_eq!(
+            store.node()["spec"]["taints"],
+            with(others(), ours("MemoryPressure")),
+            "dry run removes nothing either"
+        );
     })
     .await;
 }
@@ -195,14 +263,27 @@ async fn turned_off_it_is_never_added_and_a_leftover_one_is_removed() {
     bounded(async {
         let store = node(others());
         let mut ex = start(&store, false, false).await;
-        assert_eq!(ex.taint(vec![NodeCondition::MemoryPressure]).await, Ok(Some(TaintChange::Unchanged)));
+        assert_eq!(
+            ex.taint(vec![NodeCondition::MemoryPressure]).await,
+            Ok(Some(TaintChange::Unchanged))
+        );
         assert_eq!(store.node()["spec"]["taints"], others());
-        assert!(ex.calls().iter().all(|(m, _)| m == "GET"), "{:?}", ex.calls());
+        assert!(
+            ex.calls().iter().all(|(m, _)| m == "GET"),
+            "{:?}",
+            ex.calls()
+        );
         // On by reload: added with the next report; off again: removed.
         ex.settings.send_modify(|s| s.taint = true);
-        assert_eq!(ex.taint(vec![NodeCondition::MemoryPressure]).await, Ok(Some(TaintChange::Added)));
+        assert_eq!(
+            ex.taint(vec![NodeCondition::MemoryPressure]).await,
+            Ok(Some(TaintChange::Added))
+        );
         ex.settings.send_modify(|s| s.taint = false);
-        assert_eq!(ex.taint(vec![NodeCondition::MemoryPressure]).await, Ok(Some(TaintChange::Removed)));
+        assert_eq!(
+            ex.taint(vec![NodeCondition::MemoryPressure]).await,
+            Ok(Some(TaintChange::Removed))
+        );
         assert_eq!(store.node()["spec"]["taints"], others());
     })
     .await;

@@ -33,7 +33,9 @@ pub struct Finding {
 fn value(v: &ThresholdValue) -> String {
     match v {
         ThresholdValue::Quantity(q) => q.to_string(),
-        ThresholdValue::Percentage(p) => format!("{}%", (f64::from(*p) * 100.0 * 1000.0).round() / 1000.0),
+        ThresholdValue::Percentage(p) => {
+            format!("{}%", (f64::from(*p) * 100.0 * 1000.0).round() / 1000.0)
+        }
     }
 }
 
@@ -118,12 +120,17 @@ pub fn kubelet_acts_first(
         let first = if compared.len() < ours.len() {
             None
         } else if let Some((a, _, _)) = compared.iter().find(|(_, x, y)| x > y) {
-            Some(KubeletFirst::LongerGrace { agent: (*a).clone() })
+            Some(KubeletFirst::LongerGrace {
+                agent: (*a).clone(),
+            })
         } else {
             // The nearest: the highest level among the agent's (all at or below the kubelet's).
             let (a, x, y) = compared
                 .iter()
-                .max_by(|p, q| p.1.total_cmp(&q.1).then(q.0.grace_period.cmp(&p.0.grace_period)))
+                .max_by(|p, q| {
+                    p.1.total_cmp(&q.1)
+                        .then(q.0.grace_period.cmp(&p.0.grace_period))
+                })
                 .expect("compared is not empty here");
             let agent = (*a).clone();
             Some(if x == y {
@@ -170,7 +177,15 @@ mod tests {
         let all_fs = "nodefs.available: 20%, nodefs.inodesFree: 10%, imagefs.available: 20%";
         let agent_mem = |m: &str| format!("{{evictionHard: {{memory.available: {m}, {all_fs}}}}}");
         let gib = 1i64 << 30;
-        let rows: Vec<(&str, String, &str, Option<i64>, Vec<(&str, &str)>)> = vec![
+        /// (behaviour, the agent's config, the kubelet's, the capacity, (signal, finding)s)
+        type Row<'a> = (
+            &'a str,
+            String,
+            &'a str,
+            Option<i64>,
+            Vec<(&'a str, &'a str)>,
+        );
+        let rows: Vec<Row> = vec![
             ("agent above the kubelet's defaults: nothing", agent_mem("200Mi"),
                 "{kind: KubeletConfiguration}", None, vec![]),
             ("kubelet's memory threshold higher: stricter", agent_mem("200Mi"),
@@ -208,7 +223,8 @@ mod tests {
         ];
         for (what, agent, kubelet, cap, want) in rows {
             let findings = kubelet_acts_first(&config(kubelet), &config(&agent), &|_| cap);
-            let want: Vec<(String, &str)> = want.into_iter().map(|(s, k)| (s.to_string(), k)).collect();
+            let want: Vec<(String, &str)> =
+                want.into_iter().map(|(s, k)| (s.to_string(), k)).collect();
             assert_eq!(kinds(&findings), want, "{what}: {findings:?}");
         }
     }

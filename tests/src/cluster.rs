@@ -149,19 +149,34 @@ pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send 
         let reply = match (seen.method.as_str(), path) {
             ("GET", "/pods") => {
                 s.pod_lists += 1;
-                return Reply::json(200, json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": s.pods}).to_string());
+                return Reply::json(
+                    200,
+                    json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": s.pods})
+                        .to_string(),
+                );
             }
             ("GET", "/stats/summary") => {
-                return Reply::json(200, json!({"node": {"nodeName": NODE}, "pods": []}).to_string())
+                return Reply::json(
+                    200,
+                    json!({"node": {"nodeName": NODE}, "pods": []}).to_string(),
+                )
             }
             ("GET", p) if p == format!("/api/v1/nodes/{NODE}") => {
-                return s.node.answer(seen).expect("the node store answers for its node")
+                return s
+                    .node
+                    .answer(seen)
+                    .expect("the node store answers for its node")
             }
-            ("PATCH", p) if p == format!("/api/v1/nodes/{NODE}") => {
-                s.node.answer(seen).expect("the node store answers for its node")
-            }
+            ("PATCH", p) if p == format!("/api/v1/nodes/{NODE}") => s
+                .node
+                .answer(seen)
+                .expect("the node store answers for its node"),
             ("PATCH", p) if p == format!("/api/v1/nodes/{NODE}/status") => {
-                return Reply::json(200, json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}}).to_string())
+                return Reply::json(
+                    200,
+                    json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}})
+                        .to_string(),
+                )
             }
             ("POST", p) if p.ends_with("/eviction") => {
                 let name = p.rsplit('/').nth(1).unwrap_or("").to_string();

@@ -560,7 +560,8 @@ fn an_exclusion_added_by_reload_is_never_evicted() -> anyhow::Result<()> {
 }
 
 #[test]
-fn an_oom_kill_in_a_pod_is_reported_on_the_node_under_the_agents_own_reason() -> anyhow::Result<()> {
+fn an_oom_kill_in_a_pod_is_reported_on_the_node_under_the_agents_own_reason() -> anyhow::Result<()>
+{
     require_root();
     let w = World::new("e2e-oom", &[hog(), calm()])?;
     // The pod's own limit: the OOM killer acts inside the pod, not the agent.

@@ -32,8 +32,8 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 pub use reply::{Body, Reply};
-pub use taints::NodeStore;
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+pub use taints::NodeStore;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 

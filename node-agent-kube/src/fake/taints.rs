@@ -84,16 +84,25 @@ pub fn taint_problems(taints: &Value) -> Vec<(String, String)> {
             continue;
         }
         if !key.is_some_and(qualified_name) {
-            causes.push((at(".key"), format!("Invalid value: {:?}: a qualified name", t["key"])));
+            causes.push((
+                at(".key"),
+                format!("Invalid value: {:?}: a qualified name", t["key"]),
+            ));
         }
         if !t["value"].is_null() && !t["value"].as_str().is_some_and(label_value) {
-            causes.push((at(".value"), format!("Invalid value: {:?}: a label value", t["value"])));
+            causes.push((
+                at(".value"),
+                format!("Invalid value: {:?}: a label value", t["value"]),
+            ));
         }
         if !effect.is_some_and(|e| EFFECTS.contains(&e)) {
             causes.push((at(".effect"), format!("Unsupported value: {:?}: supported values: \"NoExecute\", \"NoSchedule\", \"PreferNoSchedule\"", t["effect"])));
         }
         if seen.contains(&(key, effect)) {
-            causes.push((at(""), "Duplicate value: taints must be unique by key and effect pair".into()));
+            causes.push((
+                at(""),
+                "Duplicate value: taints must be unique by key and effect pair".into(),
+            ));
         }
         seen.push((key, effect));
     }
@@ -209,7 +218,11 @@ impl NodeStore {
                 if !media.starts_with("application/merge-patch+json")
                     && !media.starts_with("application/strategic-merge-patch+json")
                 {
-                    return Some(Reply::status(500, "InternalError", "the fake's NodeStore applies merge patches only"));
+                    return Some(Reply::status(
+                        500,
+                        "InternalError",
+                        "the fake's NodeStore applies merge patches only",
+                    ));
                 }
                 let wanted = seen.body.pointer("/metadata/resourceVersion");
                 if wanted.is_some_and(|v| Some(v) != node.pointer("/metadata/resourceVersion")) {
@@ -230,7 +243,10 @@ impl NodeStore {
     }
 
     fn name_of(&self, node: &Value) -> String {
-        node["metadata"]["name"].as_str().unwrap_or_default().to_string()
+        node["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
 }
 
@@ -250,18 +266,47 @@ mod tests {
     #[test]
     fn taints_are_validated_as_the_api_server_does() {
         let rows = [
-            ("valid", json!([{"key": "node-agent.io/pressure", "effect": "NoSchedule", "value": "MemoryPressure"}]), 0),
+            (
+                "valid",
+                json!([{"key": "node-agent.io/pressure", "effect": "NoSchedule", "value": "MemoryPressure"}]),
+                0,
+            ),
             ("null list", Value::Null, 0),
             ("not a list", json!({"key": "a"}), 1),
             ("no key", json!([{"effect": "NoSchedule"}]), 1),
-            ("bad key", json!([{"key": "Bad_Prefix/x", "effect": "NoSchedule"}]), 1),
-            ("bad effect", json!([{"key": "a", "effect": "NoScheduling"}]), 1),
-            ("bad value", json!([{"key": "a", "effect": "NoSchedule", "value": "a b"}]), 1),
-            ("duplicate key and effect", json!([{"key": "a", "effect": "NoSchedule"}, {"key": "a", "effect": "NoSchedule", "value": "x"}]), 1),
-            ("same key, other effect", json!([{"key": "a", "effect": "NoSchedule"}, {"key": "a", "effect": "NoExecute"}]), 0),
+            (
+                "bad key",
+                json!([{"key": "Bad_Prefix/x", "effect": "NoSchedule"}]),
+                1,
+            ),
+            (
+                "bad effect",
+                json!([{"key": "a", "effect": "NoScheduling"}]),
+                1,
+            ),
+            (
+                "bad value",
+                json!([{"key": "a", "effect": "NoSchedule", "value": "a b"}]),
+                1,
+            ),
+            (
+                "duplicate key and effect",
+                json!([{"key": "a", "effect": "NoSchedule"}, {"key": "a", "effect": "NoSchedule", "value": "x"}]),
+                1,
+            ),
+            (
+                "same key, other effect",
+                json!([{"key": "a", "effect": "NoSchedule"}, {"key": "a", "effect": "NoExecute"}]),
+                0,
+            ),
         ];
         for (what, taints, problems) in rows {
-            assert_eq!(taint_problems(&taints).len(), problems, "{what}: {:?}", taint_problems(&taints));
+            assert_eq!(
+                taint_problems(&taints).len(),
+                problems,
+                "{what}: {:?}",
+                taint_problems(&taints)
+            );
         }
     }
 

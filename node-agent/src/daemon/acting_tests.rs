@@ -148,18 +148,25 @@ fn oom_kills_are_reported_under_our_reason_or_not_at_all() {
         comm: "java".into(),
         pod: None,
     };
-    let kube = |yaml: &str| node_agent_kube::config::KubeConfig::from_yaml(yaml, Some("n1")).unwrap();
+    let kube =
+        |yaml: &str| node_agent_kube::config::KubeConfig::from_yaml(yaml, Some("n1")).unwrap();
     let rows = [
         ("standalone", None, 1),
         ("the default: our own reason", Some(kube("{}")), 1),
         ("own", Some(kube("{node_oom_events: own}")), 1),
-        ("off: node-problem-detector reports kills", Some(kube("{node_oom_events: off}")), 0),
+        (
+            "off: node-problem-detector reports kills",
+            Some(kube("{node_oom_events: off}")),
+            0,
+        ),
     ];
     for (what, config, n) in rows {
         let actions = oom_kill_actions(config.as_ref(), kill.clone());
         assert_eq!(actions.len(), n, "{what}");
         for a in &actions {
-            let Action::NodeEvent(e) = a else { panic!("{what}: {a:?}") };
+            let Action::NodeEvent(e) = a else {
+                panic!("{what}: {a:?}")
+            };
             assert_eq!(e.reason(), "NodeAgentOOMKill", "{what}");
         }
     }
@@ -187,19 +194,35 @@ fn the_taint_follows_the_condition_and_clears_with_it() {
     let (mem, pid) = (NodeCondition::MemoryPressure, NodeCondition::PidPressure);
     let mut acting = Acting::default();
     let rows: Vec<(&str, Decision, Vec<Vec<NodeCondition>>)> = vec![
-        ("pressure: the taint comes", with(vec![mem]), vec![vec![mem]]),
+        (
+            "pressure: the taint comes",
+            with(vec![mem]),
+            vec![vec![mem]],
+        ),
         ("unchanged: nothing sent", with(vec![mem]), vec![]),
-        ("another condition: rewritten", with(vec![mem, pid]), vec![vec![mem, pid]]),
-        ("threshold gone, conditions held (transition period): kept", Decision {
-            thresholds_met: vec![],
-            reclaim: None,
-            ..with(vec![mem, pid])
-        }, vec![]),
-        ("conditions cleared: the taint goes", Decision {
-            thresholds_met: vec![],
-            reclaim: None,
-            ..with(vec![])
-        }, vec![vec![]]),
+        (
+            "another condition: rewritten",
+            with(vec![mem, pid]),
+            vec![vec![mem, pid]],
+        ),
+        (
+            "threshold gone, conditions held (transition period): kept",
+            Decision {
+                thresholds_met: vec![],
+                reclaim: None,
+                ..with(vec![mem, pid])
+            },
+            vec![],
+        ),
+        (
+            "conditions cleared: the taint goes",
+            Decision {
+                thresholds_met: vec![],
+                reclaim: None,
+                ..with(vec![])
+            },
+            vec![vec![]],
+        ),
     ];
     for (i, (what, decision, want)) in rows.into_iter().enumerate() {
         let plan = acting.plan(&decision, &pods(), true, None, &cgroup, s(i as u64));
@@ -207,7 +230,11 @@ fn the_taint_follows_the_condition_and_clears_with_it() {
     }
     acting.reset_reported();
     let plan = acting.plan(&with(vec![]), &pods(), true, None, &cgroup, s(9));
-    assert_eq!(taints(&plan.actions), vec![Vec::<NodeCondition>::new()], "after a reload");
+    assert_eq!(
+        taints(&plan.actions),
+        vec![Vec::<NodeCondition>::new()],
+        "after a reload"
+    );
 }
 
 #[test]

@@ -375,7 +375,10 @@ mod tests {
                 "agent.nodefs_path",
             ),
             ("agent: {nodefs_path: relative/dir}", "agent.nodefs_path"),
-            ("agent: {kubelet_config: config.yaml}", "agent.kubelet_config"),
+            (
+                "agent: {kubelet_config: config.yaml}",
+                "agent.kubelet_config",
+            ),
         ];
         for (text, needle) in cases {
             let err = AgentConfig::parse(text, &none).unwrap_err();
@@ -403,9 +406,19 @@ mod tests {
         let stand_in = tempfile::tempdir().unwrap();
         let dir = stand_in.path().display().to_string();
         let text = text
-            .replace("nodefs_path: /var/lib/kubelet", &format!("nodefs_path: {dir}"))
-            .replace("imagefs_path: /var/lib/containerd", &format!("imagefs_path: {dir}"));
-        assert_eq!(text.matches(dir.as_str()).count(), 2, "both paths set: {text}");
+            .replace(
+                "nodefs_path: /var/lib/kubelet",
+                &format!("nodefs_path: {dir}"),
+            )
+            .replace(
+                "imagefs_path: /var/lib/containerd",
+                &format!("imagefs_path: {dir}"),
+            );
+        assert_eq!(
+            text.matches(dir.as_str()).count(),
+            2,
+            "both paths set: {text}"
+        );
         let text = text.as_str();
         let o = Overrides {
             node_name: Some("worker-1".into()),

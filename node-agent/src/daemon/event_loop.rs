@@ -175,7 +175,8 @@ impl super::Daemon {
                     comm: kill.comm,
                     pod,
                 };
-                let actions = super::acting::oom_kill_actions(self.config.kubernetes.as_ref(), kill);
+                let actions =
+                    super::acting::oom_kill_actions(self.config.kubernetes.as_ref(), kill);
                 self.act(actions).await;
                 Some(Trigger {
                     name: "oom_kill",

@@ -67,7 +67,10 @@ pub fn warn_if_kubelet_acts_first(config: &AgentConfig, node: &NodeSources) {
         tracing::warn!(file, signal = %f.kubelet.signal, "beside the kubelet: {f}");
     }
     if findings.is_empty() {
-        tracing::info!(file, "beside the kubelet: every kubelet eviction threshold is met after one of the agent's");
+        tracing::info!(
+            file,
+            "beside the kubelet: every kubelet eviction threshold is met after one of the agent's"
+        );
     }
 }
 
@@ -81,13 +84,26 @@ mod tests {
         let good = dir.path().join("config.yaml");
         std::fs::write(&good, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard: {memory.available: 500Mi}\nimageGCHighThresholdPercent: 85\n").unwrap();
         let bad = dir.path().join("bad.yaml");
-        std::fs::write(&bad, "kind: KubeletConfiguration\nevictionHard: {memory.available: lots}\n").unwrap();
+        std::fs::write(
+            &bad,
+            "kind: KubeletConfiguration\nevictionHard: {memory.available: lots}\n",
+        )
+        .unwrap();
         assert!(matches!(read(None), KubeletConfig::NotSet));
-        assert!(matches!(read(Some(&dir.path().join("absent"))), KubeletConfig::Missing));
-        let KubeletConfig::Unreadable(why) = read(Some(&bad)) else { panic!("bad parsed") };
+        assert!(matches!(
+            read(Some(&dir.path().join("absent"))),
+            KubeletConfig::Missing
+        ));
+        let KubeletConfig::Unreadable(why) = read(Some(&bad)) else {
+            panic!("bad parsed")
+        };
         assert!(why.contains("evictionHard"), "{why}");
-        let KubeletConfig::Unreadable(_) = read(Some(dir.path())) else { panic!("a directory read") };
-        let KubeletConfig::Read(c) = read(Some(&good)) else { panic!("good not read") };
+        let KubeletConfig::Unreadable(_) = read(Some(dir.path())) else {
+            panic!("a directory read")
+        };
+        let KubeletConfig::Read(c) = read(Some(&good)) else {
+            panic!("good not read")
+        };
         // Its memory threshold (and the allocatable one the kubelet derives from it); the
         // other kubelet fields are ignored, the kubelet's defaults not added.
         let signals: Vec<&str> = c.thresholds().iter().map(|t| t.signal.as_str()).collect();

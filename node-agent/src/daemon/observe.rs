@@ -345,7 +345,10 @@ mod tests {
     fn an_imagefs_on_the_nodefs_filesystem_is_read_but_not_dedicated() {
         let layout = crate::cgroup::detect().expect("cgroups");
         // "/" against itself is one filesystem; /proc is always another.
-        let rows = [("the same filesystem", "/", false), ("another filesystem", "/proc", true)];
+        let rows = [
+            ("the same filesystem", "/", false),
+            ("another filesystem", "/proc", true),
+        ];
         for (what, imagefs, dedicated) in rows {
             let src = NodeSources {
                 node_dir: layout.memory.mount().to_path_buf(),
@@ -358,7 +361,10 @@ mod tests {
             let r = read_node(&src);
             assert_eq!(r.capacity.has_imagefs, dedicated, "{what}");
             assert!(r.failed.is_empty(), "{what}: {:?}", r.failed);
-            assert!(r.observations.contains_key(&Signal::ImageFsAvailable), "{what}: still observed");
+            assert!(
+                r.observations.contains_key(&Signal::ImageFsAvailable),
+                "{what}: still observed"
+            );
         }
     }
 
