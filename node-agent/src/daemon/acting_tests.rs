@@ -500,3 +500,59 @@ proptest! {
         }
     }
 }
+
+/// With the policy itself: the taint comes when the threshold is met and goes only once the
+/// condition clears, `evictionPressureTransitionPeriod` after the threshold was last seen met
+/// (the kubelet's `nodeConditionsLastObservedAt`).
+#[test]
+fn the_taint_goes_after_the_transition_period_with_the_real_policy() {
+    use node_agent_policy::{evaluate, EvictionConfig, NodeCapacity, Observation, PolicyState};
+    let config = EvictionConfig::from_kubelet_yaml(
+        "{evictionHard: {memory.available: 100Mi}, evictionPressureTransitionPeriod: 5m}",
+    )
+    .unwrap();
+    let node = NodeCapacity {
+        memory_bytes: Some(4 << 30),
+        ..NodeCapacity::default()
+    };
+    let mib = 1i64 << 20;
+    let mut state = PolicyState::default();
+    let mut acting = Acting::default();
+    let taint = |actions: &[Action]| {
+        actions.iter().find_map(|a| match a {
+            Action::Taint { conditions } => Some(conditions.clone()),
+            _ => None,
+        })
+    };
+    let rows: Vec<(&str, u64, i64, Option<Vec<NodeCondition>>)> = vec![
+        (
+            "met: the taint comes",
+            0,
+            50,
+            Some(vec![NodeCondition::MemoryPressure]),
+        ),
+        ("met again: kept", 20, 50, None),
+        ("recovered, within the period: kept", 30, 1024, None),
+        ("just before the period ends: kept", 20 + 299, 1024, None),
+        (
+            "the period over: the taint goes",
+            20 + 300,
+            1024,
+            Some(vec![]),
+        ),
+    ];
+    for (what, at, available_mib, want) in rows {
+        let observations = [(
+            Signal::MemoryAvailable,
+            Observation {
+                available: available_mib * mib,
+                capacity: 4 << 30,
+            },
+        )]
+        .into();
+        let (decision, next) = evaluate(&config, &node, &observations, &[], s(at), &state);
+        state = next;
+        let plan = acting.plan(&decision, &[], true, None, &cgroup, s(at));
+        assert_eq!(taint(&plan.actions), want, "{what}");
+    }
+}
