@@ -1,6 +1,7 @@
 //! The one executor: everything that changes the cluster — evictions, events, the node
-//! condition and the node's pressure taint — leaves from this task, in the order the loop decided it, paced by one token
-//! bucket; every outcome goes back to the loop as data, so the next decision can use it.
+//! condition and the node's pressure taint — leaves from this task, in the order the loop
+//! decided it, paced by one token bucket; every outcome goes back to the loop as data, so the
+//! next decision can use it.
 //!
 //! Its settings come through a `watch` channel and are read again before every request, so a
 //! reload to dry run holds from that moment, between the retries of a request too.
@@ -200,7 +201,13 @@ impl Executor {
             );
             return Ok(None);
         }
-        let change = taint::apply(ctx, want).await.map_err(|e| e.to_string())?;
+        let dry_run = || self.settings.borrow().dry_run;
+        let Some(change) = taint::apply(ctx, want, &dry_run)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
         if change != TaintChange::Unchanged {
             tracing::info!(key = taint::TAINT_KEY, effect = taint::TAINT_EFFECT, value, ?change, node = %ctx.node,
                 "node taint written");

@@ -102,8 +102,12 @@ pub fn taints_patch(resource_version: &str, taints: &[Taint]) -> serde_json::Val
 }
 
 /// Makes the node's taint as `want` says (`None`: no taint of ours), by read-modify-write.
-/// The caller decides about dry run: this always acts.
-pub async fn apply(ctx: &Context, want: Option<&Taint>) -> Result<TaintChange, TaintError> {
+/// `dry_run` is asked before every write: once it holds, nothing more is sent (`Ok(None)`).
+pub async fn apply(
+    ctx: &Context,
+    want: Option<&Taint>,
+    dry_run: &(dyn Fn() -> bool + Sync),
+) -> Result<Option<TaintChange>, TaintError> {
     let path = format!("/api/v1/nodes/{}", ctx.node);
     for _ in 0..CONFLICT_ATTEMPTS {
         let get = ApiRequest::get(path.clone());
@@ -116,8 +120,11 @@ pub async fn apply(ctx: &Context, want: Option<&Taint>) -> Result<TaintChange, T
             .await?;
         let current = node.spec.and_then(|s| s.taints).unwrap_or_default();
         let Some((next, change)) = next_taints(&current, want) else {
-            return Ok(TaintChange::Unchanged);
+            return Ok(Some(TaintChange::Unchanged));
         };
+        if dry_run() {
+            return Ok(None);
+        }
         let version = node.metadata.resource_version.unwrap_or_default();
         let patch = ApiRequest::with_json(
             Method::PATCH,
@@ -132,7 +139,7 @@ pub async fn apply(ctx: &Context, want: Option<&Taint>) -> Result<TaintChange, T
             })
             .await;
         match sent {
-            Ok(_) => return Ok(change),
+            Ok(_) => return Ok(Some(change)),
             Err(e) if e.code() == Some(409) => {
                 tracing::info!(node = %ctx.node, "node changed while its taint was written; reading it again");
             }

@@ -208,10 +208,20 @@ async fn a_concurrent_change_is_read_again_and_kept() {
         .await;
         let ctx = fake.context("api server", 2, NODE);
         let want = node_agent_kube::taint::wanted(&[NodeCondition::PidPressure]);
-        let change = node_agent_kube::taint::apply(&ctx, want.as_ref())
+        let change = node_agent_kube::taint::apply(&ctx, want.as_ref(), &|| false)
             .await
             .unwrap();
-        assert_eq!(change, TaintChange::Added);
+        assert_eq!(change, Some(TaintChange::Added));
+        // Dry run set meanwhile: the node is read, nothing is written.
+        let before = fake.calls().len();
+        let none = node_agent_kube::taint::apply(&ctx, None, &|| true)
+            .await
+            .unwrap();
+        assert_eq!(none, None);
+        assert_eq!(
+            fake.calls()[before..],
+            [("GET".to_string(), format!("/api/v1/nodes/{NODE}"))]
+        );
         let statuses: Vec<(String, String)> = fake.calls();
         assert_eq!(
             statuses.iter().filter(|(m, _)| m == "PATCH").count(),
