@@ -43,6 +43,12 @@ pub struct KubeConfig {
     pub exclusions: Exclusions,
     /// Decide and report everything, change nothing in the cluster.
     pub dry_run: bool,
+    /// Keep a `NoSchedule` taint (`node-agent.io/pressure`) on the node while the agent
+    /// reports pressure, so no new pod is scheduled onto it. Off: never added, and one left
+    /// from before is removed.
+    pub taint: bool,
+    /// The node event for a kernel OOM kill.
+    pub node_oom_events: NodeOomEvents,
 }
 
 impl Default for KubeConfig {
@@ -66,8 +72,21 @@ impl Default for KubeConfig {
             staleness_bound_seconds: 30,
             exclusions: Exclusions::default(),
             dry_run: false,
+            taint: true,
+            node_oom_events: NodeOomEvents::Own,
         }
     }
+}
+
+/// Whether the agent posts a node event for each kernel OOM kill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeOomEvents {
+    /// Under the agent's own reason, `NodeAgentOOMKill` (never node-problem-detector's
+    /// `OOMKilling`, so nothing keyed on that reason sees a kill twice).
+    Own,
+    /// None: node-problem-detector (or nothing) reports OOM kills on this node.
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -428,6 +447,8 @@ mod tests {
         assert_eq!(c.pdb_policy, PdbPolicy::Respect);
         assert_eq!(c.kubelet_url(), "https://node-a:10250");
         assert!(!c.dry_run);
+        assert!(c.taint, "the pressure taint is on by default");
+        assert_eq!(c.node_oom_events, NodeOomEvents::Own);
     }
 
     #[test]
@@ -473,11 +494,17 @@ mod tests {
         for yaml in [
             "node_name: n\ndryrun: true",
             "node_name: n\npdb_policy: ignore",
+            "node_name: n\ntaint: maybe",
+            "node_name: n\nnode_oom_events: OOMKilling",
         ] {
-            assert!(matches!(
-                KubeConfig::from_yaml(yaml, None),
-                Err(ConfigError::Parse { .. })
-            ));
+            let result = KubeConfig::from_yaml(yaml, None);
+            assert!(matches!(result, Err(ConfigError::Parse { .. })), "{yaml}");
+            let field = yaml.lines().nth(1).unwrap().split(':').next().unwrap();
+            let err = result.unwrap_err().to_string();
+            assert!(
+                err.contains(field),
+                "{yaml:?}: the error names {field}: {err}"
+            );
         }
     }
 }

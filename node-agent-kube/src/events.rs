@@ -1,5 +1,5 @@
 //! `events.k8s.io/v1` events: what happened, on the pod (`Evicted`) or the node
-//! (`EvictionThresholdMet`, `OOMKilling`), worded as the kubelet words them.
+//! (`EvictionThresholdMet`, [`OOM_KILL_REASON`]), worded as the kubelet words them.
 //!
 //! The `build_*` functions are pure; [`post`] sends what they build.
 
@@ -116,11 +116,16 @@ pub fn build_threshold_met(node: &str, starved_resource: &str, now: SystemTime) 
     e
 }
 
-/// `OOMKilling` on the node, naming the killed process and its pod.
-pub fn build_oom_killing(node: &str, kill: &OomKill, now: SystemTime) -> Event {
+/// The reason of the agent's node event for a kernel OOM kill: its own, so that it never
+/// duplicates node-problem-detector's `OOMKilling` (which reads the same kill from the kernel
+/// log) in alerts and dashboards keyed on that reason.
+pub const OOM_KILL_REASON: &str = "NodeAgentOOMKill";
+
+/// [`OOM_KILL_REASON`] on the node, naming the killed process and its pod.
+pub fn build_oom_kill(node: &str, kill: &OomKill, now: SystemTime) -> Event {
     let mut e = base(NODE_EVENT_NAMESPACE, node, node, now, node_ref(node));
     e.action = Some("OOMKilling".into());
-    e.reason = Some("OOMKilling".into());
+    e.reason = Some(OOM_KILL_REASON.into());
     let pod = match &kill.pod {
         Some((ns, name)) => format!(" in pod {ns}/{name}"),
         None => String::new(),

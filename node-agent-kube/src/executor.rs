@@ -1,6 +1,7 @@
 //! The one executor: everything that changes the cluster — evictions, events, the node
-//! condition — leaves from this task, in the order the loop decided it, paced by one token
-//! bucket; every outcome goes back to the loop as data, so the next decision can use it.
+//! condition and the node's pressure taint — leaves from this task, in the order the loop
+//! decided it, paced by one token bucket; every outcome goes back to the loop as data, so the
+//! next decision can use it.
 //!
 //! Its settings come through a `watch` channel and are read again before every request, so a
 //! reload to dry run holds from that moment, between the retries of a request too.
@@ -17,6 +18,7 @@ use crate::{
     events::{self, OomKill},
     evict::{self, Attempt, EvictionResult},
     pacing::TokenBucket,
+    taint::{self, TaintChange},
 };
 
 /// What the executor acts on; replaced whole by a reload.
@@ -32,6 +34,9 @@ pub struct Settings {
     pub eviction_burst: u32,
     /// The agent's own pod and the exclusions: the last check before any request.
     pub eligibility: Eligibility,
+    /// Keep the agent's `NoSchedule` taint on the node while it reports pressure. Off: the
+    /// taint is never added, and one left from before is removed.
+    pub taint: bool,
 }
 
 /// One thing to do in the cluster.
@@ -42,6 +47,11 @@ pub enum Action {
     /// The agent's node condition, with the conditions it stands for.
     Condition {
         pressure: bool,
+        conditions: Vec<NodeCondition>,
+    },
+    /// The node's taint for these conditions (none while there are none), decided with the
+    /// condition.
+    Taint {
         conditions: Vec<NodeCondition>,
     },
 }
@@ -58,15 +68,15 @@ pub struct Evict {
 pub enum NodeEvent {
     /// `EvictionThresholdMet`: a threshold on this resource is newly met.
     ThresholdMet(Resource),
-    /// `OOMKilling`: the kernel's OOM killer chose a process.
-    OomKilling(OomKill),
+    /// [`events::OOM_KILL_REASON`]: the kernel's OOM killer chose a process.
+    OomKill(OomKill),
 }
 
 impl NodeEvent {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::ThresholdMet(_) => "EvictionThresholdMet",
-            Self::OomKilling(_) => "OOMKilling",
+            Self::OomKill(_) => events::OOM_KILL_REASON,
         }
     }
 }
@@ -82,6 +92,11 @@ pub enum Outcome {
     Condition {
         pressure: bool,
         error: Option<String>,
+    },
+    /// What the taint action did: `Ok(None)` when nothing was sent (dry run, no cluster).
+    Taint {
+        wanted: bool,
+        result: Result<Option<TaintChange>, String>,
     },
 }
 
@@ -155,7 +170,49 @@ impl Executor {
                 let error = self.condition(&settings, pressure, &conditions).await;
                 Outcome::Condition { pressure, error }
             }
+            Action::Taint { conditions } => {
+                let want = taint::wanted(&conditions).filter(|_| settings.taint);
+                let result = self.taint(&settings, want.as_ref()).await;
+                Outcome::Taint {
+                    wanted: want.is_some(),
+                    result,
+                }
+            }
         }
+    }
+
+    /// Writes the node's taint; in dry run (or standalone) only says what it would do.
+    async fn taint(
+        &mut self,
+        settings: &Settings,
+        want: Option<&k8s_openapi::api::core::v1::Taint>,
+    ) -> Result<Option<TaintChange>, String> {
+        let Some(ctx) = settings.cluster.as_ref() else {
+            return Ok(None);
+        };
+        let value = want.and_then(|t| t.value.as_deref()).unwrap_or("");
+        if settings.dry_run {
+            tracing::info!(
+                key = taint::TAINT_KEY,
+                effect = taint::TAINT_EFFECT,
+                value,
+                present = want.is_some(),
+                "dry run: node taint not written"
+            );
+            return Ok(None);
+        }
+        let dry_run = || self.settings.borrow().dry_run;
+        let Some(change) = taint::apply(ctx, want, &dry_run)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        if change != TaintChange::Unchanged {
+            tracing::info!(key = taint::TAINT_KEY, effect = taint::TAINT_EFFECT, value, ?change, node = %ctx.node,
+                "node taint written");
+        }
+        Ok(Some(change))
     }
 
     async fn evict(&mut self, settings: &Settings, action: Evict) -> Report {
@@ -244,7 +301,7 @@ impl Executor {
             NodeEvent::ThresholdMet(resource) => {
                 events::build_threshold_met(&ctx.node, resource.as_str(), now)
             }
-            NodeEvent::OomKilling(kill) => events::build_oom_killing(&ctx.node, kill, now),
+            NodeEvent::OomKill(kill) => events::build_oom_kill(&ctx.node, kill, now),
         };
         if settings.dry_run {
             tracing::info!(reason = ?built.reason, note = ?built.note, "dry run: event not posted");

@@ -1,6 +1,6 @@
 //! The node agent's Kubernetes side: the pods bound to this node and their usage (from the
-//! kubelet or the API server), and the one executor that changes the cluster: evictions, events
-//! and the agent's node condition.
+//! kubelet or the API server), and the one executor that changes the cluster: evictions, events,
+//! the agent's node condition and its pressure taint.
 //!
 //! Data flows one way: a pod source hands out [`pods::PodSnapshot`]s of the policy's `PodInfo`,
 //! stamped with the time they were observed; the daemon's policy decides; the one
@@ -17,5 +17,6 @@ pub mod executor;
 pub mod fake;
 pub mod pacing;
 pub mod pods;
+pub mod taint;
 mod time;
 pub mod transport;

@@ -246,6 +246,47 @@ fn patch_node_status(user: &User, node: &str) -> Review {
     }
 }
 
+const TAINT_KEY: &str = "node-agent.io/pressure";
+
+fn taint(key: &str, effect: &str) -> Value {
+    json!({"key": key, "effect": effect, "value": "MemoryPressure"})
+}
+
+fn node_with(node: &str, taints: Option<Vec<Value>>) -> Value {
+    let mut n = json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": node, "labels": {"kubernetes.io/os": "linux"}},
+        "spec": {"podCIDR": "10.0.1.0/24"}});
+    if let Some(t) = taints {
+        n["spec"]["taints"] = Value::Array(t);
+    }
+    n
+}
+
+/// An UPDATE of `nodes/<node>` from `old` taints to `new`; `edit` changes the new object more.
+fn patch_node(
+    user: &User,
+    node: &str,
+    old: Option<Vec<Value>>,
+    new: Option<Vec<Value>>,
+    edit: fn(&mut Value),
+) -> Review {
+    let mut object = node_with(node, new);
+    edit(&mut object);
+    Review {
+        request: request(user, ("", "nodes", ""), "UPDATE", "", node),
+        object,
+        old_object: node_with(node, old),
+    }
+}
+
+fn delete_node(user: &User, node: &str) -> Review {
+    Review {
+        request: request(user, ("", "nodes", ""), "DELETE", "", node),
+        object: Value::Null,
+        old_object: node_with(node, None),
+    }
+}
+
 fn event(user: &User, reporting_node: &str, regarding: Value) -> Review {
     Review {
         request: request(
@@ -302,6 +343,12 @@ fn the_policy_binds_the_agents_writes_to_its_node() {
     let bound_token = refused("token of its own pod");
     let uid = refused("pod's UID");
     let own_events = refused("events must come from its own node");
+    let own_taint = refused("only its own taint");
+    let (ours, other) = (
+        taint(TAINT_KEY, "NoSchedule"),
+        taint("dedicated", "NoSchedule"),
+    );
+    let same = |_: &mut Value| {};
 
     #[rustfmt::skip]
     let rows: Vec<(&str, Review, Expect)> = vec![
@@ -310,6 +357,19 @@ fn the_policy_binds_the_agents_writes_to_its_node() {
         ("evicting with an empty UID", evict(&agent, Some("")), Box::new(uid)),
         ("patching its own node's status", patch_node_status(&agent, NODE), Box::new(|d| *d == Allowed)),
         ("patching another node's status", patch_node_status(&agent, OTHER_NODE), Box::new(own_node)),
+        ("adding its taint to a node without taints", patch_node(&agent, NODE, None, Some(vec![ours.clone()]), same), Box::new(|d| *d == Allowed)),
+        ("adding its taint after another", patch_node(&agent, NODE, Some(vec![other.clone()]), Some(vec![other.clone(), ours.clone()]), same), Box::new(|d| *d == Allowed)),
+        ("removing its taint, the other kept", patch_node(&agent, NODE, Some(vec![other.clone(), ours.clone()]), Some(vec![other.clone()]), same), Box::new(|d| *d == Allowed)),
+        ("removing the last taint (taints: [])", patch_node(&agent, NODE, Some(vec![ours.clone()]), Some(vec![]), same), Box::new(|d| *d == Allowed)),
+        ("adding its taint to another node", patch_node(&agent, OTHER_NODE, None, Some(vec![ours.clone()]), same), Box::new(own_node)),
+        ("removing another controller's taint", patch_node(&agent, NODE, Some(vec![other.clone(), ours.clone()]), Some(vec![ours.clone()]), same), Box::new(own_taint)),
+        ("adding a taint of another key", patch_node(&agent, NODE, None, Some(vec![other.clone()]), same), Box::new(own_taint)),
+        ("its key with the NoExecute effect", patch_node(&agent, NODE, None, Some(vec![taint(TAINT_KEY, "NoExecute")]), same), Box::new(own_taint)),
+        ("labelling its node", patch_node(&agent, NODE, None, None, |n| n["metadata"]["labels"]["x"] = json!("y")), Box::new(own_taint)),
+        ("annotating its node", patch_node(&agent, NODE, None, None, |n| n["metadata"]["annotations"] = json!({"x": "y"})), Box::new(own_taint)),
+        ("cordoning its node", patch_node(&agent, NODE, None, None, |n| n["spec"]["unschedulable"] = json!(true)), Box::new(own_taint)),
+        ("deleting its node", delete_node(&agent, NODE), Box::new(own_taint)),
+        ("anyone else tainting any node", patch_node(&admin, OTHER_NODE, None, Some(vec![other.clone()]), same), Box::new(|d| *d == NotMatched)),
         ("deleting a pod on its node", delete_pod(&agent, NODE), Box::new(|d| *d == Allowed)),
         ("deleting a pod on another node", delete_pod(&agent, OTHER_NODE), Box::new(own_pods)),
         ("deleting a pod not yet scheduled", delete_pod(&agent, ""), Box::new(own_pods)),

@@ -143,7 +143,7 @@ fn rbac_grants_exactly_the_intended_verbs() {
     let want: BTreeMap<(String, String), Vec<String>> = [
         ("", "pods", &["get", "list", "watch"][..]),
         ("", "pods/eviction", &["create"]),
-        ("", "nodes", &["get"]),
+        ("", "nodes", &["get", "patch"]),
         ("", "nodes/status", &["patch"]),
         ("", "nodes/stats", &["get"]),
         ("", "nodes/pods", &["get"]),
@@ -219,6 +219,20 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     let pod = spec.template.spec.as_ref().unwrap();
     // No hostPID, no privileged: tests/tests/image_container.rs proves the agent works so.
     assert_ne!(pod.host_pid, Some(true));
+    // Linux nodes only, and every one of them, tainted or not.
+    assert_eq!(
+        pod.node_selector,
+        Some([("kubernetes.io/os".to_string(), "linux".to_string())].into())
+    );
+    let tolerations = pod.tolerations.as_deref().unwrap();
+    assert!(tolerations
+        .iter()
+        .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()));
+    // The image is a name kustomize's `images:` rewrites (deploy_render checks the result).
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        Some("node-agent:latest")
+    );
     assert_eq!(
         pod.priority_class_name.as_deref(),
         Some("system-node-critical")
@@ -314,6 +328,28 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
             .find(|(_, p)| **p == host)
             .unwrap_or_else(|| panic!("no hostPath {host}"));
         assert_eq!(mounts.get(volume), Some(&in_container), "{host}");
+    }
+    // Host mounts are read-only, and there are no others (no /proc, no bpffs, no tracefs).
+    assert_eq!(host_paths.len(), 3, "{host_paths:?}");
+    for m in c.volume_mounts.as_deref().unwrap() {
+        if host_paths.contains_key(m.name.as_str()) {
+            assert_eq!(m.read_only, Some(true), "{} read-only", m.name);
+        }
+    }
+    // The ConfigMap's paths are these mounts.
+    let text = &m.config_maps[0].data.as_ref().unwrap()["config.yaml"];
+    let config: serde_json::Value = serde_yaml_ng::from_str(text).unwrap();
+    let mounted = |p: &serde_json::Value| {
+        let p = p.as_str().unwrap_or_else(|| panic!("{p} set"));
+        mounts
+            .values()
+            .any(|m| std::path::Path::new(p).starts_with(m))
+    };
+    for field in ["nodefs_path", "imagefs_path", "kubelet_config"] {
+        assert!(
+            mounted(&config["agent"][field]),
+            "agent.{field} is inside a mount"
+        );
     }
     let config_volume = pod
         .volumes

@@ -89,6 +89,7 @@ fn settings(fake: &Fake, pdb_policy: PdbPolicy, dry_run: bool) -> Settings {
             exclusions: serde_yaml_ng::from_str("{namespaces: [kube-system]}").unwrap(),
             ..Eligibility::default()
         },
+        taint: true,
     }
 }
 
@@ -513,7 +514,7 @@ async fn node_events_name_the_node_and_the_killed_process() {
             comm: "java".into(),
             pod: Some(("shop".into(), "web-7c9f8d6b5-x2x9q".into())),
         };
-        ex.act(Action::NodeEvent(NodeEvent::OomKilling(kill))).await;
+        ex.act(Action::NodeEvent(NodeEvent::OomKill(kill))).await;
         let seen = fake.seen();
         assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
         let node_ref = json!({"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE});
@@ -531,7 +532,10 @@ async fn node_events_name_the_node_and_the_killed_process() {
                 Some("Attempting to reclaim memory")
             )
         );
-        assert_eq!(seen[1].body["reason"], "OOMKilling");
+        assert_eq!(
+            seen[1].body["reason"], "NodeAgentOOMKill",
+            "never node-problem-detector's OOMKilling"
+        );
         assert_eq!(
             seen[1].body["note"],
             "Out of memory: killed process 4242 (java) in pod shop/web-7c9f8d6b5-x2x9q"

@@ -5,6 +5,7 @@
 //! ([`eligible::Eligibility`]); it returns the thresholds met, the node conditions and at most
 //! one pod to evict as a [`evaluate::Decision`]. [`scenario::run`] replays a timeline through it.
 
+pub mod beside;
 pub mod config;
 pub mod duration;
 pub mod eligible;

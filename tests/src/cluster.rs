@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
-use node_agent_kube::fake::{Fake, Reply, Seen};
+use node_agent_kube::fake::{Fake, NodeStore, Reply, Seen};
 use serde_json::{json, Value};
 
 use crate::{AgentProcess, TestCgroup};
@@ -92,14 +92,31 @@ pub struct Answered {
 type EvictReply = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
 
 /// What the fake cluster serves; tests change it while the daemon runs.
-#[derive(Default)]
 pub struct ClusterState {
     pub pods: Vec<Value>,
     pub pod_lists: usize,
-    /// Eviction, delete and patch requests of pods, and events, in order.
+    /// Eviction, delete and patch requests of pods, taint patches of the node, and events, in
+    /// order.
     pub answered: Vec<Answered>,
     /// How an eviction of the named pod is answered; default 201.
     pub evict_reply: Option<EvictReply>,
+    /// The node (its taints, read and patched with their resourceVersion).
+    pub node: NodeStore,
+}
+
+impl Default for ClusterState {
+    fn default() -> Self {
+        Self {
+            pods: Vec::new(),
+            pod_lists: 0,
+            answered: Vec::new(),
+            evict_reply: None,
+            node: NodeStore::new(json!({"kind": "Node", "apiVersion": "v1",
+                "metadata": {"name": NODE, "resourceVersion": "1"},
+                "spec": {"taints": [{"key": "dedicated", "value": "e2e", "effect": "NoSchedule"}]},
+                "status": {"conditions": []}})),
+        }
+    }
 }
 
 pub type SharedCluster = Arc<Mutex<ClusterState>>;
@@ -132,16 +149,34 @@ pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send 
         let reply = match (seen.method.as_str(), path) {
             ("GET", "/pods") => {
                 s.pod_lists += 1;
-                return Reply::json(200, json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": s.pods}).to_string());
+                return Reply::json(
+                    200,
+                    json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": s.pods})
+                        .to_string(),
+                );
             }
             ("GET", "/stats/summary") => {
-                return Reply::json(200, json!({"node": {"nodeName": NODE}, "pods": []}).to_string())
+                return Reply::json(
+                    200,
+                    json!({"node": {"nodeName": NODE}, "pods": []}).to_string(),
+                )
             }
             ("GET", p) if p == format!("/api/v1/nodes/{NODE}") => {
-                return Reply::json(200, json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}, "status": {"conditions": []}}).to_string())
+                return s
+                    .node
+                    .answer(seen)
+                    .expect("the node store answers for its node")
             }
+            ("PATCH", p) if p == format!("/api/v1/nodes/{NODE}") => s
+                .node
+                .answer(seen)
+                .expect("the node store answers for its node"),
             ("PATCH", p) if p == format!("/api/v1/nodes/{NODE}/status") => {
-                return Reply::json(200, json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}}).to_string())
+                return Reply::json(
+                    200,
+                    json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}})
+                        .to_string(),
+                )
             }
             ("POST", p) if p.ends_with("/eviction") => {
                 let name = p.rsplit('/').nth(1).unwrap_or("").to_string();

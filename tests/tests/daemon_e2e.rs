@@ -291,6 +291,14 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_with_the_decisions
         )?,
         Some(1.0)
     );
+    // While the agent reports pressure, its NoSchedule taint is on the node beside the other.
+    let tainted = serde_json::json!([
+        {"key": "dedicated", "value": "e2e", "effect": "NoSchedule"},
+        {"key": "node-agent.io/pressure", "value": "MemoryPressure", "effect": "NoSchedule"}
+    ]);
+    wait_until(wait(), "the pressure taint", || {
+        w.cluster().node.node()["spec"]["taints"] == tainted
+    })?;
     w.assert_nothing_refused();
     drop((trace, evictions_only));
     daemon.stop()
@@ -559,7 +567,8 @@ fn an_exclusion_added_by_reload_is_never_evicted() -> anyhow::Result<()> {
 }
 
 #[test]
-fn an_oom_kill_in_a_pod_is_reported_on_the_node_as_oomkilling() -> anyhow::Result<()> {
+fn an_oom_kill_in_a_pod_is_reported_on_the_node_under_the_agents_own_reason() -> anyhow::Result<()>
+{
     require_root();
     let w = World::new("e2e-oom", &[hog(), calm()])?;
     // The pod's own limit: the OOM killer acts inside the pod, not the agent.
@@ -570,17 +579,17 @@ fn an_oom_kill_in_a_pod_is_reported_on_the_node_as_oomkilling() -> anyhow::Resul
     move_into(w.dir_of("hog"), helper.pid())?;
     helper.go()?;
     helper.wait_killed(scaled(Duration::from_secs(20)))?;
-    wait_until(wait(), "the OOMKilling event", || {
+    wait_until(wait(), "the NodeAgentOOMKill event", || {
         w.cluster()
             .answered
             .iter()
-            .any(|a| a.body["reason"] == "OOMKilling")
+            .any(|a| a.body["reason"] == "NodeAgentOOMKill")
     })?;
     let event = w
         .cluster()
         .answered
         .iter()
-        .find(|a| a.body["reason"] == "OOMKilling")
+        .find(|a| a.body["reason"] == "NodeAgentOOMKill")
         .cloned()
         .unwrap();
     let note = event.body["note"].as_str().unwrap_or_default().to_string();
@@ -670,8 +679,25 @@ fn a_reload_is_taken_whole_or_refused_naming_what_is_wrong() -> anyhow::Result<(
         .filter(|l| l.starts_with("node_agent_memory_mechanism{") && l.ends_with(" 1"))
         .count();
     assert_eq!(mechanisms, 1, "{metrics}");
-    // A valid change is then taken.
-    w.reload(&mut daemon, "", "  pressure_poll_interval: 50ms\n")?;
+    // A valid change is then taken, and with it the kubelet's config file is read again: its
+    // threshold, met before the agent's 824Mi, is warned about, naming both.
+    let kubelet = w.dir.join("kubelet-config.yaml");
+    std::fs::write(
+        &kubelet,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard: {memory.available: 900Mi}\n",
+    )?;
+    let agent = format!(
+        "  pressure_poll_interval: 50ms\n  kubelet_config: '{}'\n",
+        kubelet.display()
+    );
+    w.reload(&mut daemon, "", &agent)?;
+    let warned = daemon.wait_log("beside the kubelet", wait())?;
+    assert!(
+        warned.contains(
+            "the kubelet's hard memory.available<900Mi is met before the agent's hard memory.available<824Mi"
+        ),
+        "{warned}"
+    );
     w.assert_nothing_refused();
     daemon.stop()
 }

@@ -138,6 +138,15 @@ fn the_default_install_renders_validates_and_carries_the_node_bound_policy() {
         );
     }
 
+    // The DaemonSet: Linux nodes only, and the image kustomize's `images:` sets.
+    let ds = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("daemonset");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"]["kubernetes.io/os"], "linux");
+    assert_eq!(pod["containers"][0]["image"], "localhost/node-agent:0.1.0");
+
     // No pods delete and no pods/status patch by default.
     let role = docs
         .iter()

@@ -8,6 +8,7 @@
 
 mod reply;
 mod strict;
+mod taints;
 
 use std::{
     convert::Infallible,
@@ -32,6 +33,7 @@ use hyper_util::rt::TokioIo;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 pub use reply::{Body, Reply};
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+pub use taints::NodeStore;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 

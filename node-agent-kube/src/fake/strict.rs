@@ -21,6 +21,7 @@ const ROUTES: &[(&str, &str, Kind)] = &[
     ("GET", "/stats/summary", Kind::Read),
     ("GET", "/api/v1/pods", Kind::Read),
     ("GET", "/api/v1/nodes/*", Kind::Read),
+    ("PATCH", "/api/v1/nodes/*", Kind::Node),
     ("PATCH", "/api/v1/nodes/*/status", Kind::NodeStatus),
     ("GET", "/api/v1/namespaces/*/pods/*", Kind::Read),
     ("DELETE", "/api/v1/namespaces/*/pods/*", Kind::Delete),
@@ -44,6 +45,7 @@ const ROUTES: &[(&str, &str, Kind)] = &[
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Read,
+    Node,
     NodeStatus,
     PodStatus,
     Delete,
@@ -68,7 +70,7 @@ fn matches(pattern: &str, path: &str) -> Option<Vec<String>> {
     Some(wild)
 }
 
-fn bad_request(message: &str) -> Reply {
+pub(super) fn bad_request(message: &str) -> Reply {
     Reply::status(400, "BadRequest", message)
 }
 
@@ -151,7 +153,7 @@ pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply
     }
     let content_type = req.content_type.as_deref().unwrap_or("");
     let media = content_type.split(';').next().unwrap_or("").trim();
-    let patch = matches!(kind, Kind::NodeStatus | Kind::PodStatus);
+    let patch = matches!(kind, Kind::Node | Kind::NodeStatus | Kind::PodStatus);
     if (patch && !PATCH_TYPES.contains(&media)) || (!patch && media != "application/json") {
         return Err(Reply::status(
             415,
@@ -165,6 +167,7 @@ pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply
         Kind::Eviction => eviction(&body, &wild[0], &wild[1]),
         Kind::Delete => delete_options(&body),
         Kind::Event => event(&body, &wild[0]),
+        Kind::Node => super::taints::node_patch(&body, media, &wild[0]),
         Kind::NodeStatus => node_status(&body, media),
         Kind::PodStatus => pod_status(&body, media),
         Kind::Read => Ok(()),
@@ -270,7 +273,7 @@ fn event(body: &Value, namespace: &str) -> Result<(), Reply> {
     }
 }
 
-fn merge_patch_object(body: &Value, media: &str) -> Result<(), Reply> {
+pub(super) fn merge_patch_object(body: &Value, media: &str) -> Result<(), Reply> {
     if media == "application/json-patch+json" {
         return if body.is_array() {
             Ok(())

@@ -13,12 +13,24 @@ use std::{
 };
 
 use node_agent_kube::{
+    config::{KubeConfig, NodeOomEvents},
+    events::OomKill,
     evict::EvictionResult,
     executor::{Action, Evict, NodeEvent, Report},
 };
 use node_agent_policy::{
     Decision, Eligibility, NodeCondition, NotEvictableNow, PassedOver, PodInfo, Signal,
 };
+
+/// The actions for a kernel OOM kill: a node event under the agent's own reason, naming the
+/// process and its pod, unless `kubernetes.node_oom_events: off` leaves kills to
+/// node-problem-detector. (Standalone, the executor only logs it.)
+pub fn oom_kill_actions(kube: Option<&KubeConfig>, kill: OomKill) -> Vec<Action> {
+    match kube.map_or(NodeOomEvents::Own, |k| k.node_oom_events) {
+        NodeOomEvents::Own => vec![Action::NodeEvent(NodeEvent::OomKill(kill))],
+        NodeOomEvents::Off => Vec::new(),
+    }
+}
 
 /// How long outcomes hold; from the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +160,12 @@ impl Acting {
         if conditions_changed {
             plan.actions.push(Action::Condition {
                 pressure: !decision.conditions.is_empty(),
+                conditions: decision.conditions.clone(),
+            });
+            // The taint follows the condition: on while it is True, off when it clears (after
+            // the transition period, as the policy decides it). Whether taints are wanted at
+            // all is the executor's setting, so a reload applies it with the next report.
+            plan.actions.push(Action::Taint {
                 conditions: decision.conditions.clone(),
             });
             self.last_conditions = Some(decision.conditions.clone());

@@ -17,7 +17,7 @@ use node_agent_policy::{
 };
 use proptest::prelude::*;
 
-use super::acting::{Acting, Note, Timing};
+use super::acting::{oom_kill_actions, Acting, Note, Timing};
 
 const TIMING: Timing = Timing {
     pass_over: Duration::from_secs(30),
@@ -118,6 +118,9 @@ fn the_first_decision_reports_pressure_and_evicts() {
     assert!(
         matches!(&plan.actions[2], Action::Condition { pressure: true, conditions } if conditions == &[NodeCondition::MemoryPressure])
     );
+    assert!(
+        matches!(&plan.actions[3], Action::Taint { conditions } if conditions == &[NodeCondition::MemoryPressure])
+    );
     assert_eq!(
         (
             e.eviction.name.as_str(),
@@ -135,6 +138,102 @@ fn the_first_decision_reports_pressure_and_evicts() {
         again.actions.is_empty(),
         "nothing new to report, one eviction in flight: {:?}",
         again.actions
+    );
+}
+
+#[test]
+fn oom_kills_are_reported_under_our_reason_or_not_at_all() {
+    let kill = node_agent_kube::events::OomKill {
+        pid: 7,
+        comm: "java".into(),
+        pod: None,
+    };
+    let kube =
+        |yaml: &str| node_agent_kube::config::KubeConfig::from_yaml(yaml, Some("n1")).unwrap();
+    let rows = [
+        ("standalone", None, 1),
+        ("the default: our own reason", Some(kube("{}")), 1),
+        ("own", Some(kube("{node_oom_events: own}")), 1),
+        (
+            "off: node-problem-detector reports kills",
+            Some(kube("{node_oom_events: off}")),
+            0,
+        ),
+    ];
+    for (what, config, n) in rows {
+        let actions = oom_kill_actions(config.as_ref(), kill.clone());
+        assert_eq!(actions.len(), n, "{what}");
+        for a in &actions {
+            let Action::NodeEvent(e) = a else {
+                panic!("{what}: {a:?}")
+            };
+            assert_eq!(e.reason(), "NodeAgentOOMKill", "{what}");
+        }
+    }
+}
+
+/// The taint follows the node condition as the policy decides it: on with the first condition,
+/// rewritten when the conditions change, off only when they clear (the policy keeps them for
+/// the transition period), and sent anew after a reload.
+#[test]
+fn the_taint_follows_the_condition_and_clears_with_it() {
+    let taints = |actions: &[Action]| -> Vec<Vec<NodeCondition>> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Taint { conditions } => Some(conditions.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let with = |conditions: Vec<NodeCondition>| Decision {
+        conditions,
+        evict: None,
+        ..decision(None)
+    };
+    let (mem, pid) = (NodeCondition::MemoryPressure, NodeCondition::PidPressure);
+    let mut acting = Acting::default();
+    let rows: Vec<(&str, Decision, Vec<Vec<NodeCondition>>)> = vec![
+        (
+            "pressure: the taint comes",
+            with(vec![mem]),
+            vec![vec![mem]],
+        ),
+        ("unchanged: nothing sent", with(vec![mem]), vec![]),
+        (
+            "another condition: rewritten",
+            with(vec![mem, pid]),
+            vec![vec![mem, pid]],
+        ),
+        (
+            "threshold gone, conditions held (transition period): kept",
+            Decision {
+                thresholds_met: vec![],
+                reclaim: None,
+                ..with(vec![mem, pid])
+            },
+            vec![],
+        ),
+        (
+            "conditions cleared: the taint goes",
+            Decision {
+                thresholds_met: vec![],
+                reclaim: None,
+                ..with(vec![])
+            },
+            vec![vec![]],
+        ),
+    ];
+    for (i, (what, decision, want)) in rows.into_iter().enumerate() {
+        let plan = acting.plan(&decision, &pods(), true, None, &cgroup, s(i as u64));
+        assert_eq!(taints(&plan.actions), want, "{what}");
+    }
+    acting.reset_reported();
+    let plan = acting.plan(&with(vec![]), &pods(), true, None, &cgroup, s(9));
+    assert_eq!(
+        taints(&plan.actions),
+        vec![Vec::<NodeCondition>::new()],
+        "after a reload"
     );
 }
 
@@ -399,5 +498,61 @@ proptest! {
                 prop_assert!(acting.in_flight().is_some(), "an owed outcome keeps the eviction in flight");
             }
         }
+    }
+}
+
+/// With the policy itself: the taint comes when the threshold is met and goes only once the
+/// condition clears, `evictionPressureTransitionPeriod` after the threshold was last seen met
+/// (the kubelet's `nodeConditionsLastObservedAt`).
+#[test]
+fn the_taint_goes_after_the_transition_period_with_the_real_policy() {
+    use node_agent_policy::{evaluate, EvictionConfig, NodeCapacity, Observation, PolicyState};
+    let config = EvictionConfig::from_kubelet_yaml(
+        "{evictionHard: {memory.available: 100Mi}, evictionPressureTransitionPeriod: 5m}",
+    )
+    .unwrap();
+    let node = NodeCapacity {
+        memory_bytes: Some(4 << 30),
+        ..NodeCapacity::default()
+    };
+    let mib = 1i64 << 20;
+    let mut state = PolicyState::default();
+    let mut acting = Acting::default();
+    let taint = |actions: &[Action]| {
+        actions.iter().find_map(|a| match a {
+            Action::Taint { conditions } => Some(conditions.clone()),
+            _ => None,
+        })
+    };
+    let rows: Vec<(&str, u64, i64, Option<Vec<NodeCondition>>)> = vec![
+        (
+            "met: the taint comes",
+            0,
+            50,
+            Some(vec![NodeCondition::MemoryPressure]),
+        ),
+        ("met again: kept", 20, 50, None),
+        ("recovered, within the period: kept", 30, 1024, None),
+        ("just before the period ends: kept", 20 + 299, 1024, None),
+        (
+            "the period over: the taint goes",
+            20 + 300,
+            1024,
+            Some(vec![]),
+        ),
+    ];
+    for (what, at, available_mib, want) in rows {
+        let observations = [(
+            Signal::MemoryAvailable,
+            Observation {
+                available: available_mib * mib,
+                capacity: 4 << 30,
+            },
+        )]
+        .into();
+        let (decision, next) = evaluate(&config, &node, &observations, &[], s(at), &state);
+        state = next;
+        let plan = acting.plan(&decision, &[], true, None, &cgroup, s(at));
+        assert_eq!(taint(&plan.actions), want, "{what}");
     }
 }

@@ -67,6 +67,9 @@ pub struct AgentSettings {
     pub nodefs_path: Option<PathBuf>,
     /// Filesystem of `imagefs.*` when the runtime keeps images on a dedicated one.
     pub imagefs_path: Option<PathBuf>,
+    /// The kubelet's own config file, read at start and on reload to warn when the kubelet
+    /// would evict before the agent; `null` skips the comparison. An absolute path.
+    pub kubelet_config: Option<PathBuf>,
     /// Slow re-evaluation that only guards against drift and missed events (Go duration).
     pub resync_interval: String,
     /// Re-evaluation while a memory trigger is armed or a threshold is met.
@@ -91,6 +94,7 @@ impl Default for AgentSettings {
             allocatable_memory: None,
             nodefs_path: None,
             imagefs_path: None,
+            kubelet_config: Some(PathBuf::from(DEFAULT_KUBELET_CONFIG)),
             resync_interval: "10s".into(),
             pressure_poll_interval: "100ms".into(),
             pod_refresh_interval: "2s".into(),
@@ -112,6 +116,7 @@ pub struct Settings {
     pub allocatable_memory: Option<i64>,
     pub nodefs_path: PathBuf,
     pub imagefs_path: Option<PathBuf>,
+    pub kubelet_config: Option<PathBuf>,
     pub resync_interval: Duration,
     pub pressure_poll_interval: Duration,
     pub pod_refresh_interval: Duration,
@@ -232,6 +237,9 @@ fn duration(field: &'static str, text: &str) -> Result<Duration, ConfigError> {
 
 /// The kubelet's root directory, the default `nodefs_path`.
 pub const DEFAULT_NODEFS: &str = "/var/lib/kubelet";
+/// Where kubeadm and most installers put the kubelet's config file, the default
+/// `kubelet_config`.
+pub const DEFAULT_KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
 
 /// A filesystem path the agent will statvfs: it must be a directory that exists now.
 fn existing_dir(field: &'static str, path: PathBuf) -> Result<PathBuf, ConfigError> {
@@ -293,6 +301,13 @@ fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
         .map(|p| existing_dir("imagefs_path", p))
         .transpose()?;
     checks::ring_bytes(a.ring_bytes)?;
+    // May be absent (a node without a kubelet, or one configured by flags): only said at start.
+    if let Some(p) = a.kubelet_config.as_ref().filter(|p| !p.is_absolute()) {
+        return Err(ConfigError::AgentField {
+            field: "kubelet_config",
+            problem: format!("{} is not an absolute path (or null to skip)", p.display()),
+        });
+    }
     Ok(Settings {
         dry_run: a.dry_run || o.dry_run,
         listen,
@@ -302,6 +317,7 @@ fn validate(a: AgentSettings, o: &Overrides) -> Result<Settings, ConfigError> {
         allocatable_memory,
         nodefs_path,
         imagefs_path,
+        kubelet_config: a.kubelet_config,
         resync_interval: duration("resync_interval", &a.resync_interval)?,
         pressure_poll_interval: duration("pressure_poll_interval", &a.pressure_poll_interval)?,
         pod_refresh_interval: duration("pod_refresh_interval", &a.pod_refresh_interval)?,
@@ -389,6 +405,10 @@ mod tests {
                 "agent.nodefs_path",
             ),
             ("agent: {nodefs_path: relative/dir}", "agent.nodefs_path"),
+            (
+                "agent: {kubelet_config: config.yaml}",
+                "agent.kubelet_config",
+            ),
         ];
         for (text, needle) in cases {
             let err = AgentConfig::parse(text, &none).unwrap_err();
@@ -411,6 +431,25 @@ mod tests {
         let text = cm["data"]["config.yaml"]
             .as_str()
             .expect("data.config.yaml");
+        // The paths are the DaemonSet's host mounts (node-agent-kube/tests/deploy.rs checks
+        // that); this machine runs no kubelet, so existing directories stand in for them.
+        let stand_in = tempfile::tempdir().unwrap();
+        let dir = stand_in.path().display().to_string();
+        let text = text
+            .replace(
+                "nodefs_path: /var/lib/kubelet",
+                &format!("nodefs_path: {dir}"),
+            )
+            .replace(
+                "imagefs_path: /var/lib/containerd",
+                &format!("imagefs_path: {dir}"),
+            );
+        assert_eq!(
+            text.matches(dir.as_str()).count(),
+            2,
+            "both paths set: {text}"
+        );
+        let text = text.as_str();
         let o = Overrides {
             node_name: Some("worker-1".into()),
             ..Default::default()
@@ -422,6 +461,11 @@ mod tests {
             .expect("the DaemonSet talks to the cluster");
         assert_eq!(kube.node_name, "worker-1");
         assert!(!c.dry_run(), "the shipped config acts");
+        assert!(kube.taint, "the pressure taint is on");
+        assert_eq!(
+            c.settings.kubelet_config.as_deref(),
+            Some(std::path::Path::new(DEFAULT_KUBELET_CONFIG))
+        );
         assert!(c
             .eviction
             .thresholds()

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use node_agent_kube::executor::{Action, NodeEvent, Outcome};
+use node_agent_kube::executor::{Action, Outcome};
 
 use super::{DaemonError, Trigger};
 use crate::{
@@ -165,15 +165,14 @@ impl super::Daemon {
                 self.telemetry
                     .metrics
                     .oom_kill(pod.as_ref().map(|(ns, _)| ns.as_str()).unwrap_or(""));
-                // Reported on the node as the kubelet does, naming the process and its pod.
-                self.act(vec![Action::NodeEvent(NodeEvent::OomKilling(
-                    node_agent_kube::events::OomKill {
-                        pid: kill.pid,
-                        comm: kill.comm,
-                        pod,
-                    },
-                ))])
-                .await;
+                let kill = node_agent_kube::events::OomKill {
+                    pid: kill.pid,
+                    comm: kill.comm,
+                    pod,
+                };
+                let actions =
+                    super::acting::oom_kill_actions(self.config.kubernetes.as_ref(), kill);
+                self.act(actions).await;
                 Some(Trigger::at("oom_kill", ktime_ns))
             }
             Happened::ForkStorm { .. } => None,
@@ -241,6 +240,13 @@ impl super::Daemon {
                 if let Some(error) = error {
                     metrics.kube_error("node condition");
                     tracing::warn!(pressure, %error, "node condition not written");
+                }
+                false
+            }
+            Outcome::Taint { wanted, result } => {
+                if let Err(error) = result {
+                    metrics.kube_error("node taint");
+                    tracing::warn!(wanted, %error, "node taint not written");
                 }
                 false
             }

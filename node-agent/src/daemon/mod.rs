@@ -11,7 +11,7 @@
 //! `select!`, [`evaluation`] reads, decides and reports, [`acting`] turns decisions and
 //! outcomes into actions, [`reload`] applies a new config whole or refuses it, [`feed`] is the
 //! Kubernetes connection, [`observe`], [`pods`] and [`triggers`] read the node, the pods and
-//! arm the kernel.
+//! arm the kernel, [`kubelet`] compares the kubelet's own thresholds with the agent's.
 
 mod acting;
 #[cfg(test)]
@@ -20,6 +20,7 @@ pub mod config;
 mod evaluation;
 mod event_loop;
 mod feed;
+mod kubelet;
 mod live;
 mod observe;
 mod pods;

@@ -129,7 +129,10 @@ pub fn read_node(src: &NodeSources) -> NodeReading {
     }
     if let Some(imagefs) = &src.imagefs {
         match read_fs(imagefs, Source::ImageFs, &mut reading) {
-            Ok(()) => reading.capacity.has_imagefs = true,
+            // Dedicated only when on another filesystem than nodefs, as the kubelet decides
+            // (`HasDedicatedImageFs` compares the devices): the same filesystem gives the same
+            // figures under both names, and ranking counts pod usage as on a single disk.
+            Ok(()) => reading.capacity.has_imagefs = !same_device(&src.nodefs, imagefs),
             Err(e) => {
                 // Still a dedicated imagefs: its signals are unknown, not nodefs'.
                 reading.capacity.has_imagefs = true;
@@ -237,6 +240,15 @@ fn read_fs(path: &Path, source: Source, reading: &mut NodeReading) -> Result<(),
         reading.capacity.inodes = Some(fs.total_inodes);
     }
     Ok(())
+}
+
+/// Whether both paths are on one filesystem (unknown counts as not).
+fn same_device(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev(),
+        _ => false,
+    }
 }
 
 fn read_pids(reading: &mut NodeReading) -> Result<(), ObserveError> {
@@ -377,6 +389,34 @@ mod tests {
         let pid = r.observations[&Signal::PidAvailable];
         assert!(pid.available > 0 && pid.available < pid.capacity);
         assert!(r.observations.contains_key(&Signal::NodeFsAvailable));
+    }
+
+    #[test]
+    fn an_imagefs_on_the_nodefs_filesystem_is_read_but_not_dedicated() {
+        let layout = crate::cgroup::detect().expect("cgroups");
+        // "/" against itself is one filesystem; /proc is always another.
+        let rows = [
+            ("the same filesystem", "/", false),
+            ("another filesystem", "/proc", true),
+        ];
+        for (what, imagefs, dedicated) in rows {
+            let src = NodeSources {
+                node_dir: layout.memory.mount().to_path_buf(),
+                memory: layout.memory.clone(),
+                is_root: true,
+                memory_capacity: None,
+                allocatable_memory: None,
+                nodefs: PathBuf::from("/"),
+                imagefs: Some(PathBuf::from(imagefs)),
+            };
+            let r = read_node(&src);
+            assert_eq!(r.capacity.has_imagefs, dedicated, "{what}");
+            assert!(r.failed.is_empty(), "{what}: {:?}", r.failed);
+            assert!(
+                r.observations.contains_key(&Signal::ImageFsAvailable),
+                "{what}: still observed"
+            );
+        }
     }
 
     #[test]

@@ -174,6 +174,7 @@ impl Daemon {
         self.kernel.triggers.forget();
         self.set_pid_trigger();
         self.acts.state.reset_reported();
+        super::kubelet::warn_if_kubelet_acts_first(&self.config, &self.node);
         metrics.config_reload("ok");
         tracing::info!(
             reason = why,

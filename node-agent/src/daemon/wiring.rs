@@ -181,6 +181,7 @@ impl Daemon {
             "node-agent running"
         );
         metrics.set_memory_mechanism(programs.memory_mechanism());
+        super::kubelet::warn_if_kubelet_acts_first(&config, &node);
         let tracked = tracker.refresh(&mut programs)?;
         metrics.set_tracked_cgroups(
             tracked.tracked as i64,
@@ -293,6 +294,7 @@ pub(super) fn executor_settings(
         evictions_per_minute,
         eviction_burst,
         eligibility: base_eligibility(config, overrides),
+        taint: config.kubernetes.as_ref().is_some_and(|k| k.taint),
     }
 }
 

@@ -1,0 +1,112 @@
+//! Beside the kubelet, at the edge: reads the kubelet's own config file and says, at start and
+//! on every reload, which of its eviction thresholds would be acted on before the agent's (the
+//! comparison is the policy's pure `beside::kubelet_acts_first`). Nothing here stops the agent:
+//! a missing file is one info line, an unparsable one a warning naming the file and the error.
+
+use std::path::Path;
+
+use node_agent_policy::{beside::kubelet_acts_first, EvictionConfig};
+
+use super::{
+    config::AgentConfig,
+    observe::{read_node, NodeSources},
+};
+
+/// What became of the kubelet's config file.
+#[derive(Debug)]
+pub enum KubeletConfig {
+    /// Not configured (`agent.kubelet_config: null`).
+    NotSet,
+    Missing,
+    Unreadable(String),
+    Read(Box<EvictionConfig>),
+}
+
+/// Reads and parses the kubelet's eviction settings (a KubeletConfiguration document; the
+/// kubelet's defaults apply where it sets none, as in the kubelet).
+pub fn read(path: Option<&Path>) -> KubeletConfig {
+    let Some(path) = path else {
+        return KubeletConfig::NotSet;
+    };
+    match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => KubeletConfig::Missing,
+        Err(e) => KubeletConfig::Unreadable(e.to_string()),
+        Ok(text) => match EvictionConfig::from_kubelet_yaml(&text) {
+            Ok(c) => KubeletConfig::Read(Box::new(c)),
+            Err(e) => KubeletConfig::Unreadable(
+                std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(": "),
+            ),
+        },
+    }
+}
+
+/// Logs, for the config in force, each kubelet threshold the agent would not act before (one
+/// warning each).
+pub fn warn_if_kubelet_acts_first(config: &AgentConfig, node: &NodeSources) {
+    let path = config.settings.kubelet_config.as_deref();
+    let file = path.map(|p| p.display().to_string()).unwrap_or_default();
+    let kubelet = match read(path) {
+        KubeletConfig::NotSet => return,
+        KubeletConfig::Missing => {
+            tracing::info!(file, "no kubelet config file: the kubelet's thresholds are not compared with the agent's");
+            return;
+        }
+        KubeletConfig::Unreadable(error) => {
+            tracing::warn!(file, %error, "the kubelet's config file cannot be read: its thresholds are not compared with the agent's");
+            return;
+        }
+        KubeletConfig::Read(c) => c,
+    };
+    let reading = read_node(node);
+    let capacity = |s| reading.observations.get(&s).map(|o| o.capacity);
+    let findings = kubelet_acts_first(&kubelet, &config.eviction, &capacity);
+    for f in &findings {
+        tracing::warn!(file, signal = %f.kubelet.signal, "beside the kubelet: {f}");
+    }
+    if findings.is_empty() {
+        tracing::info!(
+            file,
+            "beside the kubelet: every kubelet eviction threshold is met after one of the agent's"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_is_read_or_its_absence_and_errors_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("config.yaml");
+        std::fs::write(&good, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard: {memory.available: 500Mi}\nimageGCHighThresholdPercent: 85\n").unwrap();
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(
+            &bad,
+            "kind: KubeletConfiguration\nevictionHard: {memory.available: lots}\n",
+        )
+        .unwrap();
+        assert!(matches!(read(None), KubeletConfig::NotSet));
+        assert!(matches!(
+            read(Some(&dir.path().join("absent"))),
+            KubeletConfig::Missing
+        ));
+        let KubeletConfig::Unreadable(why) = read(Some(&bad)) else {
+            panic!("bad parsed")
+        };
+        assert!(why.contains("evictionHard"), "{why}");
+        let KubeletConfig::Unreadable(_) = read(Some(dir.path())) else {
+            panic!("a directory read")
+        };
+        let KubeletConfig::Read(c) = read(Some(&good)) else {
+            panic!("good not read")
+        };
+        // Its memory threshold (and the allocatable one the kubelet derives from it); the
+        // other kubelet fields are ignored, the kubelet's defaults not added.
+        let signals: Vec<&str> = c.thresholds().iter().map(|t| t.signal.as_str()).collect();
+        assert_eq!(signals, ["memory.available", "allocatableMemory.available"]);
+    }
+}
