@@ -363,8 +363,15 @@ impl Daemon {
                 anyhow::ensure!(status.success(), "exit 0 on SIGTERM: {status}");
                 return Ok(());
             }
-            if started.elapsed() > crate::scaled(Duration::from_secs(2)) {
-                bail!("the agent did not exit within 2 s of SIGTERM");
+            // The 2 s promise is a figure of hardware. Under emulation (the VM tests) detaching
+            // the programs takes as long as attaching them, 15 s and more at 1 vCPU: there the
+            // bound only catches a hang.
+            let bound = match crate::time_scale() {
+                1 => Duration::from_secs(2),
+                _ => crate::scaled(Duration::from_secs(6)),
+            };
+            if started.elapsed() > bound {
+                bail!("the agent did not exit within {bound:?} of SIGTERM");
             }
             std::thread::sleep(Duration::from_millis(10));
         }
