@@ -17,6 +17,7 @@ use crate::{
     events::{self, OomKill},
     evict::{self, Attempt, EvictionResult},
     pacing::TokenBucket,
+    reclaim::{self, NodeReclaimer, Reclaim, ReclaimOutcome},
 };
 
 /// What the executor acts on; replaced whole by a reload.
@@ -32,6 +33,8 @@ pub struct Settings {
     pub eviction_burst: u32,
     /// The agent's own pod and the exclusions: the last check before any request.
     pub eligibility: Eligibility,
+    /// The container runtime node-level reclaim goes through; `None`: no reclaim.
+    pub runtime: Option<reclaim::Runtime>,
 }
 
 /// One thing to do in the cluster.
@@ -44,6 +47,12 @@ pub enum Action {
         pressure: bool,
         conditions: Vec<NodeCondition>,
     },
+    /// Delete dead containers and unused images through the runtime, before any eviction for
+    /// this disk signal.
+    Reclaim(Box<Reclaim>),
+    /// Note which images the runtime has and which are in use (the kubelet's periodic
+    /// `detectImages`), so reclaim knows their age.
+    DetectImages,
 }
 
 /// The policy's decision, the pod it is about, and the kernel timestamp of what triggered it.
@@ -83,6 +92,9 @@ pub enum Outcome {
         pressure: bool,
         error: Option<String>,
     },
+    Reclaim(Box<ReclaimOutcome>),
+    /// Images detected: how many the runtime has, or why it could not be listed.
+    ImagesDetected(Result<usize, String>),
 }
 
 /// The outcome of one eviction decision.
@@ -102,6 +114,7 @@ pub struct Executor {
     rates: (u32, u32),
     reporter: NodeConditionReporter,
     generation: u64,
+    reclaimer: NodeReclaimer,
 }
 
 impl Executor {
@@ -116,6 +129,7 @@ impl Executor {
             reporter: NodeConditionReporter::new(),
             generation,
             settings,
+            reclaimer: NodeReclaimer::default(),
         }
     }
 
@@ -155,7 +169,42 @@ impl Executor {
                 let error = self.condition(&settings, pressure, &conditions).await;
                 Outcome::Condition { pressure, error }
             }
+            Action::Reclaim(action) => {
+                Outcome::Reclaim(Box::new(self.reclaim(&settings, *action).await))
+            }
+            Action::DetectImages => Outcome::ImagesDetected(match &settings.runtime {
+                Some(runtime) => self.reclaimer.detect(runtime).await,
+                None => Err("no container runtime configured".into()),
+            }),
         }
+    }
+
+    /// Node-level reclaim: plan and carry out (or report, in dry run or standalone), then the
+    /// node event.
+    async fn reclaim(&mut self, settings: &Settings, action: Reclaim) -> ReclaimOutcome {
+        let Some(runtime) = &settings.runtime else {
+            return ReclaimOutcome {
+                signal: action.signal,
+                result: reclaim::ReclaimResult::RuntimeUnavailable,
+                plan: None,
+                report: Default::default(),
+                error: Some("no container runtime configured".into()),
+                event_error: None,
+                at: SystemTime::now(),
+            };
+        };
+        let standalone = settings.cluster.is_none();
+        let watch = self.settings.clone();
+        let dry_run = move || standalone || watch.borrow().dry_run;
+        let mut outcome = self.reclaimer.reclaim(runtime, action, &dry_run).await;
+        if let Some(ctx) = settings.cluster.as_ref() {
+            if let Some(event) =
+                reclaim::build_reclaim_event(&ctx.node, &outcome, SystemTime::now())
+            {
+                outcome.event_error = events::post(ctx, &event).await.err().map(|e| e.to_string());
+            }
+        }
+        outcome
     }
 
     async fn evict(&mut self, settings: &Settings, action: Evict) -> Report {

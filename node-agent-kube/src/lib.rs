@@ -17,5 +17,6 @@ pub mod executor;
 pub mod fake;
 pub mod pacing;
 pub mod pods;
+pub mod reclaim;
 mod time;
 pub mod transport;

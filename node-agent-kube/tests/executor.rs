@@ -89,6 +89,7 @@ fn settings(fake: &Fake, pdb_policy: PdbPolicy, dry_run: bool) -> Settings {
             exclusions: serde_yaml_ng::from_str("{namespaces: [kube-system]}").unwrap(),
             ..Eligibility::default()
         },
+        runtime: None,
     }
 }
 

@@ -173,6 +173,9 @@ impl Daemon {
         self.kernel.triggers.forget();
         self.set_pid_trigger();
         self.acts.state.reset_reported();
+        self.acts
+            .state
+            .set_node_reclaim(super::wiring::node_reclaim(&self.config));
         metrics.config_reload("ok");
         tracing::info!(
             reason = why,

@@ -1,6 +1,7 @@
 //! The `node_agent_*` metric families and the methods the daemon records them through.
 
 mod kube;
+mod reclaim;
 mod record;
 
 use std::sync::{Arc, OnceLock};
@@ -116,6 +117,8 @@ pub struct Metrics {
     no_evictable_pod_events: Family<SignalLabels, Counter>,
     kube_counters: Arc<OnceLock<Arc<Counters>>>,
     telemetry_connections_closed: Family<ReasonLabels, Counter>,
+    /// Node-level reclaim's families, in their own module.
+    reclaim: reclaim::ReclaimMetrics,
 }
 
 impl Metrics {
@@ -144,6 +147,7 @@ impl Metrics {
             no_evictable_pod_events: Family::default(),
             kube_counters: Arc::default(),
             telemetry_connections_closed: Family::default(),
+            reclaim: reclaim::ReclaimMetrics::default(),
         };
         // Every reload result exists from the start, so `rate()` and alerts see a 0, not nothing.
         for result in ["ok", "invalid", "refused"] {
@@ -158,6 +162,7 @@ impl Metrics {
     /// through the fields shows up in [`Metrics::encode`].
     fn registered(mut self) -> Self {
         let r = &mut self.registry;
+        self.reclaim.register(r);
         // prometheus-client appends `_total` to counter names and the unit to the histogram's,
         // and a full stop to each help text.
         r.register(
@@ -271,6 +276,11 @@ impl Metrics {
     }
 
     /// Exports the Kubernetes clients' failure counts (set once, at start).
+    /// Node-level reclaim's counters.
+    pub fn reclaim(&self) -> &reclaim::ReclaimMetrics {
+        &self.reclaim
+    }
+
     pub fn export_kube_counters(&self, counters: Arc<Counters>) {
         let _ = self.kube_counters.set(counters);
     }

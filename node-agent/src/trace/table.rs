@@ -1,6 +1,7 @@
 //! The table rendering of records: one row per record, for people, within [`ROW_WIDTH`]
 //! characters, in human units. JSON Lines (`--output json`) keep every field and raw figures.
 
+use node_agent_kube::reclaim::ReclaimResult;
 use node_agent_policy::Resource;
 
 use super::record::{Crossing, OomConstraint, Record};
@@ -129,6 +130,45 @@ impl Record {
                     ),
                 )
             }
+            Record::Reclaim {
+                time,
+                signal,
+                result,
+                containers_removed,
+                images_removed,
+                failed,
+                skipped,
+                expected_bytes,
+                available_after,
+                summary,
+                steps,
+            } => (time, "node".into(), "-".into(), {
+                let after = available_after
+                    .map(|v| match signal.resource() {
+                        Resource::Inodes | Resource::Pids => format!("; {v} after"),
+                        _ => format!("; {} after", bytes(u64::try_from(v).unwrap_or(0))),
+                    })
+                    .unwrap_or_default();
+                let expected = bytes(*expected_bytes);
+                match result {
+                    ReclaimResult::Reclaimed | ReclaimResult::Partial => format!(
+                        "{}: {signal}: removed {containers_removed} container(s), {images_removed} image(s), {expected}{}{}{after}",
+                        result.as_str(),
+                        if *failed > 0 { format!("; {failed} failed") } else { String::new() },
+                        if *skipped > 0 { format!(", {skipped} skipped") } else { String::new() },
+                    ),
+                    ReclaimResult::DryRun => format!(
+                        "dry_run: {signal}: would remove {} object(s), {expected}{after}",
+                        steps.len()
+                    ),
+                    ReclaimResult::NothingToReclaim => {
+                        format!("nothing_to_reclaim: {signal}{after}")
+                    }
+                    ReclaimResult::RuntimeUnavailable => {
+                        format!("runtime_unavailable: {signal}; {summary}")
+                    }
+                }
+            }),
             Record::EventsLost {
                 time,
                 lost,
