@@ -1,6 +1,7 @@
 //! The one executor: everything that changes the cluster — evictions, events, the node
-//! condition — leaves from this task, in the order the loop decided it, paced by one token
-//! bucket; every outcome goes back to the loop as data, so the next decision can use it.
+//! condition — and the node's container runtime (node-level reclaim) leaves from this task, in
+//! the order the loop decided it, evictions paced by one token bucket; every outcome goes back
+//! to the loop as data, so the next decision can use it.
 //!
 //! Its settings come through a `watch` channel and are read again before every request, so a
 //! reload to dry run holds from that moment, between the retries of a request too.
@@ -197,7 +198,8 @@ impl Executor {
         let watch = self.settings.clone();
         let dry_run = move || standalone || watch.borrow().dry_run;
         let mut outcome = self.reclaimer.reclaim(runtime, action, &dry_run).await;
-        if let Some(ctx) = settings.cluster.as_ref() {
+        // As every node event: not posted in dry run.
+        if let Some(ctx) = settings.cluster.as_ref().filter(|_| !dry_run()) {
             if let Some(event) =
                 reclaim::build_reclaim_event(&ctx.node, &outcome, SystemTime::now())
             {

@@ -323,3 +323,184 @@ pub fn build_reclaim_event(node: &str, outcome: &ReclaimOutcome, now: SystemTime
     e.note = Some(note);
     Some(e)
 }
+
+#[cfg(test)]
+mod tests {
+    use node_agent_cri::{
+        model::{ContainerState, PodRef},
+        reclaim::{ContainerReason, ContainerRemoval, ImageRemoval, Outcome, ReclaimKind},
+    };
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn plan() -> ReclaimPlan {
+        let at: jiff::Timestamp = "2026-11-22T21:00:00Z".parse().unwrap();
+        ReclaimPlan {
+            signal: Signal::NodeFsAvailable,
+            layout: FsLayout::Shared,
+            kinds: vec![ReclaimKind::DeadContainers, ReclaimKind::UnusedImages],
+            planned_at: at,
+            containers: vec![ContainerRemoval {
+                id: "c1".into(),
+                pod: PodRef::default(),
+                name: "job".into(),
+                attempt: 0,
+                state: ContainerState::Exited,
+                created_at: at,
+                image_id: "i1".into(),
+                reason: ContainerReason::PodGone,
+                expected_bytes: Some(4 * MIB),
+            }],
+            images: vec![ImageRemoval {
+                id: "i1".into(),
+                repo_tags: vec!["localhost/x:1".into()],
+                size_bytes: 9 * MIB,
+                first_detected: at,
+                last_used: None,
+                after_containers: vec!["c1".into()],
+            }],
+            kept_containers: vec![],
+            kept_images: vec![],
+        }
+    }
+
+    fn step(id: &str, container: bool, result: StepResult, bytes: u64) -> Outcome {
+        Outcome {
+            target: if container {
+                Target::Container {
+                    id: id.into(),
+                    pod: PodRef::default(),
+                    name: "job".into(),
+                }
+            } else {
+                Target::Image {
+                    id: id.into(),
+                    repo_tags: vec![],
+                }
+            },
+            result,
+            expected_bytes: Some(bytes),
+        }
+    }
+
+    fn outcome(result: ReclaimResult, steps: Vec<Outcome>) -> ReclaimOutcome {
+        ReclaimOutcome {
+            signal: Signal::NodeFsAvailable,
+            result,
+            plan: (result != ReclaimResult::RuntimeUnavailable).then(plan),
+            report: ReclaimReport { outcomes: steps },
+            error: (result == ReclaimResult::RuntimeUnavailable)
+                .then(|| "CRI ListContainers at unix:///x failed (Unavailable)".into()),
+            event_error: None,
+            at: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn each_result_says_what_it_did_in_the_summary_the_event_and_the_figures() {
+        let removed = || {
+            vec![
+                step("c1", true, StepResult::Removed, 4 * MIB),
+                step("i1", false, StepResult::Removed, 9 * MIB),
+            ]
+        };
+        let failed = vec![
+            step(
+                "c1",
+                true,
+                StepResult::Failed {
+                    error: "busy".into(),
+                },
+                4 * MIB,
+            ),
+            step(
+                "i1",
+                false,
+                StepResult::Skipped {
+                    blocked_by: vec!["c1".into()],
+                },
+                9 * MIB,
+            ),
+        ];
+        // (behaviour, outcome, event (type, reason) or none, summary fragment, expected bytes)
+        let cases: Vec<(&str, ReclaimOutcome, Option<(&str, &str)>, &str, u64)> = vec![
+            ("everything removed: a Normal event with the bytes",
+             outcome(ReclaimResult::Reclaimed, removed()), Some(("Normal", "FreedDiskSpace")),
+             "removed 1 dead container(s) and 1 unused image(s), expected to free 13.0 MiB", 13 * MIB),
+            ("a failure: the kubelet's warning, naming the first error",
+             outcome(ReclaimResult::Partial, failed), Some(("Warning", "FreeDiskSpaceFailed")),
+             "1 removal(s) failed, 1 skipped (first: busy)", 0),
+            ("dry run: what it would remove, no event",
+             outcome(ReclaimResult::DryRun, vec![]), None,
+             "dry run: node-level reclaim for nodefs.available would remove 1 dead container(s) and 1 unused image(s), expected to free 13.0 MiB", 13 * MIB),
+            ("nothing to remove: no event",
+             outcome(ReclaimResult::NothingToReclaim, vec![]), None, "no dead container or unused image", 0),
+            ("runtime unavailable: a warning naming the runtime's error",
+             outcome(ReclaimResult::RuntimeUnavailable, vec![]), Some(("Warning", "FreeDiskSpaceFailed")),
+             "the container runtime is unavailable (CRI ListContainers at unix:///x failed", 0),
+        ];
+        for (behaviour, o, event, summary, bytes) in cases {
+            assert!(
+                o.summary().contains(summary),
+                "{behaviour}: {}",
+                o.summary()
+            );
+            assert_eq!(o.expected_bytes(), bytes, "{behaviour}");
+            let built = build_reclaim_event("node-1", &o, SystemTime::UNIX_EPOCH);
+            let got = built
+                .as_ref()
+                .map(|e| (e.type_.as_deref().unwrap(), e.reason.as_deref().unwrap()));
+            assert_eq!(got, event, "{behaviour}");
+            if let Some(e) = built {
+                assert_eq!(e.note.as_deref(), Some(o.summary().as_str()), "{behaviour}");
+                assert_eq!(
+                    e.regarding.unwrap().kind.as_deref(),
+                    Some("Node"),
+                    "{behaviour}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tallies_count_steps_by_object_and_a_dry_run_by_plan() {
+        let o = outcome(
+            ReclaimResult::Partial,
+            vec![
+                step("c1", true, StepResult::Removed, 4 * MIB),
+                step(
+                    "i1",
+                    false,
+                    StepResult::Failed { error: "x".into() },
+                    9 * MIB,
+                ),
+            ],
+        );
+        let (c, i) = o.tallies();
+        assert_eq!((c.removed, c.failed, i.removed, i.failed), (1, 0, 0, 1));
+        let (c, i) = outcome(ReclaimResult::DryRun, vec![]).tallies();
+        assert_eq!(
+            (c.would_remove, i.would_remove, c.removed, i.removed),
+            (1, 1, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_long_error_is_cut_to_the_events_note_limit() {
+        let mut o = outcome(ReclaimResult::RuntimeUnavailable, vec![]);
+        o.error = Some("é".repeat(2000));
+        let e = build_reclaim_event("n", &o, SystemTime::UNIX_EPOCH).unwrap();
+        let note = e.note.unwrap();
+        assert!(note.len() <= 1024 && note.ends_with('…'), "{}", note.len());
+    }
+
+    #[test]
+    fn results_travel_by_name() {
+        for r in ReclaimResult::ALL {
+            assert_eq!(r.as_str().parse::<ReclaimResult>(), Ok(r));
+        }
+        assert!("done".parse::<ReclaimResult>().is_err());
+    }
+}

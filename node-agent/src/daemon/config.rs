@@ -380,6 +380,13 @@ mod tests {
                 "agent.nodefs_path",
             ),
             ("agent: {nodefs_path: relative/dir}", "agent.nodefs_path"),
+            ("cri: {endpoint: 'tcp://127.0.0.1:1'}", "cri.endpoint"),
+            ("cri: {timeout: 0s}", "cri.timeout"),
+            (
+                "cri: {image_minimum_gc_age: -1m}",
+                "cri.image_minimum_gc_age",
+            ),
+            ("cri: {sandbox: x}", "config: cri: unknown field `sandbox`"),
         ];
         for (text, needle) in cases {
             let err = AgentConfig::parse(text, &none).unwrap_err();
@@ -389,6 +396,38 @@ mod tests {
                 .join(": ");
             assert!(chain.contains(needle), "{text}: {chain}");
         }
+    }
+
+    #[test]
+    fn node_level_reclaim_uses_the_runtime_in_kubernetes_mode_only() {
+        let o = Overrides {
+            node_name: Some("worker-1".into()),
+            ..Default::default()
+        };
+        let kube = AgentConfig::parse("kubernetes: {}\n", &o).unwrap();
+        let runtime = kube.runtime.expect("Kubernetes mode reclaims by default");
+        assert_eq!(
+            runtime.settings.endpoint.to_string(),
+            "unix:///run/containerd/containerd.sock"
+        );
+        assert_eq!(runtime.gc.images.min_age, Duration::from_secs(120));
+        assert!(!kube.cri_unused);
+        let set = AgentConfig::parse(
+            "kubernetes: {}\ncri: {endpoint: 'unix:///run/crio/crio.sock', image_minimum_gc_age: 0s, keep_images: []}\n",
+            &o,
+        )
+        .unwrap();
+        let runtime = set.runtime.unwrap();
+        assert_eq!(
+            runtime.settings.endpoint.to_string(),
+            "unix:///run/crio/crio.sock"
+        );
+        assert_eq!(runtime.gc.images.min_age, Duration::ZERO);
+        assert!(runtime.gc.images.keep.is_empty());
+        let standalone = AgentConfig::parse("cri: {}\n", &o).unwrap();
+        assert!(standalone.runtime.is_none(), "no pod list: no reclaim");
+        assert!(standalone.cri_unused, "said at start");
+        assert!(!AgentConfig::standalone(&o).unwrap().cri_unused);
     }
 
     #[test]

@@ -115,3 +115,72 @@ impl ReclaimMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use node_agent_cri::{
+        model::PodRef,
+        reclaim::{Outcome, ReclaimReport, StepResult, Target},
+    };
+    use node_agent_policy::Signal;
+
+    use super::*;
+
+    fn encode(m: &ReclaimMetrics) -> String {
+        let mut r = Registry::with_prefix("node_agent");
+        m.register(&mut r);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+        out
+    }
+
+    #[test]
+    fn an_outcome_counts_the_run_its_objects_by_result_and_the_bytes() {
+        let m = ReclaimMetrics::default();
+        let step = |container: bool, result: StepResult, bytes| Outcome {
+            target: if container {
+                Target::Container {
+                    id: "c".into(),
+                    pod: PodRef::default(),
+                    name: "n".into(),
+                }
+            } else {
+                Target::Image {
+                    id: "i".into(),
+                    repo_tags: vec![],
+                }
+            },
+            result,
+            expected_bytes: Some(bytes),
+        };
+        m.record(&ReclaimOutcome {
+            signal: Signal::ImageFsAvailable,
+            result: ReclaimResult::Partial,
+            plan: None,
+            report: ReclaimReport {
+                outcomes: vec![
+                    step(true, StepResult::Removed, 100),
+                    step(false, StepResult::Removed, 900),
+                    step(false, StepResult::Failed { error: "x".into() }, 5000),
+                ],
+            },
+            error: None,
+            event_error: None,
+            at: SystemTime::UNIX_EPOCH,
+        });
+        m.set_runtime_unavailable(true);
+        let text = encode(&m);
+        for line in [
+            "node_agent_node_reclaims_total{signal=\"imagefs.available\",result=\"partial\"} 1",
+            "node_agent_node_reclaim_objects_total{signal=\"imagefs.available\",object=\"container\",result=\"removed\"} 1",
+            "node_agent_node_reclaim_objects_total{signal=\"imagefs.available\",object=\"image\",result=\"removed\"} 1",
+            "node_agent_node_reclaim_objects_total{signal=\"imagefs.available\",object=\"image\",result=\"failed\"} 1",
+            "node_agent_node_reclaim_bytes_total{signal=\"imagefs.available\",result=\"removed\"} 1000",
+            "node_agent_node_reclaim_runtime_unavailable 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+    }
+}
