@@ -223,7 +223,9 @@ mod tests {
 
     #[test]
     fn gc_policy_table() {
-        let cases: &[(&str, &str, Result<(Duration, &[&str]), &str>)] = &[
+        /// The policy's minimum age and kept images, or a fragment of the refusal.
+        type Expected = Result<(Duration, &'static [&'static str]), &'static str>;
+        let cases: &[(&str, &str, Expected)] = &[
             (
                 "defaults: the kubelet's 2 minutes, containerd 1.6's sandbox image kept",
                 "{}",

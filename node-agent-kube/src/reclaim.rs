@@ -425,7 +425,14 @@ mod tests {
             ),
         ];
         // (behaviour, outcome, event (type, reason) or none, summary fragment, expected bytes)
-        let cases: Vec<(&str, ReclaimOutcome, Option<(&str, &str)>, &str, u64)> = vec![
+        type Case = (
+            &'static str,
+            ReclaimOutcome,
+            Option<(&'static str, &'static str)>,
+            &'static str,
+            u64,
+        );
+        let cases: Vec<Case> = vec![
             ("everything removed: a Normal event with the bytes",
              outcome(ReclaimResult::Reclaimed, removed()), Some(("Normal", "FreedDiskSpace")),
              "removed 1 dead container(s) and 1 unused image(s), expected to free 13.0 MiB", 13 * MIB),

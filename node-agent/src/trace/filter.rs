@@ -122,9 +122,9 @@ impl Filter {
             }
         }
         if let Some(want) = &self.namespace {
-            if !pod
+            if pod
                 .as_ref()
-                .is_some_and(|p| p.namespace == Some(want.as_str()))
+                .is_none_or(|p| p.namespace != Some(want.as_str()))
             {
                 return false;
             }
