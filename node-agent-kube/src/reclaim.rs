@@ -260,12 +260,15 @@ impl NodeReclaimer {
             policy: &runtime.gc,
             now,
         });
-        tracing::info!(plan = %plan, "node-level reclaim");
         if plan.is_empty() {
+            tracing::debug!(plan = %plan, "node-level reclaim");
             outcome.result = ReclaimResult::NothingToReclaim;
         } else if dry_run() {
+            // What a dry run shows: every object it would remove or keep, and why.
+            tracing::info!(plan = %plan, "dry run: node-level reclaim not carried out");
             outcome.result = ReclaimResult::DryRun;
         } else {
+            tracing::info!(plan = %plan, "node-level reclaim");
             let mut run = plan.run();
             let mut stopped = false;
             loop {

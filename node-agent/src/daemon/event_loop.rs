@@ -280,7 +280,12 @@ impl super::Daemon {
                 self.runtime_reachable(None);
                 tracing::warn!(signal = %outcome.signal, "{}", outcome.summary());
             }
-            _ => {
+            ReclaimResult::NothingToReclaim => {
+                // Under lasting pressure this comes every resync: not worth a line each time.
+                self.runtime_reachable(None);
+                tracing::debug!(signal = %outcome.signal, "{}", outcome.summary());
+            }
+            ReclaimResult::Reclaimed | ReclaimResult::DryRun => {
                 self.runtime_reachable(None);
                 tracing::info!(signal = %outcome.signal, "{}", outcome.summary());
             }

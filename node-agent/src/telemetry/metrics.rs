@@ -466,6 +466,8 @@ mod tests {
                 "node_agent_no_evictable_pod",
                 "node_agent_no_evictable_pod_events",
                 "node_agent_node_condition",
+                // Node-level reclaim's gauge (its counters appear with their first reclaim).
+                "node_agent_node_reclaim_runtime_unavailable",
                 "node_agent_oom_kills",
                 "node_agent_ringbuf_decode_errors",
                 "node_agent_ringbuf_lost_events",
