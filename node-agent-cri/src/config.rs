@@ -5,17 +5,27 @@
 //! cri:
 //!   endpoint: unix:///run/containerd/containerd.sock   # the kubelet's --container-runtime-endpoint
 //!   timeout: 10s                                       # per call (Go duration)
+//!   image_minimum_gc_age: 2m                           # the kubelet's imageMinimumGCAge
+//!   keep_images: [registry.k8s.io/pause:3.6]           # never removed (the sandbox image)
 //! ```
 
 use std::{path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
+use crate::reclaim::{ContainerGcPolicy, GcPolicy, ImageGcPolicy};
+
 /// containerd's socket, the most common runtime endpoint.
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
 /// Per call. The kubelet waits up to 2 minutes (`runtimeRequestTimeout`), but the agent asks
 /// under pressure and would rather report a slow runtime than wait for it.
 pub const DEFAULT_TIMEOUT: &str = "10s";
+/// The kubelet's `imageMinimumGCAge` default.
+pub const DEFAULT_IMAGE_MINIMUM_GC_AGE: &str = "2m";
+/// containerd 1.6's default `sandbox_image`: containerd before 1.7 does not pin it, and a node
+/// without registry access cannot start pods once it is gone (the kubelet kept its own
+/// `--pod-infra-container-image` out of image GC for the same reason).
+pub const DEFAULT_KEEP_IMAGES: &[&str] = &["registry.k8s.io/pause:3.6"];
 
 /// The settings as written (`cri:`), every field optional.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -25,6 +35,11 @@ pub struct CriConfig {
     pub endpoint: String,
     /// Longest wait for one call (Go duration, > 0).
     pub timeout: String,
+    /// Images first seen less than this ago are not removed by node-level reclaim (Go
+    /// duration, >= 0; the kubelet's `imageMinimumGCAge`).
+    pub image_minimum_gc_age: String,
+    /// Images never removed by node-level reclaim, by ID, tag or digest.
+    pub keep_images: Vec<String>,
 }
 
 impl Default for CriConfig {
@@ -32,6 +47,8 @@ impl Default for CriConfig {
         Self {
             endpoint: DEFAULT_ENDPOINT.into(),
             timeout: DEFAULT_TIMEOUT.into(),
+            image_minimum_gc_age: DEFAULT_IMAGE_MINIMUM_GC_AGE.into(),
+            keep_images: DEFAULT_KEEP_IMAGES.iter().map(|s| s.to_string()).collect(),
         }
     }
 }
@@ -49,6 +66,10 @@ pub enum CriConfigError {
     },
     #[error("cri.timeout: {value:?} must be longer than 0")]
     TimeoutNotPositive { value: String },
+    #[error("cri.image_minimum_gc_age: {value:?}: {problem}")]
+    ImageMinimumGcAge { value: String, problem: String },
+    #[error("cri.keep_images: an empty name is not an image reference")]
+    KeepImageEmpty,
 }
 
 /// The runtime's unix socket.
@@ -119,6 +140,30 @@ impl CriConfig {
     }
 }
 
+impl CriConfig {
+    /// The node-level reclaim settings of this section: the image GC's minimum age and the
+    /// images it never removes; the container GC keeps the kubelet's defaults.
+    pub fn gc_policy(&self) -> Result<GcPolicy, CriConfigError> {
+        let refused = |problem: String| CriConfigError::ImageMinimumGcAge {
+            value: self.image_minimum_gc_age.clone(),
+            problem,
+        };
+        let nanos = node_agent_policy::duration::parse_go_duration(&self.image_minimum_gc_age)
+            .map_err(|e| refused(e.to_string()))?;
+        let nanos = u64::try_from(nanos).map_err(|_| refused("must not be negative".into()))?;
+        if self.keep_images.iter().any(|k| k.trim().is_empty()) {
+            return Err(CriConfigError::KeepImageEmpty);
+        }
+        Ok(GcPolicy {
+            containers: ContainerGcPolicy::default(),
+            images: ImageGcPolicy {
+                min_age: Duration::from_nanos(nanos),
+                keep: self.keep_images.clone(),
+            },
+        })
+    }
+}
+
 impl Default for CriSettings {
     fn default() -> Self {
         CriConfig::default()
@@ -172,6 +217,53 @@ mod tests {
                     )
                 }
                 _ => panic!("{behaviour}: expected {expected:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn gc_policy_table() {
+        /// The policy's minimum age and kept images, or a fragment of the refusal.
+        type Expected = Result<(Duration, &'static [&'static str]), &'static str>;
+        let cases: &[(&str, &str, Expected)] = &[
+            (
+                "defaults: the kubelet's 2 minutes, containerd 1.6's sandbox image kept",
+                "{}",
+                Ok((Duration::from_secs(120), &["registry.k8s.io/pause:3.6"])),
+            ),
+            (
+                "a zero age and no kept image",
+                "{image_minimum_gc_age: 0s, keep_images: []}",
+                Ok((Duration::ZERO, &[])),
+            ),
+            (
+                "a negative age is refused",
+                "{image_minimum_gc_age: -1m}",
+                Err("cri.image_minimum_gc_age: \"-1m\": must not be negative"),
+            ),
+            (
+                "an age without unit is refused",
+                "{image_minimum_gc_age: '5'}",
+                Err("cri.image_minimum_gc_age: \"5\""),
+            ),
+            (
+                "an empty kept name is refused",
+                "{keep_images: ['']}",
+                Err("cri.keep_images: an empty name"),
+            ),
+        ];
+        for (behaviour, yaml, expected) in cases {
+            let config: CriConfig = serde_yaml_ng::from_str(yaml).unwrap();
+            match (expected, config.gc_policy()) {
+                (Ok((age, keep)), Ok(p)) => {
+                    assert_eq!(p.images.min_age, *age, "{behaviour}");
+                    assert_eq!(p.images.keep, *keep, "{behaviour}");
+                    assert_eq!(p.containers, ContainerGcPolicy::default(), "{behaviour}");
+                }
+                (Err(needle), Err(e)) => {
+                    assert!(e.to_string().contains(needle), "{behaviour}: {e}")
+                }
+                (_, got) => panic!("{behaviour}: expected {expected:?}, got {got:?}"),
             }
         }
     }

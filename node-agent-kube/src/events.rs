@@ -71,6 +71,11 @@ fn node_ref(node: &str) -> ObjectReference {
     }
 }
 
+/// An event about the node, to be given its reason and note (node-level reclaim).
+pub(crate) fn node_event(node: &str, now: SystemTime) -> Event {
+    base(NODE_EVENT_NAMESPACE, node, node, now, node_ref(node))
+}
+
 /// `Evicted` on the pod, with the decision's own message and the annotations the kubelet
 /// derives from the same figures (the containers the message names, their usage, the
 /// resource the node is short of).

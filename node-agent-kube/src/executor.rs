@@ -1,7 +1,7 @@
 //! The one executor: everything that changes the cluster — evictions, events, the node
-//! condition and the node's pressure taint — leaves from this task, in the order the loop
-//! decided it, paced by one token bucket; every outcome goes back to the loop as data, so the
-//! next decision can use it.
+//! condition, the node's pressure taint — and the node's container runtime (node-level
+//! reclaim) leaves from this task, in the order the loop decided it, evictions paced by one
+//! token bucket; every outcome goes back to the loop as data, so the next decision can use it.
 //!
 //! Its settings come through a `watch` channel and are read again before every request, so a
 //! reload to dry run holds from that moment, between the retries of a request too.
@@ -18,6 +18,7 @@ use crate::{
     events::{self, OomKill},
     evict::{self, Attempt, EvictionResult},
     pacing::TokenBucket,
+    reclaim::{self, NodeReclaimer, Reclaim, ReclaimOutcome},
     taint::{self, TaintChange},
 };
 
@@ -37,6 +38,8 @@ pub struct Settings {
     /// Keep the agent's `NoSchedule` taint on the node while it reports pressure. Off: the
     /// taint is never added, and one left from before is removed.
     pub taint: bool,
+    /// The container runtime node-level reclaim goes through; `None`: no reclaim.
+    pub runtime: Option<reclaim::Runtime>,
 }
 
 /// One thing to do in the cluster.
@@ -54,6 +57,12 @@ pub enum Action {
     Taint {
         conditions: Vec<NodeCondition>,
     },
+    /// Delete dead containers and unused images through the runtime, before any eviction for
+    /// this disk signal.
+    Reclaim(Box<Reclaim>),
+    /// Note which images the runtime has and which are in use (the kubelet's periodic
+    /// `detectImages`), so reclaim knows their age.
+    DetectImages,
 }
 
 /// The policy's decision, the pod it is about, and the kernel timestamp of what triggered it.
@@ -98,6 +107,9 @@ pub enum Outcome {
         wanted: bool,
         result: Result<Option<TaintChange>, String>,
     },
+    Reclaim(Box<ReclaimOutcome>),
+    /// Images detected: how many the runtime has, or why it could not be listed.
+    ImagesDetected(Result<usize, String>),
 }
 
 /// The outcome of one eviction decision.
@@ -117,6 +129,7 @@ pub struct Executor {
     rates: (u32, u32),
     reporter: NodeConditionReporter,
     generation: u64,
+    reclaimer: NodeReclaimer,
 }
 
 impl Executor {
@@ -131,6 +144,7 @@ impl Executor {
             reporter: NodeConditionReporter::new(),
             generation,
             settings,
+            reclaimer: NodeReclaimer::default(),
         }
     }
 
@@ -178,7 +192,43 @@ impl Executor {
                     result,
                 }
             }
+            Action::Reclaim(action) => {
+                Outcome::Reclaim(Box::new(self.reclaim(&settings, *action).await))
+            }
+            Action::DetectImages => Outcome::ImagesDetected(match &settings.runtime {
+                Some(runtime) => self.reclaimer.detect(runtime).await,
+                None => Err("no container runtime configured".into()),
+            }),
         }
+    }
+
+    /// Node-level reclaim: plan and carry out (or report, in dry run or standalone), then the
+    /// node event.
+    async fn reclaim(&mut self, settings: &Settings, action: Reclaim) -> ReclaimOutcome {
+        let Some(runtime) = &settings.runtime else {
+            return ReclaimOutcome {
+                signal: action.signal,
+                result: reclaim::ReclaimResult::RuntimeUnavailable,
+                plan: None,
+                report: Default::default(),
+                error: Some("no container runtime configured".into()),
+                event_error: None,
+                at: SystemTime::now(),
+            };
+        };
+        let standalone = settings.cluster.is_none();
+        let watch = self.settings.clone();
+        let dry_run = move || standalone || watch.borrow().dry_run;
+        let mut outcome = self.reclaimer.reclaim(runtime, action, &dry_run).await;
+        // As every node event: not posted in dry run.
+        if let Some(ctx) = settings.cluster.as_ref().filter(|_| !dry_run()) {
+            if let Some(event) =
+                reclaim::build_reclaim_event(&ctx.node, &outcome, SystemTime::now())
+            {
+                outcome.event_error = events::post(ctx, &event).await.err().map(|e| e.to_string());
+            }
+        }
+        outcome
     }
 
     /// Writes the node's taint; in dry run (or standalone) only says what it would do.

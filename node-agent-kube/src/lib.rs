@@ -17,6 +17,7 @@ pub mod executor;
 pub mod fake;
 pub mod pacing;
 pub mod pods;
+pub mod reclaim;
 pub mod taint;
 mod time;
 pub mod transport;

@@ -90,6 +90,7 @@ fn settings(fake: &Fake, pdb_policy: PdbPolicy, dry_run: bool) -> Settings {
             ..Eligibility::default()
         },
         taint: true,
+        runtime: None,
     }
 }
 

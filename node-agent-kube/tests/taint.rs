@@ -66,6 +66,7 @@ async fn start(store: &NodeStore, taint: bool, dry_run: bool) -> Running {
         eviction_burst: 1,
         eligibility: Eligibility::default(),
         taint,
+        runtime: None,
     };
     let (tx, rx) = watch::channel(settings);
     let (actions, outcomes, _task) = executor::spawn(rx, 8);

@@ -2,6 +2,13 @@
 //! flight, pods not evictable now, pacing, what was last reported) and the pure functions that
 //! turn a decision, and each outcome the executor reports, into the next actions.
 //!
+//! Node-level reclaim goes before an eviction for a disk signal, as the kubelet's
+//! `reclaimNodeLevelResources` does: when the signal being reclaimed has node-level reclaim
+//! functions (by filesystem layout), the plan hands a [`Reclaim`] action to the executor and
+//! holds every eviction until its outcome is back and the loop has observed the node again;
+//! from then on, until `interval` has passed, the pods are ranked and evicted as before. So at
+//! most one reclaim runs per `interval` (the kubelet: once per synchronize).
+//!
 //! At most one eviction is in flight: from the moment it is handed to the executor until its
 //! outcome says nothing is going (refused, blocked, failed, paced), or until the pod's cgroup
 //! is gone (the kubelet's wait for pod cleanup) or `eviction_wait_timeout` passed.
@@ -12,11 +19,13 @@ use std::{
     time::Duration,
 };
 
+use node_agent_cri::reclaim::{reclaim_kinds, FsLayout, PodPhase, PodStates};
 use node_agent_kube::{
     config::{KubeConfig, NodeOomEvents},
     events::OomKill,
     evict::EvictionResult,
     executor::{Action, Evict, NodeEvent, Report},
+    reclaim::Reclaim,
 };
 use node_agent_policy::{
     Decision, Eligibility, NodeCondition, NotEvictableNow, PassedOver, PodInfo, Signal,
@@ -53,6 +62,22 @@ pub struct InFlight {
     pub cgroup: Option<PathBuf>,
     /// Set once the executor said the pod goes: wait until its cgroup is gone or until then.
     pub going_until: Option<Duration>,
+}
+
+/// Node-level reclaim, when a container runtime is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeReclaim {
+    /// Where images and writable layers live relative to `nodefs`.
+    pub layout: FsLayout,
+    /// At most one reclaim per this long (the resync interval: the kubelet's synchronize).
+    pub interval: Duration,
+}
+
+/// The reclaim in flight and when the last one was handed over or ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct ReclaimState {
+    in_flight: Option<Signal>,
+    last: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +122,8 @@ pub struct Acting {
     last_met: BTreeSet<Signal>,
     last_conditions: Option<Vec<NodeCondition>>,
     no_evictable: Option<Signal>,
+    node_reclaim: Option<NodeReclaim>,
+    reclaim: ReclaimState,
 }
 
 impl Acting {
@@ -133,9 +160,15 @@ impl Acting {
         now: Duration,
     ) -> Plan {
         let mut plan = Plan::default();
-        // The eviction leaves first: it is what the node is waiting for; the events and the
-        // condition that describe the same moment follow it.
-        if let Some(evict) = self.eviction(decision, pods, fresh, trigger_ktime_ns, cgroup_of, now)
+        // The eviction (or the node-level reclaim that goes before it) leaves first: it is what
+        // the node is waiting for; the events and the condition that describe the same moment
+        // follow it.
+        if let Some(reclaim) = self.node_reclaim(decision, pods, fresh, now) {
+            plan.actions.push(reclaim);
+        } else if self.reclaim.in_flight.is_some() {
+            // Nothing is evicted until the reclaim's outcome is back and the node observed again.
+        } else if let Some(evict) =
+            self.eviction(decision, pods, fresh, trigger_ktime_ns, cgroup_of, now)
         {
             plan.actions.push(evict);
         } else if decision.evict.is_some() && !fresh {
@@ -185,6 +218,64 @@ impl Acting {
         }
         self.no_evictable = starving;
         plan
+    }
+
+    pub fn with_node_reclaim(node_reclaim: Option<NodeReclaim>) -> Self {
+        Self {
+            node_reclaim,
+            ..Self::default()
+        }
+    }
+
+    /// Sets (or, `None`, turns off) node-level reclaim; from config, at start and on reload.
+    pub fn set_node_reclaim(&mut self, node_reclaim: Option<NodeReclaim>) {
+        self.node_reclaim = node_reclaim;
+    }
+
+    /// The reclaim to hand over: the signal being reclaimed has node-level reclaim functions,
+    /// none is in flight, and the last one is at least `interval` old.
+    fn node_reclaim(
+        &mut self,
+        decision: &Decision,
+        pods: &[PodInfo],
+        fresh: bool,
+        now: Duration,
+    ) -> Option<Action> {
+        let config = self.node_reclaim?;
+        let signal = decision.reclaim?;
+        if reclaim_kinds(signal, config.layout).is_empty() || self.reclaim.in_flight.is_some() {
+            return None;
+        }
+        if self.reclaim.last.is_some_and(|t| now < t + config.interval) {
+            return None;
+        }
+        self.reclaim = ReclaimState {
+            in_flight: Some(signal),
+            last: Some(now),
+        };
+        // Pods the source lists keep their newest dead container per name; the dead
+        // containers of pods it does not list may all go, once the list is fresh.
+        let states = PodStates {
+            sources_ready: fresh,
+            pods: pods
+                .iter()
+                .filter_map(|p| Some((p.uid.clone()?, PodPhase::Active)))
+                .collect(),
+        };
+        Some(Action::Reclaim(Box::new(Reclaim {
+            signal,
+            layout: config.layout,
+            pods: states,
+        })))
+    }
+
+    /// The executor reported the reclaim's outcome: evictions may go again once the node has
+    /// been observed anew (the caller evaluates now); the next reclaim not before `interval`.
+    pub fn reclaimed(&mut self, now: Duration) {
+        self.reclaim = ReclaimState {
+            in_flight: None,
+            last: Some(now),
+        };
     }
 
     /// The eviction to hand over, if the decision has one and nothing holds it back (stale

@@ -4,6 +4,7 @@
 //! ```yaml
 //! eviction: {evictionHard: {memory.available: 500Mi}}   # KubeletConfiguration fields
 //! kubernetes: {pod_source: kubelet}                     # absent: standalone mode
+//! cri: {endpoint: "unix:///run/containerd/containerd.sock"}  # node-level reclaim (Kubernetes mode)
 //! agent: {dry_run: false, listen: "0.0.0.0:9464"}       # below, every field with its default
 //! ```
 
@@ -11,7 +12,8 @@ pub mod checks;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use node_agent_kube::config::KubeConfig;
+use node_agent_cri::CriConfig;
+use node_agent_kube::{config::KubeConfig, reclaim::Runtime};
 use node_agent_policy::EvictionConfig;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
@@ -28,7 +30,7 @@ pub enum ConfigError {
     Yaml(#[source] serde_yaml_ng::Error),
     #[error("config file is empty: give at least one of eviction, kubernetes or agent (without a file, the agent runs standalone with the kubelet's defaults)")]
     Empty,
-    #[error("config: unknown top-level key {0:?}; expected eviction, kubernetes or agent")]
+    #[error("config: unknown top-level key {0:?}; expected eviction, kubernetes, cri or agent")]
     UnknownSection(String),
     #[error("config: eviction")]
     Eviction(#[source] node_agent_policy::ConfigError),
@@ -36,6 +38,10 @@ pub enum ConfigError {
     Kubernetes(#[source] node_agent_kube::config::ConfigError),
     #[error("config: agent")]
     Agent(#[source] serde_yaml_ng::Error),
+    #[error("config: cri")]
+    CriYaml(#[source] serde_yaml_ng::Error),
+    #[error("config")]
+    Cri(#[source] node_agent_cri::CriConfigError),
     #[error("config: agent.{field}: {problem}")]
     AgentField {
         field: &'static str,
@@ -131,6 +137,11 @@ pub struct AgentConfig {
     pub eviction: EvictionConfig,
     /// `None`: standalone mode (no cluster; decisions are reported, never carried out).
     pub kubernetes: Option<KubeConfig>,
+    /// The container runtime node-level reclaim goes through: `cri:`, or its defaults in
+    /// Kubernetes mode; `None` in standalone mode (no pod list to judge dead containers by).
+    pub runtime: Option<Runtime>,
+    /// `cri:` was given in standalone mode, where it is not used (logged at start).
+    pub cri_unused: bool,
     pub settings: Settings,
 }
 
@@ -178,7 +189,7 @@ impl AgentConfig {
         };
         for key in map.keys() {
             let key = key.as_str().unwrap_or("(not a string)");
-            if !matches!(key, "eviction" | "kubernetes" | "agent") {
+            if !matches!(key, "eviction" | "kubernetes" | "cri" | "agent") {
                 return Err(ConfigError::UnknownSection(key.into()));
             }
         }
@@ -201,8 +212,18 @@ impl AgentConfig {
             Some(v) => serde_yaml_ng::from_value(v.clone()).map_err(ConfigError::Agent)?,
         };
         let settings = validate(agent, overrides)?;
+        let cri: CriConfig = match whole.get("cri") {
+            None | Some(Value::Null) => CriConfig::default(),
+            Some(v) => serde_yaml_ng::from_value(v.clone()).map_err(ConfigError::CriYaml)?,
+        };
+        let runtime = Runtime {
+            settings: cri.validate().map_err(ConfigError::Cri)?,
+            gc: cri.gc_policy().map_err(ConfigError::Cri)?,
+        };
         Ok(Self {
             eviction,
+            cri_unused: kubernetes.is_none() && whole.get("cri").is_some(),
+            runtime: kubernetes.is_some().then_some(runtime),
             kubernetes,
             settings,
         })
@@ -409,6 +430,13 @@ mod tests {
                 "agent: {kubelet_config: config.yaml}",
                 "agent.kubelet_config",
             ),
+            ("cri: {endpoint: 'tcp://127.0.0.1:1'}", "cri.endpoint"),
+            ("cri: {timeout: 0s}", "cri.timeout"),
+            (
+                "cri: {image_minimum_gc_age: -1m}",
+                "cri.image_minimum_gc_age",
+            ),
+            ("cri: {sandbox: x}", "config: cri: unknown field `sandbox`"),
         ];
         for (text, needle) in cases {
             let err = AgentConfig::parse(text, &none).unwrap_err();
@@ -418,6 +446,38 @@ mod tests {
                 .join(": ");
             assert!(chain.contains(needle), "{text}: {chain}");
         }
+    }
+
+    #[test]
+    fn node_level_reclaim_uses_the_runtime_in_kubernetes_mode_only() {
+        let o = Overrides {
+            node_name: Some("worker-1".into()),
+            ..Default::default()
+        };
+        let kube = AgentConfig::parse("kubernetes: {}\n", &o).unwrap();
+        let runtime = kube.runtime.expect("Kubernetes mode reclaims by default");
+        assert_eq!(
+            runtime.settings.endpoint.to_string(),
+            "unix:///run/containerd/containerd.sock"
+        );
+        assert_eq!(runtime.gc.images.min_age, Duration::from_secs(120));
+        assert!(!kube.cri_unused);
+        let set = AgentConfig::parse(
+            "kubernetes: {}\ncri: {endpoint: 'unix:///run/crio/crio.sock', image_minimum_gc_age: 0s, keep_images: []}\n",
+            &o,
+        )
+        .unwrap();
+        let runtime = set.runtime.unwrap();
+        assert_eq!(
+            runtime.settings.endpoint.to_string(),
+            "unix:///run/crio/crio.sock"
+        );
+        assert_eq!(runtime.gc.images.min_age, Duration::ZERO);
+        assert!(runtime.gc.images.keep.is_empty());
+        let standalone = AgentConfig::parse("cri: {}\n", &o).unwrap();
+        assert!(standalone.runtime.is_none(), "no pod list: no reclaim");
+        assert!(standalone.cri_unused, "said at start");
+        assert!(!AgentConfig::standalone(&o).unwrap().cri_unused);
     }
 
     #[test]

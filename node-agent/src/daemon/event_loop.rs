@@ -14,6 +14,9 @@ use crate::{
 
 /// How often ring-buffer losses, cgroup rescans and the config file are checked.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
+/// How often the runtime's images are detected for node-level reclaim (the kubelet's image GC
+/// period, when it runs `detectImages`).
+const IMAGE_DETECT_PERIOD: Duration = Duration::from_secs(300);
 
 pub(super) struct Signals {
     term: tokio::signal::unix::Signal,
@@ -86,8 +89,12 @@ impl super::Daemon {
                 }
                 outcome = self.acts.outcomes.recv() => {
                     let outcome = outcome.ok_or(DaemonError::ExecutorStopped)?;
+                    let trigger = match outcome {
+                        Outcome::Reclaim(_) => "reclaim_outcome",
+                        _ => "eviction_outcome",
+                    };
                     if self.on_outcome(outcome) {
-                        self.evaluate(Trigger::named("eviction_outcome")).await;
+                        self.evaluate(Trigger::named(trigger)).await;
                     }
                 }
                 () = wait_paced, if self.pressure => self.evaluate(Trigger::named("pacing")).await,
@@ -105,6 +112,7 @@ impl super::Daemon {
                     }
                     self.export_kernel_counters();
                     self.rescan_if_due();
+                    self.detect_images_if_due().await;
                     if self.config_changed() {
                         self.reload("config file changed").await;
                     }
@@ -250,7 +258,95 @@ impl super::Daemon {
                 }
                 false
             }
+            Outcome::Reclaim(outcome) => {
+                self.on_reclaim(&outcome);
+                // Observe the node again now: evict only if the threshold is still met.
+                true
+            }
+            Outcome::ImagesDetected(result) => {
+                match result {
+                    Ok(images) => {
+                        tracing::debug!(images, "container runtime images detected");
+                        self.runtime_reachable(None);
+                    }
+                    Err(error) => self.runtime_reachable(Some(error)),
+                }
+                false
+            }
         }
+    }
+
+    /// Counts, logs and publishes a node-level reclaim, with the signal observed after it.
+    fn on_reclaim(&mut self, outcome: &node_agent_kube::reclaim::ReclaimOutcome) {
+        use node_agent_kube::reclaim::ReclaimResult;
+        let metrics = &self.telemetry.metrics;
+        metrics.reclaim().record(outcome);
+        if let Some(error) = &outcome.event_error {
+            metrics.kube_error("reclaim event");
+            tracing::warn!(%error, "the node's reclaim event was not recorded");
+        }
+        match outcome.result {
+            ReclaimResult::RuntimeUnavailable => {
+                self.runtime_reachable(outcome.error.clone().or(Some(String::new())));
+            }
+            ReclaimResult::Partial => {
+                self.runtime_reachable(None);
+                tracing::warn!(signal = %outcome.signal, "{}", outcome.summary());
+            }
+            ReclaimResult::NothingToReclaim => {
+                // Under lasting pressure this comes every resync: not worth a line each time.
+                self.runtime_reachable(None);
+                tracing::debug!(signal = %outcome.signal, "{}", outcome.summary());
+            }
+            ReclaimResult::Reclaimed | ReclaimResult::DryRun => {
+                self.runtime_reachable(None);
+                tracing::info!(signal = %outcome.signal, "{}", outcome.summary());
+            }
+        }
+        let after = super::observe::read_node(&self.node)
+            .observations
+            .get(&outcome.signal)
+            .map(|o| o.available);
+        self.telemetry
+            .live
+            .publish(&Record::reclaim(outcome, after, crate::sys::now_rfc3339()));
+        let now = self.now();
+        self.acts.state.reclaimed(now);
+    }
+
+    /// Logs when the container runtime becomes unreachable and when it is back; the gauge
+    /// follows.
+    fn runtime_reachable(&mut self, error: Option<String>) {
+        self.telemetry
+            .metrics
+            .reclaim()
+            .set_runtime_unavailable(error.is_some());
+        match (&self.acts.runtime_error, &error) {
+            (None, Some(error)) => tracing::warn!(%error,
+                "container runtime unavailable: node-level reclaim is skipped and disk pressure evicts pods directly"),
+            (Some(_), None) => {
+                tracing::info!("container runtime reachable again: node-level reclaim resumes")
+            }
+            _ => {}
+        }
+        self.acts.runtime_error = error;
+    }
+
+    /// The kubelet's periodic image detection, through the executor, when reclaim is on.
+    async fn detect_images_if_due(&mut self) {
+        if self.config.runtime.is_none() {
+            return;
+        }
+        let now = self.now();
+        if self
+            .acts
+            .images_detected_at
+            .is_some_and(|t| now < t + IMAGE_DETECT_PERIOD)
+        {
+            return;
+        }
+        self.acts.images_detected_at = Some(now);
+        self.act(vec![Action::DetectImages]).await;
     }
 
     /// Rescans the cgroups now (a cgroup named by an event is not known yet).

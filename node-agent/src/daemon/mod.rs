@@ -15,6 +15,8 @@
 
 mod acting;
 #[cfg(test)]
+mod acting_reclaim_tests;
+#[cfg(test)]
 mod acting_tests;
 pub mod config;
 mod evaluation;
@@ -134,6 +136,10 @@ struct Acts {
     outcomes: mpsc::Receiver<Outcome>,
     settings: watch::Sender<Settings>,
     state: Acting,
+    /// When the runtime's images were last detected (the kubelet's `detectImages`).
+    images_detected_at: Option<std::time::Duration>,
+    /// Why the container runtime could not be reached the last time it was asked.
+    runtime_error: Option<String>,
 }
 
 /// What operators see: metrics, health, the live stream.

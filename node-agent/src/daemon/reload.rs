@@ -175,6 +175,9 @@ impl Daemon {
         self.set_pid_trigger();
         self.acts.state.reset_reported();
         super::kubelet::warn_if_kubelet_acts_first(&self.config, &self.node);
+        self.acts
+            .state
+            .set_node_reclaim(super::wiring::node_reclaim(&self.config));
         metrics.config_reload("ok");
         tracing::info!(
             reason = why,

@@ -8,11 +8,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use node_agent_cri::reclaim::FsLayout;
 use node_agent_kube::{api::Counters, executor};
 use node_agent_policy::{Eligibility, PolicyState};
 
 use super::{
-    acting::{Acting, Timing},
+    acting::{Acting, NodeReclaim, Timing},
     config::{AgentConfig, ConfigError, Overrides},
     feed::{Cluster, KubeSetupError},
     live::{Live, LiveError},
@@ -182,6 +183,14 @@ impl Daemon {
         );
         metrics.set_memory_mechanism(programs.memory_mechanism());
         super::kubelet::warn_if_kubelet_acts_first(&config, &node);
+        match &config.runtime {
+            Some(r) => tracing::info!(endpoint = %r.settings.endpoint,
+                "node-level reclaim through the container runtime before evicting for disk pressure"),
+            None if config.cri_unused => tracing::warn!(
+                "cri: is set but not used: node-level reclaim needs the pod list (kubernetes:)"
+            ),
+            None => {}
+        }
         let tracked = tracker.refresh(&mut programs)?;
         metrics.set_tracked_cgroups(
             tracked.tracked as i64,
@@ -201,7 +210,9 @@ impl Daemon {
                 actions,
                 outcomes,
                 settings: settings_tx,
-                state: Acting::default(),
+                state: Acting::with_node_reclaim(node_reclaim(&config)),
+                images_detected_at: None,
+                runtime_error: None,
             },
             config,
             source,
@@ -295,7 +306,22 @@ pub(super) fn executor_settings(
         eviction_burst,
         eligibility: base_eligibility(config, overrides),
         taint: config.kubernetes.as_ref().is_some_and(|k| k.taint),
+        runtime: config.runtime.clone(),
     }
+}
+
+/// Node-level reclaim from the config: with a runtime (Kubernetes mode), at most once per
+/// resync interval, images on `imagefs` when it is configured.
+pub(super) fn node_reclaim(config: &AgentConfig) -> Option<NodeReclaim> {
+    config.runtime.as_ref()?;
+    Some(NodeReclaim {
+        layout: if config.settings.imagefs_path.is_some() {
+            FsLayout::SeparateImageFs
+        } else {
+            FsLayout::Shared
+        },
+        interval: config.settings.resync_interval,
+    })
 }
 
 impl Timers {

@@ -4,6 +4,7 @@
 mod kernel;
 mod kube;
 mod process;
+mod reclaim;
 mod record;
 #[cfg(test)]
 mod tests;
@@ -46,12 +47,13 @@ pub const OBSERVED_SIGNALS: [Signal; 7] = [
 
 /// What triggers an evaluation (the daemon's `Trigger` names): their counters exist from the
 /// start.
-pub const TRIGGERS: [&str; 9] = [
+pub const TRIGGERS: [&str; 10] = [
     "start",
     "memory_threshold",
     "pid_threshold",
     "oom_kill",
     "eviction_outcome",
+    "reclaim_outcome",
     "pacing",
     "pressure_poll",
     "resync",
@@ -177,6 +179,8 @@ pub struct Metrics {
     kube_counters: Arc<OnceLock<Arc<Counters>>>,
     kernel_stats: Arc<KernelStats>,
     telemetry_connections_closed: Family<ReasonLabels, Counter>,
+    /// Node-level reclaim's families, in their own module.
+    reclaim: reclaim::ReclaimMetrics,
 }
 
 impl Metrics {
@@ -210,6 +214,7 @@ impl Metrics {
             kube_counters: Arc::default(),
             kernel_stats: Arc::default(),
             telemetry_connections_closed: Family::default(),
+            reclaim: reclaim::ReclaimMetrics::default(),
         };
         metrics.precreate();
         Arc::new(metrics.registered())
@@ -273,6 +278,7 @@ impl Metrics {
         self.registry
             .register_collector(Box::new(ProcessCollector::default()));
         let r = self.registry.sub_registry_with_prefix("node_agent");
+        self.reclaim.register(r);
         // prometheus-client appends `_total` to counter names and the unit to the others', and
         // a full stop to each help text.
         r.register_with_unit(
@@ -410,6 +416,11 @@ impl Metrics {
     }
 
     /// Exports the Kubernetes clients' failure counts (set once, at start).
+    /// Node-level reclaim's counters.
+    pub fn reclaim(&self) -> &reclaim::ReclaimMetrics {
+        &self.reclaim
+    }
+
     pub fn export_kube_counters(&self, counters: Arc<Counters>) {
         let _ = self.kube_counters.set(counters);
     }

@@ -8,6 +8,7 @@ const KINDS: &[&str] = &[
     "pid_threshold",
     "fork_storm",
     "eviction",
+    "reclaim",
     "events_lost",
 ];
 

@@ -5,7 +5,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use node_agent_kube::{evict::EvictionResult, executor::Report};
+use node_agent_kube::{
+    evict::EvictionResult,
+    executor::Report,
+    reclaim::{ReclaimOutcome, ReclaimResult},
+};
 use node_agent_policy::Signal;
 
 use crate::cgroup::{
@@ -140,6 +144,15 @@ mod by_name {
         }
     }
 
+    impl Named for node_agent_kube::reclaim::ReclaimResult {
+        fn name(&self) -> &'static str {
+            self.as_str()
+        }
+        fn from_name(s: &str) -> Result<Self, String> {
+            s.parse()
+        }
+    }
+
     impl Named for node_agent_kube::evict::EvictionResult {
         fn name(&self) -> &'static str {
             self.as_str()
@@ -222,6 +235,31 @@ pub enum Record {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
         message: String,
+    },
+    /// Node-level reclaim before an eviction for a disk signal: dead containers and unused
+    /// images removed through the container runtime (or, in dry run, what would be).
+    Reclaim {
+        time: String,
+        #[serde(with = "by_name")]
+        signal: Signal,
+        #[serde(with = "by_name")]
+        result: ReclaimResult,
+        containers_removed: u64,
+        images_removed: u64,
+        /// Removals that failed, and those skipped because a container they waited on stayed.
+        failed: u64,
+        skipped: u64,
+        /// Bytes the removed objects were expected to free (the runtime's sizes); in dry run,
+        /// what the plan would free.
+        expected_bytes: u64,
+        /// The signal's available amount observed right after the reclaim.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        available_after: Option<i64>,
+        /// The one-line summary (with the first error, if any).
+        summary: String,
+        /// Each step: what was (or would be) removed and how it went.
+        #[serde(default)]
+        steps: Vec<serde_json::Value>,
     },
     EventsLost {
         time: String,
@@ -325,6 +363,33 @@ impl Record {
         }
     }
 
+    /// The record of a node-level reclaim, with the signal's value observed after it.
+    pub fn reclaim(outcome: &ReclaimOutcome, available_after: Option<i64>, time: String) -> Record {
+        let (c, i) = outcome.tallies();
+        let steps: Vec<serde_json::Value> = match (outcome.result, &outcome.plan) {
+            (ReclaimResult::DryRun, Some(plan)) if outcome.report.outcomes.is_empty() => plan
+                .containers
+                .iter()
+                .map(to_value)
+                .chain(plan.images.iter().map(to_value))
+                .collect(),
+            _ => outcome.report.outcomes.iter().map(to_value).collect(),
+        };
+        Record::Reclaim {
+            time,
+            signal: outcome.signal,
+            result: outcome.result,
+            containers_removed: c.removed,
+            images_removed: i.removed,
+            failed: c.failed + i.failed,
+            skipped: c.skipped + i.skipped,
+            expected_bytes: outcome.expected_bytes(),
+            available_after,
+            summary: outcome.summary(),
+            steps,
+        }
+    }
+
     /// The JSON tag of this record's kind.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -333,6 +398,7 @@ impl Record {
             Record::PidThreshold { .. } => "pid_threshold",
             Record::ForkStorm { .. } => "fork_storm",
             Record::Eviction { .. } => "eviction",
+            Record::Reclaim { .. } => "reclaim",
             Record::EventsLost { .. } => "events_lost",
         }
     }
@@ -353,13 +419,19 @@ impl Record {
             Record::OomKill { cgroup, .. }
             | Record::MemoryThreshold { cgroup, .. }
             | Record::ForkStorm { cgroup, .. } => Some(cgroup),
-            Record::PidThreshold { .. } | Record::Eviction { .. } | Record::EventsLost { .. } => {
-                None
-            }
+            Record::PidThreshold { .. }
+            | Record::Eviction { .. }
+            | Record::Reclaim { .. }
+            | Record::EventsLost { .. } => None,
         }
     }
 
     pub fn json(&self) -> String {
         serde_json::to_string(self).expect("records serialise: plain strings and numbers")
     }
+}
+
+/// A plan's or report's step as JSON (plain data: serialising cannot fail).
+fn to_value<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
 }

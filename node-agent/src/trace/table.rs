@@ -1,6 +1,7 @@
 //! The table rendering of records: one row per record, for people, within [`ROW_WIDTH`]
 //! characters, in human units. JSON Lines (`--output json`) keep every field and raw figures.
 
+use node_agent_kube::reclaim::ReclaimResult;
 use node_agent_policy::Resource;
 
 use super::record::{Crossing, OomConstraint, Record};
@@ -128,6 +129,46 @@ impl Record {
                             .unwrap_or_default()
                     ),
                 )
+            }
+            Record::Reclaim {
+                time,
+                signal,
+                result,
+                containers_removed,
+                images_removed,
+                failed,
+                skipped,
+                expected_bytes,
+                available_after,
+                summary,
+                steps,
+            } => {
+                (time, signal.as_str().into(), "-".into(), {
+                    let after = available_after
+                        .map(|v| match signal.resource() {
+                            Resource::Inodes | Resource::Pids => format!("; {v} after"),
+                            _ => format!("; {} after", bytes(u64::try_from(v).unwrap_or(0))),
+                        })
+                        .unwrap_or_default();
+                    let expected = bytes(*expected_bytes);
+                    match result {
+                        ReclaimResult::Reclaimed | ReclaimResult::Partial => format!(
+                        "{}: {containers_removed} ctr, {images_removed} img, {expected}{}{}{after}",
+                        result.as_str(),
+                        if *failed > 0 { format!("; {failed} failed") } else { String::new() },
+                        if *skipped > 0 { format!(", {skipped} skipped") } else { String::new() },
+                    ),
+                        ReclaimResult::DryRun => {
+                            format!("dry_run: would remove {}, {expected}{after}", steps.len())
+                        }
+                        ReclaimResult::NothingToReclaim => {
+                            format!("nothing_to_reclaim{after}")
+                        }
+                        ReclaimResult::RuntimeUnavailable => {
+                            format!("runtime_unavailable: {summary}")
+                        }
+                    }
+                })
             }
             Record::EventsLost {
                 time,
@@ -368,6 +409,13 @@ mod tests {
                 "ktime_ns": 1, "cgroup": {"id": 1, "path": format!("/kubepods/{long}/tail")},
                 "pid": 4_194_304, "comm": "sh", "forks_in_window": 9, "window_ms": 1000,
                 "max_forks": 8}),
+            serde_json::json!({"kind": "reclaim", "time": "2026-11-22T23:05:25.123456Z",
+                "signal": "imagefs.inodesFree", "result": "partial", "containers_removed": 12345,
+                "images_removed": 67890, "failed": 11111, "skipped": 22222,
+                "expected_bytes": u64::MAX, "available_after": i64::MAX, "summary": long, "steps": []}),
+            serde_json::json!({"kind": "reclaim", "time": "2026-11-22T23:05:25.123456Z",
+                "signal": "nodefs.available", "result": "runtime_unavailable", "containers_removed": 0,
+                "images_removed": 0, "failed": 0, "skipped": 0, "expected_bytes": 0, "summary": long}),
         ];
         let header_columns: Vec<usize> = column_starts(Record::TABLE_HEADER);
         assert!(Record::TABLE_HEADER.chars().count() <= ROW_WIDTH);
@@ -404,6 +452,43 @@ mod tests {
         (0..chars.len())
             .filter(|&i| chars[i] != ' ' && (i == 0 || chars[i - 1] == ' '))
             .collect()
+    }
+
+    #[test]
+    fn a_reclaim_row_says_what_was_removed_and_what_is_available_after() {
+        let row = |v: serde_json::Value| serde_json::from_value::<Record>(v).unwrap().table_row();
+        let done = row(
+            serde_json::json!({"kind": "reclaim", "time": "2026-11-22T23:05:25.123456Z",
+            "signal": "nodefs.available", "result": "reclaimed", "containers_removed": 1,
+            "images_removed": 2, "failed": 0, "skipped": 0, "expected_bytes": 23_383_244,
+            "available_after": 1_073_741_824_i64, "summary": "s", "steps": []}),
+        );
+        assert!(
+            done.ends_with(
+                "nodefs.available             -       reclaimed: 1 ctr, 2 img, 22.3Mi; 1.0Gi after"
+            ),
+            "{done}"
+        );
+        let dry = row(
+            serde_json::json!({"kind": "reclaim", "time": "t", "signal": "imagefs.inodesFree",
+            "result": "dry_run", "containers_removed": 0, "images_removed": 0, "failed": 0, "skipped": 0,
+            "expected_bytes": 2048, "available_after": 500, "summary": "s", "steps": [{}, {}]}),
+        );
+        assert!(
+            dry.ends_with(
+                "imagefs.inodesFree           -       dry_run: would remove 2, 2.0Ki; 500 after"
+            ),
+            "{dry}"
+        );
+        let partial = row(
+            serde_json::json!({"kind": "reclaim", "time": "t", "signal": "nodefs.available",
+            "result": "partial", "containers_removed": 0, "images_removed": 1, "failed": 1, "skipped": 2,
+            "expected_bytes": 0, "summary": "s"}),
+        );
+        assert!(
+            partial.ends_with("partial: 0 ctr, 1 img, 0B; 1 failed, 2 skipped"),
+            "{partial}"
+        );
     }
 
     #[test]

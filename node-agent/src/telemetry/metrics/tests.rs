@@ -244,12 +244,14 @@ const COUNTERS: [&str; 20] = [
     "node_agent_tracking_cap_reached",
 ];
 
-const OTHERS: [&str; 17] = [
+const OTHERS: [&str; 18] = [
     "node_agent_build_info",
     "node_agent_decision_latency_seconds",
     "node_agent_memory_mechanism",
     "node_agent_no_evictable_pod",
     "node_agent_node_condition",
+    // Node-level reclaim's gauge (its counters appear with their first reclaim).
+    "node_agent_node_reclaim_runtime_unavailable",
     "node_agent_signal_available_bytes",
     "node_agent_signal_available_inodes",
     "node_agent_signal_available_pids",
