@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use node_agent::ebpf::{KernelEvent, KernelPrograms};
-use node_agent_tests::{collect_events, require_root, runtime, Helper, TestCgroup};
+use node_agent_tests::{collect_events, require_root, runtime, scaled, Helper, TestCgroup};
 
 const FORK_HELPER: &str = env!("CARGO_BIN_EXE_fork-helper");
 
@@ -116,8 +116,9 @@ fn each_fork_storm_after_a_quiet_window_is_reported_again() -> anyhow::Result<()
     let mut programs = KernelPrograms::load()?;
     programs.track_cgroup(id)?;
     // Three bursts of 120 forks against 50 per 200 ms, each after 600 ms of silence (three
-    // windows without a fork): three storms, each reported once.
-    let window = Duration::from_millis(200);
+    // windows without a fork): three storms, each reported once. Under emulation (the VM
+    // tests) a fork takes milliseconds, so the window is scaled with the test's waits.
+    let window = scaled(Duration::from_millis(200));
     programs.set_fork_limit(id, 50, window)?;
     let mut events = rt.block_on(async { programs.events() })?;
     for _ in 0..3 {
