@@ -1,12 +1,12 @@
 //! Node-level reclaim on `/metrics`: kept apart from the other families so that it can move as
 //! one piece. Families (prefix `node_agent_`):
-//! - `node_reclaims_total{signal,result}`: reclaims by the disk signal that asked for them and
+//! - `node_reclaims_total{eviction_signal,result}`: reclaims by the disk signal that asked for them and
 //!   how they went (`reclaimed`, `partial`, `nothing_to_reclaim`, `dry_run`,
 //!   `runtime_unavailable`);
-//! - `node_reclaim_objects_total{signal,object,result}`: dead containers and unused images
+//! - `node_reclaim_objects_total{eviction_signal,object,result}`: dead containers and unused images
 //!   (`object="container"|"image"`) by step result (`removed`, `failed`, `skipped`,
 //!   `would_remove` in dry run);
-//! - `node_reclaim_bytes_total{signal,result}`: bytes the removed objects were expected to free
+//! - `node_reclaim_bytes_total{eviction_signal,result}`: bytes the removed objects were expected to free
 //!   (the runtime's sizes; `result="removed"`), or a dry run's plan would free
 //!   (`result="would_remove"`);
 //! - `node_reclaim_runtime_unavailable`: 1 while the container runtime could not be reached
@@ -21,13 +21,13 @@ use prometheus_client::{
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RunLabels {
-    signal: String,
+    eviction_signal: String,
     result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ObjectLabels {
-    signal: String,
+    eviction_signal: String,
     object: &'static str,
     result: &'static str,
 }
@@ -73,7 +73,7 @@ impl ReclaimMetrics {
         let signal = outcome.signal.as_str().to_string();
         self.runs
             .get_or_create(&RunLabels {
-                signal: signal.clone(),
+                eviction_signal: signal.clone(),
                 result: outcome.result.as_str(),
             })
             .inc();
@@ -94,7 +94,7 @@ impl ReclaimMetrics {
                 if n > 0 {
                     self.objects
                         .get_or_create(&ObjectLabels {
-                            signal: signal.clone(),
+                            eviction_signal: signal.clone(),
                             object,
                             result,
                         })
@@ -110,7 +110,10 @@ impl ReclaimMetrics {
                 "removed"
             };
             self.bytes
-                .get_or_create(&RunLabels { signal, result })
+                .get_or_create(&RunLabels {
+                    eviction_signal: signal,
+                    result,
+                })
                 .inc_by(bytes);
         }
     }
@@ -173,11 +176,11 @@ mod tests {
         m.set_runtime_unavailable(true);
         let text = encode(&m);
         for line in [
-            "node_agent_node_reclaims_total{signal=\"imagefs.available\",result=\"partial\"} 1",
-            "node_agent_node_reclaim_objects_total{signal=\"imagefs.available\",object=\"container\",result=\"removed\"} 1",
-            "node_agent_node_reclaim_objects_total{signal=\"imagefs.available\",object=\"image\",result=\"removed\"} 1",
-            "node_agent_node_reclaim_objects_total{signal=\"imagefs.available\",object=\"image\",result=\"failed\"} 1",
-            "node_agent_node_reclaim_bytes_total{signal=\"imagefs.available\",result=\"removed\"} 1000",
+            "node_agent_node_reclaims_total{eviction_signal=\"imagefs.available\",result=\"partial\"} 1",
+            "node_agent_node_reclaim_objects_total{eviction_signal=\"imagefs.available\",object=\"container\",result=\"removed\"} 1",
+            "node_agent_node_reclaim_objects_total{eviction_signal=\"imagefs.available\",object=\"image\",result=\"removed\"} 1",
+            "node_agent_node_reclaim_objects_total{eviction_signal=\"imagefs.available\",object=\"image\",result=\"failed\"} 1",
+            "node_agent_node_reclaim_bytes_total{eviction_signal=\"imagefs.available\",result=\"removed\"} 1000",
             "node_agent_node_reclaim_runtime_unavailable 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
