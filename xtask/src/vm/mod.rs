@@ -74,6 +74,15 @@ const HOST_ONLY: &[(&str, &str)] = &[
         "metrics_promtool",
         "needs promtool; checks text, not the kernel",
     ),
+    (
+        "reclaim_e2e",
+        "needs containerd and runc, which the VM image does not carry",
+    ),
+    (
+        "trace_socket",
+        "tests the daemon's socket handling (descriptors, EMFILE), which no kernel changes, \
+         at 75 s per test under emulation",
+    ),
 ];
 
 /// How the agent watches memory thresholds on a kernel (node-agent's `MemoryMechanism`).
