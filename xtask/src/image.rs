@@ -49,22 +49,10 @@ pub fn setup_runtime() -> anyhow::Result<()> {
         eprintln!("xtask: container runtime ready (containerd, runc, CNI plugins, buildah, busybox-static)");
         return Ok(());
     }
-    let list = missing.join(" ");
     if !Path::new("/usr/bin/apt-get").exists() {
-        bail!("this host has no apt-get; install by hand: {list} (containerd 1.6+ with its CRI plugin, runc, the CNI reference plugins in /usr/lib/cni, buildah, a static busybox at /bin/busybox)");
+        bail!("this host has no apt-get; install by hand: {} (containerd 1.6+ with its CRI plugin, runc, the CNI reference plugins in /usr/lib/cni, buildah, a static busybox at /bin/busybox)", missing.join(" "));
     }
-    if !is_root() {
-        bail!("installing Debian packages needs root: run `sudo apt-get install -y {list}`, then `cargo xtask setup` again");
-    }
-    eprintln!("xtask: installing Debian packages: {list}");
-    run(Command::new("apt-get")
-        .arg("update")
-        .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    run(Command::new("apt-get")
-        .args(["install", "-y", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    Ok(())
+    crate::toolchain::apt_install(&missing)
 }
 
 /// What `cargo xtask image` made.
