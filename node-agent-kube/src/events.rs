@@ -78,7 +78,8 @@ pub(crate) fn node_event(node: &str, now: SystemTime) -> Event {
 
 /// `Evicted` on the pod, with the decision's own message and the annotations the kubelet
 /// derives from the same figures (the containers the message names, their usage, the
-/// resource the node is short of).
+/// resource the node is short of). An eviction for a local storage limit has no annotations,
+/// as the kubelet's has none.
 pub fn build_pod_evicted(decision: &Eviction, node: &str, now: SystemTime) -> Event {
     let regarding = ObjectReference {
         api_version: Some("v1".into()),
@@ -105,7 +106,9 @@ pub fn build_pod_evicted(decision: &Eviction, node: &str, now: SystemTime) -> Ev
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    e.metadata.annotations = Some(annotations);
+    if decision.signal.threshold().is_some() {
+        e.metadata.annotations = Some(annotations);
+    }
     e.action = Some("Evicting".into());
     e.reason = Some("Evicted".into());
     e.note = Some(decision.message.clone());

@@ -37,7 +37,7 @@ fn decision(hard: bool) -> Eviction {
         namespace: "shop".into(),
         name: "web-7c9f8d6b5-x2x9q".into(),
         uid: Some(UID.into()),
-        signal: Signal::MemoryAvailable,
+        signal: Signal::MemoryAvailable.into(),
         resource: Resource::Memory,
         hard,
         grace_period_seconds: if hard { 1 } else { 30 },

@@ -85,20 +85,30 @@ async fn kubelet_pods_and_summary_become_the_policys_pods() {
                 .value(),
             1 << 30
         );
-        let usage = web.usage.unwrap();
+        let usage = web.usage.clone().unwrap();
         assert_eq!(usage.memory_working_set_bytes, 222_298_112);
+        assert_eq!(usage.ephemeral_storage_bytes, Some(2_093_056));
+        assert_eq!(
+            usage.volumes.get("kube-api-access-8x2lz"),
+            Some(&4096),
+            "volume use by name"
+        );
         assert_eq!(usage.nodefs.bytes, 2_093_056);
         assert_eq!(usage.nodefs.inodes, 16);
         assert_eq!(usage.processes, 7);
         let nginx_usage = nginx.usage.unwrap();
         assert_eq!(nginx_usage.memory_working_set_bytes, Some(201_326_592));
         assert_eq!(
-            nginx_usage.ephemeral_storage_bytes,
+            nginx_usage.ephemeral_storage_bytes(),
             Some(40_960 + 2_048_000),
             "rootfs + logs"
         );
         assert_eq!(
-            web.containers[1].usage.unwrap().ephemeral_storage_bytes,
+            (nginx_usage.rootfs_bytes, nginx_usage.logs_bytes),
+            (Some(40_960), Some(2_048_000))
+        );
+        assert_eq!(
+            web.containers[1].usage.unwrap().ephemeral_storage_bytes(),
             None,
             "no rootfs figures"
         );

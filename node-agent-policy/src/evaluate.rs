@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::config::{EvictionConfig, Threshold};
-use crate::eligible::{Eligibility, PassReason};
+use crate::eligible::{Eligibility, NotEvictableNow, PassReason};
+use crate::local_storage::{limit_exceeded, StorageLimit};
 use crate::message::{eviction_message, OffendingContainer};
 use crate::observe::{NodeCapacity, Observations, PodInfo};
 use crate::quantity::{Quantity, NANOS};
 use crate::rank::rank;
-use crate::signal::{NodeCondition, Resource, Signal};
+use crate::signal::{EvictionSignal, NodeCondition, Resource, Signal};
 
 /// The kubelet's `immediateEvictionGracePeriodSeconds`: the grace period for hard evictions.
 pub const IMMEDIATE_EVICTION_GRACE_PERIOD_SECONDS: i64 = 1;
@@ -49,10 +50,11 @@ pub struct Eviction {
     pub namespace: String,
     pub name: String,
     pub uid: Option<String>,
-    /// The signal whose threshold is being reclaimed.
-    pub signal: Signal,
+    /// The signal whose threshold is being reclaimed, or the local storage limit the pod
+    /// went over.
+    pub signal: EvictionSignal,
     pub resource: Resource,
-    /// Whether that threshold is hard (no grace period).
+    /// Whether that threshold is hard (no grace period); a local storage limit is.
     pub hard: bool,
     /// The grace period to give the pod, seconds (at least 1).
     pub grace_period_seconds: i64,
@@ -60,9 +62,9 @@ pub struct Eviction {
     pub message: String,
     /// The containers the message names, with the usage it gives (the event's annotations).
     pub offending_containers: Vec<OffendingContainer>,
-    /// The threshold quantity at the observed capacity.
+    /// The threshold quantity at the observed capacity; for a local storage limit, the limit.
     pub threshold_quantity: Quantity,
-    /// The observed available value.
+    /// The observed available value; for a local storage limit, what was used.
     pub available: Quantity,
 }
 
@@ -98,6 +100,9 @@ pub struct Decision {
     pub evict: Option<Eviction>,
     /// Pods ranked ahead of the evicted one (or of none) and passed over, in rank order.
     pub passed_over: Vec<PassedOver>,
+    /// Pods over a local storage limit that may not be evicted (critical, excluded, not
+    /// evictable now; terminating ones left out), with the limit, in pod order.
+    pub over_limit_passed_over: Vec<(PassedOver, StorageLimit)>,
 }
 
 impl Decision {
@@ -237,6 +242,13 @@ pub fn evaluate_among(
         ..Decision::default()
     };
 
+    // Local storage limits go first, whatever the thresholds (the kubelet evicts for them and
+    // skips the rest of its synchronize).
+    if let Some(eviction) = local_storage_eviction(node, pods, eligibility, &mut decision) {
+        decision.evict = Some(eviction);
+        return (decision, next_state);
+    }
+
     let Some(&reclaim_index) = acted_on.first() else {
         return (decision, next_state);
     };
@@ -264,7 +276,7 @@ pub fn evaluate_among(
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),
             uid: pod.uid.clone(),
-            signal: threshold.signal,
+            signal: threshold.signal.into(),
             resource,
             hard: threshold.is_hard(),
             grace_period_seconds: grace_period_seconds(config, threshold, pod),
@@ -276,6 +288,53 @@ pub fn evaluate_among(
         break;
     }
     (decision, next_state)
+}
+
+/// The first pod, in pod order, over a local storage limit that may be evicted; every one
+/// over a limit that may not is noted in `decision`. The kubelet gives these the immediate
+/// grace period and its message, with no per-container annotations.
+fn local_storage_eviction(
+    node: &NodeCapacity,
+    pods: &[PodInfo],
+    eligibility: &Eligibility,
+    decision: &mut Decision,
+) -> Option<Eviction> {
+    let mut chosen = None;
+    for pod in pods {
+        let Some(exceeded) = limit_exceeded(pod, node.has_imagefs) else {
+            continue;
+        };
+        match eligibility.check(pod) {
+            // A pod on its way out is not kept: nothing to say about it.
+            Some(PassReason::NotEvictableNow(NotEvictableNow::Terminating)) => {}
+            Some(reason) => decision.over_limit_passed_over.push((
+                PassedOver {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    reason,
+                },
+                exceeded.limit,
+            )),
+            None if chosen.is_none() => {
+                chosen = Some(Eviction {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    signal: EvictionSignal::Limit(exceeded.limit),
+                    resource: Resource::EphemeralStorage,
+                    hard: true,
+                    grace_period_seconds: IMMEDIATE_EVICTION_GRACE_PERIOD_SECONDS,
+                    message: exceeded.message,
+                    offending_containers: Vec::new(),
+                    threshold_quantity: exceeded.limit_quantity,
+                    available: exceeded.used,
+                });
+            }
+            None => {}
+        }
+    }
+    chosen
 }
 
 /// The grace period the pod gets, as the kubelet ends up applying it: 1s for a hard

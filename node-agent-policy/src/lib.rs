@@ -10,6 +10,7 @@ pub mod config;
 pub mod duration;
 pub mod eligible;
 pub mod evaluate;
+pub mod local_storage;
 pub mod message;
 pub mod observe;
 pub mod quantity;
@@ -28,6 +29,7 @@ pub use eligible::{
 pub use evaluate::{
     evaluate, evaluate_among, Decision, Eviction, MetThreshold, PassedOver, PolicyState,
 };
+pub use local_storage::{EmptyDirInfo, LimitExceeded, StorageLimit};
 pub use message::OffendingContainer;
 pub use observe::{
     ContainerInfo, ContainerUsage, FsUsage, NodeCapacity, Observation, Observations, PodInfo,
@@ -35,4 +37,6 @@ pub use observe::{
 };
 pub use quantity::{Format, Quantity, QuantityError};
 pub use requests::InitContainerInfo;
-pub use signal::{NodeCondition, Resource, Signal, UnknownSignal};
+pub use signal::{
+    EvictionSignal, NodeCondition, Resource, Signal, UnknownEvictionSignal, UnknownSignal,
+};

@@ -36,7 +36,7 @@ pub fn eviction_message(
         let (used, request) = match resource {
             Resource::Memory => (usage.memory_working_set_bytes, container.requests.memory),
             Resource::EphemeralStorage => (
-                usage.ephemeral_storage_bytes,
+                usage.ephemeral_storage_bytes(),
                 container.requests.ephemeral_storage,
             ),
             Resource::Inodes | Resource::Pids => (None, None),

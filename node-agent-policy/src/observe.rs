@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::eligible::PassReason;
+use crate::local_storage::EmptyDirInfo;
 use crate::quantity::Quantity;
 use crate::requests::InitContainerInfo;
 use crate::signal::{Resource, Signal};
@@ -52,12 +53,25 @@ pub struct Resources {
     pub ephemeral_storage: Option<Quantity>,
 }
 
-/// What one container uses, for the eviction message's per-container lines.
+/// What one container uses: for the eviction message's per-container lines and its own
+/// ephemeral-storage limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ContainerUsage {
     pub memory_working_set_bytes: Option<u64>,
-    /// Writable layer plus logs, as the kubelet counts a container's ephemeral storage.
-    pub ephemeral_storage_bytes: Option<u64>,
+    /// Its writable layer (the summary's `rootfs.usedBytes`).
+    pub rootfs_bytes: Option<u64>,
+    /// Its logs (the summary's `logs.usedBytes`).
+    pub logs_bytes: Option<u64>,
+}
+
+impl ContainerUsage {
+    /// Writable layer plus logs, as the kubelet's eviction message counts a container's
+    /// ephemeral storage: only when both are known.
+    pub fn ephemeral_storage_bytes(&self) -> Option<u64> {
+        self.rootfs_bytes
+            .zip(self.logs_bytes)
+            .map(|(a, b)| a.saturating_add(b))
+    }
 }
 
 /// A container of a pod.
@@ -78,7 +92,7 @@ pub struct FsUsage {
 }
 
 /// What a pod uses, as the kubelet's stats summary reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodUsage {
     pub memory_working_set_bytes: u64,
     pub processes: u64,
@@ -87,6 +101,12 @@ pub struct PodUsage {
     pub nodefs: FsUsage,
     /// Use on a dedicated imagefs: container writable layers. Unused without an imagefs.
     pub imagefs: FsUsage,
+    /// The pod's ephemeral storage in all (the summary's `ephemeral-storage.usedBytes`:
+    /// writable layers, logs, local volumes), against its ephemeral-storage limit.
+    pub ephemeral_storage_bytes: Option<u64>,
+    /// Bytes used by each of its volumes the summary reports, by volume name (emptyDir
+    /// volumes against their `sizeLimit`).
+    pub volumes: BTreeMap<String, u64>,
 }
 
 /// The kubelet's critical priority (`scheduling.SystemCriticalPriority`): pods at or above it
@@ -120,6 +140,8 @@ pub struct PodInfo {
     pub pod_level_requests: Option<Resources>,
     /// `spec.overhead`: what the RuntimeClass adds to a pod's non-zero request.
     pub overhead: Resources,
+    /// Its emptyDir volumes, for their size limits (local storage eviction).
+    pub empty_dirs: Vec<EmptyDirInfo>,
     /// `None` when the kubelet would have no stats for the pod: such pods rank first.
     pub usage: Option<PodUsage>,
 }

@@ -87,6 +87,19 @@ impl Quantity {
     pub fn cmp_value(&self, other: &Quantity) -> Ordering {
         self.nanos.cmp(&other.nanos)
     }
+
+    /// The sum, as `Quantity.Add`: it keeps this quantity's format unless this one is zero.
+    /// Saturates at the `i128` nano-unit range.
+    pub fn saturating_add(&self, other: &Quantity) -> Quantity {
+        Quantity {
+            nanos: self.nanos.saturating_add(other.nanos),
+            format: if self.nanos == 0 {
+                other.format
+            } else {
+                self.format
+            },
+        }
+    }
 }
 
 impl PartialEq for Quantity {

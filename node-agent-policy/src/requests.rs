@@ -12,11 +12,12 @@ use crate::observe::{PodInfo, Resources};
 use crate::quantity::Quantity;
 use crate::signal::Resource;
 
-/// An init container of a pod, for the request total only.
+/// An init container of a pod, for the pod's request and limit totals.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct InitContainerInfo {
     pub name: String,
     pub requests: Resources,
+    pub limits: Resources,
     /// `restartPolicy: Always`: a sidecar that keeps running beside the containers.
     pub restartable: bool,
 }

@@ -10,6 +10,7 @@ use serde_yaml_ng::Value;
 use crate::config::{ConfigError, EvictionConfig};
 use crate::duration::parse_go_duration;
 use crate::evaluate::{evaluate, PolicyState};
+use crate::local_storage::EmptyDirInfo;
 use crate::observe::{
     ContainerInfo, ContainerUsage, NodeCapacity, Observation, Observations, PodInfo, PodUsage,
     Resources,
@@ -70,13 +71,15 @@ pub struct Step {
     pub usage: Vec<(String, UsageUpdate)>,
 }
 
-/// A change to a pod's usage; fields left `None` keep their value.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A change to a pod's usage; fields left `None` (volumes not named) keep their value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UsageUpdate {
     pub memory: Option<u64>,
     pub pids: Option<u64>,
     pub ephemeral_storage: Option<u64>,
     pub inodes: Option<u64>,
+    /// Bytes used by volumes, by volume name.
+    pub volumes: Vec<(String, u64)>,
 }
 
 /// One output line.
@@ -184,17 +187,29 @@ fn apply_usage(pod: &mut PodInfo, update: &UsageUpdate) {
     if let Some(v) = update.ephemeral_storage {
         usage.nodefs.bytes = v;
     }
+    // The pod's ephemeral storage in all is its disk figure (volumes included), as the
+    // kubelet's summary counts it.
+    usage.ephemeral_storage_bytes = Some(usage.nodefs.bytes);
+    for (name, bytes) in &update.volumes {
+        usage.volumes.insert(name.clone(), *bytes);
+    }
     if let Some(v) = update.inodes {
         usage.nodefs.inodes = v;
     }
     // The scenario has one disk figure per pod: it counts on whichever filesystem is short.
     usage.imagefs = usage.nodefs;
-    let usage = *usage;
-    // A single container is the whole pod; with several, per-container use is unknown.
+    let usage = usage.clone();
+    // A single container is the whole pod: its writable layer is the pod's disk figure less
+    // its volumes, and it writes no logs. With several, per-container use is unknown.
     if let [container] = pod.containers.as_mut_slice() {
+        let volumes = usage
+            .volumes
+            .values()
+            .fold(0u64, |s, v| s.saturating_add(*v));
         container.usage = Some(ContainerUsage {
             memory_working_set_bytes: Some(usage.memory_working_set_bytes),
-            ephemeral_storage_bytes: Some(usage.nodefs.bytes),
+            rootfs_bytes: Some(usage.nodefs.bytes.saturating_sub(volumes)),
+            logs_bytes: Some(0),
         });
     }
 }
@@ -355,12 +370,18 @@ fn parse_pods(value: &Value) -> Result<Vec<PodInfo>, ScenarioError> {
                             .push(parse_container(c, &format!("{field}[{j}]"))?);
                     }
                 }
+                "volumes" => {
+                    for (j, volume) in yaml::sequence(v, &field)?.iter().enumerate() {
+                        pod.empty_dirs
+                            .push(parse_volume(volume, &format!("{field}[{j}]"))?);
+                    }
+                }
                 "usage" => usage = Some(parse_usage(v, &field)?),
                 _ => {
                     return Err(field_error(
                         field,
                         "only the fields name, namespace, uid, priority, static, mirror, \
-                         terminationGracePeriodSeconds, containers, usage",
+                         terminationGracePeriodSeconds, containers, volumes, usage",
                     ))
                 }
             }
@@ -372,7 +393,9 @@ fn parse_pods(value: &Value) -> Result<Vec<PodInfo>, ScenarioError> {
                 "a pod name not used by another pod",
             ));
         }
-        apply_usage(&mut pod, &usage.unwrap_or_default());
+        let usage = usage.unwrap_or_default();
+        check_volume_names(&pod, &usage, &format!("{at}.usage.volumes"))?;
+        apply_usage(&mut pod, &usage);
         pods.push(pod);
     }
     Ok(pods)
@@ -395,10 +418,77 @@ fn parse_container(value: &Value, at: &str) -> Result<ContainerInfo, ScenarioErr
     Ok(container)
 }
 
+/// A volume of a pod: an emptyDir, with or without a `sizeLimit` (the only kind local
+/// storage eviction looks at).
+fn parse_volume(value: &Value, at: &str) -> Result<EmptyDirInfo, ScenarioError> {
+    let mut volume = EmptyDirInfo::default();
+    let (mut name, mut empty_dir) = (None, false);
+    for (key, v) in yaml::entries(value, at)? {
+        let field = format!("{at}.{key}");
+        match key {
+            "name" => name = Some(yaml::string(v, &field)?),
+            "emptyDir" => {
+                empty_dir = true;
+                if v.is_null() {
+                    continue;
+                }
+                for (k, q) in yaml::entries(v, &field)? {
+                    let limit_field = format!("{field}.{k}");
+                    match k {
+                        "sizeLimit" => {
+                            let q = quantity(q, &limit_field)?;
+                            if q.is_negative() {
+                                return Err(field_error(
+                                    limit_field,
+                                    "a quantity that is not negative",
+                                ));
+                            }
+                            volume.size_limit = Some(q);
+                        }
+                        "medium" => {}
+                        _ => return Err(field_error(limit_field, "only sizeLimit, medium")),
+                    }
+                }
+            }
+            _ => return Err(field_error(field, "only the fields name, emptyDir")),
+        }
+    }
+    volume.name = name.ok_or_else(|| field_error(format!("{at}.name"), "the volume's name"))?;
+    if !empty_dir {
+        return Err(field_error(
+            format!("{at}.emptyDir"),
+            "an emptyDir volume (the only kind a scenario models)",
+        ));
+    }
+    Ok(volume)
+}
+
+/// Usage may only name the pod's own volumes.
+fn check_volume_names(pod: &PodInfo, usage: &UsageUpdate, at: &str) -> Result<(), ScenarioError> {
+    match usage
+        .volumes
+        .iter()
+        .find(|(name, _)| !pod.empty_dirs.iter().any(|v| &v.name == name))
+    {
+        Some((name, _)) => Err(field_error(
+            format!("{at}.{name}"),
+            format!("the name of a volume of pod {}", pod.name),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn parse_usage(value: &Value, at: &str) -> Result<UsageUpdate, ScenarioError> {
     let mut update = UsageUpdate::default();
     for (key, v) in yaml::entries(value, at)? {
         let field = format!("{at}.{key}");
+        if key == "volumes" {
+            for (name, q) in yaml::entries(v, &field)? {
+                let bytes = amount(q, &format!("{field}.{name}"))?;
+                update.volumes.push((name.to_string(), bytes));
+            }
+            continue;
+        }
         let amount = Some(amount(v, &field)?);
         match key {
             "memory" => update.memory = amount,
@@ -408,7 +498,7 @@ fn parse_usage(value: &Value, at: &str) -> Result<UsageUpdate, ScenarioError> {
             _ => {
                 return Err(field_error(
                     field,
-                    "one of memory, pids, ephemeral-storage, inodes",
+                    "one of memory, pids, ephemeral-storage, inodes, volumes",
                 ))
             }
         }
@@ -469,11 +559,12 @@ fn parse_steps(
                 "usage" => {
                     for (pod, u) in yaml::entries(v, &field)? {
                         let pod_field = format!("{field}.{pod}");
-                        if !pods.iter().any(|p| p.name == pod) {
+                        let Some(listed) = pods.iter().find(|p| p.name == pod) else {
                             return Err(field_error(pod_field, "the name of a pod listed in pods"));
-                        }
-                        step.usage
-                            .push((pod.to_string(), parse_usage(u, &pod_field)?));
+                        };
+                        let update = parse_usage(u, &pod_field)?;
+                        check_volume_names(listed, &update, &format!("{pod_field}.volumes"))?;
+                        step.usage.push((pod.to_string(), update));
                     }
                 }
                 _ => return Err(field_error(field, "only the fields at, signals, usage")),

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::local_storage::StorageLimit;
 use crate::quantity::Format;
 
 /// An eviction signal. The declaration order is the order in which non-memory thresholds are
@@ -128,6 +129,70 @@ impl fmt::Display for Signal {
     }
 }
 
+/// Why a pod is evicted, by the name the kubelet's `evictions` metric gives it: the signal
+/// of the threshold being reclaimed, or the local storage limit the pod went over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EvictionSignal {
+    Threshold(Signal),
+    Limit(StorageLimit),
+}
+
+/// The text is neither a kubelet signal nor a local storage limit name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown eviction signal {0:?}; expected one of {signals}, {limits}",
+    signals = Signal::NAMES.join(", "),
+    limits = StorageLimit::ALL.map(StorageLimit::as_str).join(", ")
+)]
+pub struct UnknownEvictionSignal(pub String);
+
+impl EvictionSignal {
+    /// Every threshold signal, then every local storage limit.
+    pub fn all() -> impl Iterator<Item = EvictionSignal> {
+        Signal::ALL
+            .into_iter()
+            .map(EvictionSignal::Threshold)
+            .chain(StorageLimit::ALL.into_iter().map(EvictionSignal::Limit))
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvictionSignal::Threshold(s) => s.as_str(),
+            EvictionSignal::Limit(l) => l.as_str(),
+        }
+    }
+
+    /// The threshold signal, if this is one.
+    pub fn threshold(self) -> Option<Signal> {
+        match self {
+            EvictionSignal::Threshold(s) => Some(s),
+            EvictionSignal::Limit(_) => None,
+        }
+    }
+}
+
+impl From<Signal> for EvictionSignal {
+    fn from(signal: Signal) -> Self {
+        EvictionSignal::Threshold(signal)
+    }
+}
+
+impl FromStr for EvictionSignal {
+    type Err = UnknownEvictionSignal;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EvictionSignal::all()
+            .find(|e| e.as_str() == s)
+            .ok_or_else(|| UnknownEvictionSignal(s.to_string()))
+    }
+}
+
+impl fmt::Display for EvictionSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Resource {
     /// The Kubernetes resource name, as in the eviction message.
     pub fn as_str(self) -> &'static str {
@@ -173,6 +238,15 @@ mod tests {
             assert_eq!(signal.as_str().parse::<Signal>(), Ok(signal));
         }
         assert!("memory.Available".parse::<Signal>().is_err());
+        for e in EvictionSignal::all() {
+            assert_eq!(e.as_str().parse::<EvictionSignal>(), Ok(e));
+        }
+        assert_eq!(EvictionSignal::all().count(), 12);
+        assert!("emptydir.limit"
+            .parse::<EvictionSignal>()
+            .unwrap_err()
+            .to_string()
+            .contains("emptydirfs.limit"));
     }
 
     #[test]

@@ -57,7 +57,8 @@ fn pod(name: &str, priority: i32, memory: i64, request: Option<&str>) -> PodInfo
             limits: Resources::default(),
             usage: Some(ContainerUsage {
                 memory_working_set_bytes: Some(memory as u64),
-                ephemeral_storage_bytes: None,
+                rootfs_bytes: None,
+                logs_bytes: None,
             }),
         }],
         usage: Some(PodUsage {
@@ -747,7 +748,8 @@ fn eviction_messages_match_the_kubelet_wording() {
         limits: Resources::default(),
         usage: Some(ContainerUsage {
             memory_working_set_bytes: Some(100 * MI as u64),
-            ephemeral_storage_bytes: None,
+            rootfs_bytes: None,
+            logs_bytes: None,
         }),
     });
     let within = pod("within", 0, 512 * MI, Some("1Gi"));

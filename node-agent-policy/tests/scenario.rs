@@ -104,6 +104,36 @@ fn timeline_behaviours() {
 }
 
 #[test]
+fn local_storage_limits_evict_whatever_the_node() {
+    let scenario = format!(
+        "{NODE}pods:
+  - name: cache
+    containers: [{{name: app, limits: {{ephemeral-storage: 1Gi}}}}]
+    volumes: [{{name: scratch, emptyDir: {{sizeLimit: 500Mi}}}}, {{name: tmp, emptyDir: {{}}}}]
+    usage: {{ephemeral-storage: 100Mi, volumes: {{scratch: 100Mi}}}}
+  - name: logs
+    containers: [{{name: app, limits: {{ephemeral-storage: 200Mi}}}}]
+    usage: {{ephemeral-storage: 100Mi}}
+steps:
+  - at: 0s
+    signals: {{memory.available: 5Gi}}
+  - at: 10s
+    usage: {{cache: {{ephemeral-storage: 600Mi, volumes: {{scratch: 600Mi}}}}}}
+  - at: 20s
+    usage: {{logs: {{ephemeral-storage: 300Mi}}}}
+"
+    );
+    assert_eq!(
+        lines(&scenario),
+        vec![
+            r#"{"at":"0s","thresholdsMet":[],"conditions":[],"evicted":null}"#,
+            r#"{"at":"10s","thresholdsMet":[],"conditions":[],"evicted":{"namespace":"default","name":"cache","signal":"emptydirfs.limit","gracePeriodSeconds":1,"message":"Usage of EmptyDir volume \"scratch\" exceeds the limit \"500Mi\". "}}"#,
+            r#"{"at":"20s","thresholdsMet":[],"conditions":[],"evicted":{"namespace":"default","name":"logs","signal":"ephemeralpodfs.limit","gracePeriodSeconds":1,"message":"Pod ephemeral local storage usage exceeds the total limit of containers 200Mi. "}}"#,
+        ]
+    );
+}
+
+#[test]
 fn json_scenarios_are_accepted() {
     let json = r#"{"node": {"capacity": {"memory": "8Gi"}},
         "pods": [{"name": "a", "usage": {"memory": "1Gi"}}],
@@ -192,6 +222,21 @@ fn invalid_scenarios_are_refused_naming_the_field() {
             "a malformed request",
             format!("{NODE}pods:\n  - name: a\n    containers: [{{name: c, requests: {{memory: 1GB}}}}]\n{step}"),
             "pods[0].containers[0].requests.memory: expected a Kubernetes quantity",
+        ),
+        (
+            "a volume that is not an emptyDir",
+            format!("{NODE}pods:\n  - name: a\n    volumes: [{{name: v}}]\n{step}"),
+            "pods[0].volumes[0].emptyDir: expected an emptyDir volume",
+        ),
+        (
+            "a negative sizeLimit",
+            format!("{NODE}pods:\n  - name: a\n    volumes: [{{name: v, emptyDir: {{sizeLimit: -1Mi}}}}]\n{step}"),
+            "pods[0].volumes[0].emptyDir.sizeLimit: expected a quantity that is not negative",
+        ),
+        (
+            "usage of a volume the pod does not have",
+            format!("{NODE}pods:\n  - name: a\n{step}    usage: {{a: {{volumes: {{v: 1Mi}}}}}}\n"),
+            "steps[0].usage.a.volumes.v: expected the name of a volume of pod a",
         ),
         (
             "a missing node",

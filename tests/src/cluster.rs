@@ -102,6 +102,8 @@ pub struct ClusterState {
     pub evict_reply: Option<EvictReply>,
     /// The node (its taints, read and patched with their resourceVersion).
     pub node: NodeStore,
+    /// The kubelet's `/stats/summary` pods; none by default.
+    pub summary_pods: Vec<Value>,
 }
 
 impl Default for ClusterState {
@@ -111,6 +113,7 @@ impl Default for ClusterState {
             pod_lists: 0,
             answered: Vec::new(),
             evict_reply: None,
+            summary_pods: Vec::new(),
             node: NodeStore::new(json!({"kind": "Node", "apiVersion": "v1",
                 "metadata": {"name": NODE, "resourceVersion": "1"},
                 "spec": {"taints": [{"key": "dedicated", "value": "e2e", "effect": "NoSchedule"}]},
@@ -158,7 +161,7 @@ pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send 
             ("GET", "/stats/summary") => {
                 return Reply::json(
                     200,
-                    json!({"node": {"nodeName": NODE}, "pods": []}).to_string(),
+                    json!({"node": {"nodeName": NODE}, "pods": s.summary_pods}).to_string(),
                 )
             }
             ("GET", p) if p == format!("/api/v1/nodes/{NODE}") => {

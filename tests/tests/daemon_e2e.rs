@@ -811,3 +811,134 @@ fn pods_beyond_allocatable_memory_are_evicted_for_allocatable_memory_available(
     w.assert_nothing_refused();
     daemon.stop()
 }
+
+/// The kubelet's `/stats/summary` entry of `pod`: its ephemeral storage in all, each volume's
+/// use, and its container's writable layer and logs.
+fn storage_stats(
+    pod: &PodSpec,
+    total: u64,
+    volumes: &[(&str, u64)],
+    rootfs: u64,
+    logs: u64,
+) -> serde_json::Value {
+    let volumes: Vec<_> = volumes
+        .iter()
+        .map(|(name, used)| serde_json::json!({"name": name, "usedBytes": used}))
+        .collect();
+    serde_json::json!({
+        "podRef": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+        "containers": [{"name": "app", "rootfs": {"usedBytes": rootfs}, "logs": {"usedBytes": logs}}],
+        "volume": volumes,
+        "ephemeral-storage": {"usedBytes": total},
+    })
+}
+
+/// Local storage eviction: with no threshold anywhere near, a pod whose emptyDir outgrew its
+/// `sizeLimit` (as the kubelet's stats report it) is evicted with the kubelet's message and its
+/// immediate grace period, under the kubelet's name for the limit; a static pod over its
+/// containers' total limit is kept and said once.
+#[test]
+fn a_pod_over_its_local_storage_limit_is_evicted_whatever_the_node() -> anyhow::Result<()> {
+    require_root();
+    let scratch = calm();
+    let node_local = PodSpec {
+        source: "file",
+        ..hog()
+    };
+    let w = World::new("e2e-local-storage", &[scratch.clone(), node_local.clone()])?;
+    {
+        let mut c = w.cluster();
+        c.pods[0]["spec"]["volumes"] =
+            serde_json::json!([{"name": "scratch", "emptyDir": {"sizeLimit": "64Mi"}}]);
+        c.pods[1]["spec"]["containers"][0]["resources"]["limits"] =
+            serde_json::json!({"ephemeral-storage": "10Mi"});
+        c.summary_pods = vec![
+            storage_stats(&scratch, 40 << 20, &[("scratch", 32 << 20)], 4096, 4096),
+            storage_stats(&node_local, 30 << 20, &[], 10 << 20, 20 << 20),
+        ];
+    }
+    // memory.available<1Mi of 1Gi: never met here.
+    std::fs::write(&w.config, w.config_with_threshold("1Mi", "", ""))?;
+    let mut daemon = Daemon::start(&w.config, w.port)?;
+    let trace = attach_trace(&w.socket, &["--kind", "eviction"])?;
+    const KEPT: &str = "pods over a local storage limit are not evicted";
+    let line = daemon.wait_log(KEPT, wait())?;
+    assert!(
+        line.contains("shop/hog (ephemeralpodfs.limit; static)"),
+        "names the pod kept, its limit and why: {line}"
+    );
+    assert!(
+        w.evictions().is_empty(),
+        "32Mi in a 64Mi emptyDir: nothing to evict"
+    );
+
+    w.cluster().summary_pods[0] =
+        storage_stats(&scratch, 100 << 20, &[("scratch", 96 << 20)], 4096, 4096);
+    wait_until(wait(), "the eviction request", || !w.evictions().is_empty())?;
+    let eviction = next_record(&trace, "eviction", wait())?;
+    const MESSAGE: &str = "Usage of EmptyDir volume \"scratch\" exceeds the limit \"64Mi\". ";
+    assert_eq!(
+        (
+            eviction["name"].as_str(),
+            eviction["signal"].as_str(),
+            eviction["result"].as_str(),
+            eviction["message"].as_str(),
+            eviction["grace_period_seconds"].as_i64(),
+        ),
+        (
+            Some("calm"),
+            Some("emptydirfs.limit"),
+            Some("evicted"),
+            Some(MESSAGE),
+            Some(1)
+        )
+    );
+    assert_eq!(
+        (
+            eviction["observed"].as_i64(),
+            eviction["threshold"].as_i64()
+        ),
+        (Some(96 << 20), Some(64 << 20)),
+        "the volume's use and its limit"
+    );
+    let request = w.cluster().evictions()[0].body.clone();
+    assert_eq!(
+        request["deleteOptions"]["gracePeriodSeconds"], 1,
+        "{request}"
+    );
+    wait_until(wait(), "the Evicted event", || {
+        w.cluster()
+            .answered
+            .iter()
+            .any(|a| a.body["reason"] == "Evicted")
+    })?;
+    let event = w
+        .cluster()
+        .answered
+        .iter()
+        .find(|a| a.body["reason"] == "Evicted")
+        .cloned()
+        .unwrap();
+    assert_eq!(event.body["note"], MESSAGE);
+    assert!(
+        event.body["metadata"]["annotations"].is_null(),
+        "the kubelet's event for a limit has no annotations: {}",
+        event.body
+    );
+    assert_eq!(
+        daemon.metric(
+            "node_agent_evictions_total{eviction_signal=\"emptydirfs.limit\",result=\"evicted\"}"
+        )?,
+        Some(1.0)
+    );
+    daemon.wait_evaluations(5.0, wait())?;
+    assert_eq!(
+        w.evictions().len(),
+        1,
+        "one eviction, the static pod kept: {:?}",
+        w.evictions()
+    );
+    assert_eq!(daemon.log_count(KEPT), 1, "said once while it lasts");
+    w.assert_nothing_refused();
+    daemon.stop()
+}

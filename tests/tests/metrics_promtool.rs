@@ -72,7 +72,7 @@ fn populated() -> std::sync::Arc<Metrics> {
     }
     m.set_memory_mechanism(MemoryMechanism::CounterSampler);
     m.set_condition("MemoryPressure", true);
-    m.eviction(Signal::MemoryAvailable, EvictionResult::Evicted);
+    m.eviction(Signal::MemoryAvailable.into(), EvictionResult::Evicted);
     m.oom_kill("default");
     m.oom_kill("");
     m.kernel_event("memory_threshold");

@@ -158,24 +158,27 @@ fn delete_options(e: &Eviction) -> DeleteOptions {
     }
 }
 
-/// The strategic merge patch of `pods/status` the kubelet's eviction amounts to.
+/// The strategic merge patch of `pods/status` the kubelet's eviction amounts to. The
+/// `DisruptionTarget` condition goes with a threshold eviction only: the kubelet's local
+/// storage eviction sets none.
 pub fn evicted_status_patch(e: &Eviction, now: SystemTime) -> serde_json::Value {
-    let condition = PodCondition {
-        type_: DISRUPTION_TARGET.into(),
-        status: "True".into(),
-        reason: Some(TERMINATION_BY_KUBELET.into()),
-        message: Some(e.message.clone()),
-        last_transition_time: Some(time(now)),
-        ..PodCondition::default()
-    };
-    json!({
-        "status": {
-            "phase": "Failed",
-            "reason": EVICTED_REASON,
-            "message": e.message,
-            "conditions": [condition],
-        }
-    })
+    let mut status = json!({
+        "phase": "Failed",
+        "reason": EVICTED_REASON,
+        "message": e.message,
+    });
+    if e.signal.threshold().is_some() {
+        let condition = PodCondition {
+            type_: DISRUPTION_TARGET.into(),
+            status: "True".into(),
+            reason: Some(TERMINATION_BY_KUBELET.into()),
+            message: Some(e.message.clone()),
+            last_transition_time: Some(time(now)),
+            ..PodCondition::default()
+        };
+        status["conditions"] = json!([condition]);
+    }
+    json!({ "status": status })
 }
 
 fn pod_path(e: &Eviction) -> String {

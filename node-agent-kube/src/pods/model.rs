@@ -8,8 +8,8 @@ use k8s_openapi::{
     apimachinery::pkg::api::resource::Quantity as KubeQuantity,
 };
 use node_agent_policy::{
-    ContainerInfo, ContainerUsage, FsUsage, InitContainerInfo, PodInfo, PodUsage, Quantity,
-    Resources,
+    ContainerInfo, ContainerUsage, EmptyDirInfo, FsUsage, InitContainerInfo, PodInfo, PodUsage,
+    Quantity, Resources,
 };
 
 use super::stats::PodStats;
@@ -96,11 +96,12 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
     }
     let mut init_containers = Vec::new();
     for c in spec.init_containers.as_deref().unwrap_or_default() {
-        let (requests, _) =
+        let (requests, limits) =
             container_resources(&namespace, &name, &format!("init container {}", c.name), c)?;
         init_containers.push(InitContainerInfo {
             name: c.name.clone(),
             requests,
+            limits,
             restartable: c.restart_policy.as_deref() == Some("Always"),
         });
     }
@@ -133,6 +134,31 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
         }
         _ => None,
     };
+    let mut empty_dirs = Vec::new();
+    for v in spec.volumes.as_deref().unwrap_or_default() {
+        let Some(empty_dir) = &v.empty_dir else {
+            continue;
+        };
+        let size_limit = match &empty_dir.size_limit {
+            None => None,
+            Some(q) => Some(
+                q.0.parse::<Quantity>()
+                    .ok()
+                    .filter(|q| !q.is_negative())
+                    .ok_or_else(|| PodError::BadQuantity {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        part: format!("volume {}", v.name),
+                        field: "emptyDir.sizeLimit".to_string(),
+                        value: q.0.clone(),
+                    })?,
+            ),
+        };
+        empty_dirs.push(EmptyDirInfo {
+            name: v.name.clone(),
+            size_limit,
+        });
+    }
     let running = status
         .and_then(|s| s.container_statuses.as_deref())
         .unwrap_or_default()
@@ -168,6 +194,7 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
             init_containers,
             pod_level_requests,
             overhead,
+            empty_dirs,
             usage: None,
             namespace,
             name,
@@ -232,11 +259,16 @@ fn resources(
     Ok(r)
 }
 
-/// Fills the pod's usage from its `/stats/summary` entry: the pod's working set, processes
-/// and ephemeral storage, and each container's working set and writable layer plus logs (the
-/// figures the kubelet's eviction message uses).
+/// Fills the pod's usage from its `/stats/summary` entry: the pod's working set, processes,
+/// ephemeral storage and volumes, and each container's working set, writable layer and logs
+/// (the figures the kubelet's eviction message and its local storage limits use).
 pub fn apply_stats(pod: &mut PodInfo, stats: &PodStats) {
     let storage = stats.ephemeral_storage.as_ref();
+    let volumes = stats
+        .volumes
+        .iter()
+        .filter_map(|v| Some((v.name.clone(), v.used_bytes?)))
+        .collect();
     pod.usage = Some(PodUsage {
         memory_working_set_bytes: stats
             .memory
@@ -253,6 +285,8 @@ pub fn apply_stats(pod: &mut PodInfo, stats: &PodStats) {
             inodes: storage.and_then(|f| f.inodes_used).unwrap_or(0),
         },
         imagefs: FsUsage::default(),
+        ephemeral_storage_bytes: storage.and_then(|f| f.used_bytes),
+        volumes,
     });
     for container in &mut pod.containers {
         let Some(c) = stats.containers.iter().find(|c| c.name == container.name) else {
@@ -261,10 +295,8 @@ pub fn apply_stats(pod: &mut PodInfo, stats: &PodStats) {
         let used = |f: &Option<super::stats::FsStats>| f.as_ref().and_then(|f| f.used_bytes);
         container.usage = Some(ContainerUsage {
             memory_working_set_bytes: c.memory.as_ref().and_then(|m| m.working_set_bytes),
-            // The kubelet counts a container's ephemeral storage only when both are known.
-            ephemeral_storage_bytes: used(&c.rootfs)
-                .zip(used(&c.logs))
-                .map(|(a, b)| a.saturating_add(b)),
+            rootfs_bytes: used(&c.rootfs),
+            logs_bytes: used(&c.logs),
         });
     }
 }
@@ -334,6 +366,38 @@ mod tests {
     }
 
     #[test]
+    fn emptydir_volumes_and_every_limit_are_read_for_local_storage() {
+        let Read::Active { pod, .. } = read(&pod(serde_json::json!({
+            "containers": [{"name": "a", "resources": {"limits": {"ephemeral-storage": "1Gi"}}}],
+            "initContainers": [{"name": "i", "resources": {"limits": {"ephemeral-storage": "3Gi"}}}],
+            "volumes": [
+                {"name": "scratch", "emptyDir": {"sizeLimit": "500Mi"}},
+                {"name": "tmp", "emptyDir": {}},
+                {"name": "config", "configMap": {"name": "c"}},
+            ],
+        })))
+        .unwrap() else {
+            panic!("an active pod");
+        };
+        let volumes: Vec<(&str, Option<String>)> = pod
+            .empty_dirs
+            .iter()
+            .map(|v| (v.name.as_str(), v.size_limit.map(|q| q.to_string())))
+            .collect();
+        assert_eq!(
+            volumes,
+            [("scratch", Some("500Mi".to_string())), ("tmp", None)],
+            "emptyDir volumes only"
+        );
+        assert_eq!(
+            node_agent_policy::local_storage::pod_ephemeral_storage_limit(&pod)
+                .map(|q| q.to_string()),
+            Some("3Gi".to_string()),
+            "the init container's limit counts"
+        );
+    }
+
+    #[test]
     fn a_bad_quantity_names_where_it_is() {
         let cases = [
             (
@@ -348,6 +412,11 @@ mod tests {
             (
                 serde_json::json!({"containers": [], "resources": {"requests": {"memory": "x"}}}),
                 "pod shop/web: spec: resources.requests.memory \"x\"",
+            ),
+            (
+                serde_json::json!({"containers": [],
+                    "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "-1Gi"}}]}),
+                "pod shop/web: volume scratch: emptyDir.sizeLimit \"-1Gi\"",
             ),
         ];
         for (spec, want) in cases {

@@ -47,6 +47,17 @@ pub struct PodStats {
     // The kubelet's tag is snake_case here, unlike the rest of the summary.
     #[serde(rename = "process_stats")]
     pub process_stats: Option<ProcessStats>,
+    /// The pod's volumes the kubelet measures (emptyDir among them), as `volume`.
+    #[serde(default, rename = "volume")]
+    pub volumes: Vec<VolumeStats>,
+}
+
+/// One volume's use (`VolumeStats`: the `FsStats` fields inline, plus its name).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStats {
+    pub name: String,
+    pub used_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

@@ -29,6 +29,7 @@ use node_agent_kube::{
 };
 use node_agent_policy::{
     Decision, Eligibility, NodeCondition, NotEvictableNow, PassedOver, PodInfo, Signal,
+    StorageLimit,
 };
 
 /// The actions for a kernel OOM kill: a node event under the agent's own reason, naming the
@@ -105,6 +106,9 @@ pub enum Note {
     EvictablePodAgain,
     /// A decision to evict was not acted on: the pod data is stale (every time).
     Stale,
+    /// The pods over a local storage limit that may not be evicted (critical, excluded, not
+    /// evictable now) changed; empty when none is left.
+    OverLimitKept(Vec<(PassedOver, StorageLimit)>),
 }
 
 /// The actions to hand to the executor and the notes for the loop.
@@ -122,11 +126,17 @@ pub struct Acting {
     last_met: BTreeSet<Signal>,
     last_conditions: Option<Vec<NodeCondition>>,
     no_evictable: Option<Signal>,
+    over_limit_kept: Vec<(PassedOver, StorageLimit)>,
     node_reclaim: Option<NodeReclaim>,
     reclaim: ReclaimState,
 }
 
 impl Acting {
+    /// The pods over a local storage limit kept (not evictable) at the last fresh plan.
+    pub fn over_limit_kept(&self) -> &[(PassedOver, StorageLimit)] {
+        &self.over_limit_kept
+    }
+
     pub fn in_flight(&self) -> Option<&InFlight> {
         self.in_flight.as_ref()
     }
@@ -217,6 +227,11 @@ impl Acting {
             _ => {}
         }
         self.no_evictable = starving;
+        if fresh && decision.over_limit_passed_over != self.over_limit_kept {
+            self.over_limit_kept = decision.over_limit_passed_over.clone();
+            plan.notes
+                .push(Note::OverLimitKept(self.over_limit_kept.clone()));
+        }
         plan
     }
 

@@ -52,7 +52,7 @@ fn decision(signal: Signal, past_grace: bool) -> Decision {
             namespace: "shop".into(),
             name: "a".into(),
             uid: Some("uid-a".into()),
-            signal,
+            signal: signal.into(),
             resource: signal.resource(),
             hard: true,
             grace_period_seconds: 1,
@@ -62,6 +62,7 @@ fn decision(signal: Signal, past_grace: bool) -> Decision {
             available: Quantity::from_int(10, Format::BinarySi),
         }),
         passed_over: Vec::new(),
+        over_limit_passed_over: Vec::new(),
     }
 }
 

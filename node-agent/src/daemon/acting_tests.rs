@@ -43,7 +43,7 @@ fn eviction(name: &str) -> Eviction {
         namespace: "shop".into(),
         name: name.into(),
         uid: Some(format!("uid-{name}")),
-        signal: Signal::MemoryAvailable,
+        signal: Signal::MemoryAvailable.into(),
         resource: Resource::Memory,
         hard: true,
         grace_period_seconds: 1,
@@ -68,6 +68,7 @@ fn decision(evict: Option<&str>) -> Decision {
         reclaim: Some(Signal::MemoryAvailable),
         evict: evict.map(eviction),
         passed_over: Vec::new(),
+        over_limit_passed_over: Vec::new(),
     }
 }
 

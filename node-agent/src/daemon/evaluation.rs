@@ -8,7 +8,10 @@ use std::{
     time::SystemTime,
 };
 
-use node_agent_policy::{evaluate_among, Decision, NodeCondition, PodInfo, Signal};
+use node_agent_policy::{
+    evaluate_among, Decision, NodeCondition, NotEvictableNow, PassReason, PassedOver, PodInfo,
+    Signal,
+};
 
 use super::{
     acting::Note,
@@ -94,6 +97,47 @@ impl Daemon {
         self.pressure = !decision.thresholds_met.is_empty()
             || self.kernel.triggers.memory_fired()
             || self.kernel.programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable;
+    }
+
+    /// Whether the latest pod snapshot has a pod over a local storage limit that the agent may
+    /// evict now, or the pods over one that it may not evict changed: checked every
+    /// housekeeping tick, so such a pod goes (or is said to stay) within about a second of the
+    /// stats showing it (the kubelet: at its next synchronize), not at the next resync.
+    pub(super) fn local_storage_due(&self) -> bool {
+        let Some(cluster) = &self.cluster else {
+            return false;
+        };
+        let now = self.now();
+        if self.acts.state.in_flight().is_some() || self.acts.state.paced_until(now).is_some() {
+            return false;
+        }
+        let snapshot = cluster.snapshots.borrow();
+        let Some(snapshot) = snapshot.as_ref() else {
+            return false;
+        };
+        let eligibility = self.acts.state.eligibility(&self.base_eligibility(), now);
+        let has_imagefs = self.node.has_imagefs();
+        let mut kept = Vec::new();
+        for pod in &snapshot.pods {
+            let Some(over) = node_agent_policy::local_storage::limit_exceeded(pod, has_imagefs)
+            else {
+                continue;
+            };
+            let Some(reason) = eligibility.check(pod) else {
+                return true;
+            };
+            if reason == PassReason::NotEvictableNow(NotEvictableNow::Terminating) {
+                continue;
+            }
+            let passed = PassedOver {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                reason,
+            };
+            kept.push((passed, over.limit));
+        }
+        kept != self.acts.state.over_limit_kept()
     }
 
     /// The pods to rank: the pod source's (fresh enough to act on or not), or in standalone
@@ -187,6 +231,24 @@ impl Daemon {
                     tracing::info!("a pod may be evicted again, or none needs to be");
                 }
                 Note::Stale => stale = true,
+                Note::OverLimitKept(kept) if kept.is_empty() => {
+                    tracing::info!("no pod over a local storage limit is kept any more");
+                }
+                Note::OverLimitKept(kept) => {
+                    let kept: Vec<String> = kept
+                        .iter()
+                        .map(|(p, limit)| {
+                            format!(
+                                "{}/{} ({limit}; {})",
+                                p.namespace,
+                                p.name,
+                                p.reason.as_str()
+                            )
+                        })
+                        .collect();
+                    tracing::warn!(pods = ?kept,
+                        "pods over a local storage limit are not evicted: critical, excluded or not evictable now");
+                }
             }
         }
         if stale {

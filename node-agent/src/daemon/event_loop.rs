@@ -113,6 +113,9 @@ impl super::Daemon {
                     self.export_kernel_counters();
                     self.rescan_if_due();
                     self.detect_images_if_due().await;
+                    if self.local_storage_due() {
+                        self.evaluate(Trigger::named("local_storage")).await;
+                    }
                     if self.config_changed() {
                         self.reload("config file changed").await;
                     }

@@ -101,6 +101,16 @@ pub struct NodeSources {
     pub imagefs: Option<PathBuf>,
 }
 
+impl NodeSources {
+    /// Whether images and writable layers have a filesystem of their own, as [`read_node`]
+    /// decides it (without reading the rest).
+    pub fn has_imagefs(&self) -> bool {
+        self.imagefs
+            .as_ref()
+            .is_some_and(|imagefs| !same_device(&self.nodefs, imagefs))
+    }
+}
+
 fn chain(e: &dyn std::error::Error) -> String {
     std::iter::successors(Some(e), |e| e.source())
         .map(ToString::to_string)

@@ -205,7 +205,7 @@ mod tests {
             CgroupVersion::V1,
             &containers,
         );
-        let usage = fresh[0].usage.unwrap();
+        let usage = fresh[0].usage.clone().unwrap();
         assert_eq!(
             (usage.memory_working_set_bytes, usage.processes),
             (80 << 20, 7),
@@ -220,7 +220,7 @@ mod tests {
         );
         assert_eq!(fresh[0].containers[1].usage, None, "no cgroup, no figure");
         assert_eq!(
-            fresh[1].usage.unwrap().memory_working_set_bytes,
+            fresh[1].usage.clone().unwrap().memory_working_set_bytes,
             100,
             "no cgroup found: the pod source's figure"
         );
@@ -232,7 +232,7 @@ mod tests {
             &containers,
         );
         assert_eq!(
-            outside[0].usage.unwrap().memory_working_set_bytes,
+            outside[0].usage.clone().unwrap().memory_working_set_bytes,
             100,
             "only cgroups below the node cgroup are read"
         );

@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use kernel::{KernelCounters, KernelStats};
 use kube::KubeCounters;
 use node_agent_kube::{api::Counters, evict::EvictionResult};
-use node_agent_policy::Signal;
+use node_agent_policy::{Signal, StorageLimit};
 use process::ProcessCollector;
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -47,7 +47,7 @@ pub const OBSERVED_SIGNALS: [Signal; 7] = [
 
 /// What triggers an evaluation (the daemon's `Trigger` names): their counters exist from the
 /// start.
-pub const TRIGGERS: [&str; 10] = [
+pub const TRIGGERS: [&str; 11] = [
     "start",
     "memory_threshold",
     "pid_threshold",
@@ -58,6 +58,7 @@ pub const TRIGGERS: [&str; 10] = [
     "pressure_poll",
     "resync",
     "reload",
+    "local_storage",
 ];
 
 /// The kinds of kernel events counted in `node_agent_kernel_events_total`.
@@ -233,14 +234,17 @@ impl Metrics {
             self.config_reloads
                 .get_or_create_owned(&ResultLabels { result });
         }
-        for signal in OBSERVED_SIGNALS {
-            let eviction_signal = signal.as_str();
+        let limits = StorageLimit::ALL.map(StorageLimit::as_str);
+        for eviction_signal in OBSERVED_SIGNALS.iter().map(|s| s.as_str()).chain(limits) {
             for result in EvictionResult::ALL {
                 self.evictions.get_or_create_owned(&EvictionLabels {
                     eviction_signal,
                     result: result.as_str(),
                 });
             }
+        }
+        for signal in OBSERVED_SIGNALS {
+            let eviction_signal = signal.as_str();
             self.no_evictable_pod_events
                 .get_or_create_owned(&SignalLabels { eviction_signal });
             self.signal_unknown

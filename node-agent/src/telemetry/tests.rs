@@ -145,7 +145,7 @@ async fn metrics_are_served_in_the_format_the_scraper_accepts() {
     let server = start(Duration::from_secs(60)).await;
     server
         .metrics
-        .eviction(Signal::MemoryAvailable, EvictionResult::Evicted);
+        .eviction(Signal::MemoryAvailable.into(), EvictionResult::Evicted);
     let sample =
         r#"node_agent_evictions_total{eviction_signal="memory.available",result="evicted"} 1"#;
     #[rustfmt::skip]

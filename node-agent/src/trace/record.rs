@@ -10,7 +10,7 @@ use node_agent_kube::{
     executor::Report,
     reclaim::{ReclaimOutcome, ReclaimResult},
 };
-use node_agent_policy::Signal;
+use node_agent_policy::{EvictionSignal, Signal};
 
 use crate::cgroup::{
     attribution::{Attributed, Constraint, Direction, Happened, Subject},
@@ -134,6 +134,16 @@ mod by_name {
         fn from_name(s: &str) -> Result<Self, String>;
     }
 
+    impl Named for node_agent_policy::EvictionSignal {
+        fn name(&self) -> &'static str {
+            self.as_str()
+        }
+        fn from_name(s: &str) -> Result<Self, String> {
+            s.parse()
+                .map_err(|e: node_agent_policy::UnknownEvictionSignal| e.to_string())
+        }
+    }
+
     impl Named for node_agent_policy::Signal {
         fn name(&self) -> &'static str {
             self.as_str()
@@ -221,11 +231,13 @@ pub enum Record {
         name: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         uid: Option<String>,
+        /// The threshold's signal, or the local storage limit the pod went over
+        /// (`emptydirfs.limit`, `ephemeralpodfs.limit`, `ephemeralcontainerfs.limit`).
         #[serde(with = "by_name")]
-        signal: Signal,
+        signal: EvictionSignal,
         hard: bool,
         /// The signal's observed value (available bytes, inodes or PIDs) and its threshold,
-        /// as the decision saw them.
+        /// as the decision saw them; for a local storage limit, the bytes used and the limit.
         observed: i64,
         threshold: i64,
         grace_period_seconds: i64,

@@ -108,18 +108,27 @@ impl Record {
                 grace_period_seconds,
                 ..
             } => {
-                let unit = |v: i64| match signal.resource() {
+                let resource = signal
+                    .threshold()
+                    .map_or(Resource::EphemeralStorage, |s| s.resource());
+                let unit = |v: i64| match resource {
                     Resource::Memory | Resource::EphemeralStorage => {
                         bytes(u64::try_from(v).unwrap_or(0))
                     }
                     Resource::Inodes | Resource::Pids => v.to_string(),
+                };
+                // A threshold is met below its line; a local storage limit is passed above it.
+                let relation = if signal.threshold().is_some() {
+                    "<"
+                } else {
+                    ">"
                 };
                 (
                     time,
                     format!("{namespace}/{name}"),
                     "-".into(),
                     format!(
-                        "{}: {signal} {} < {}, grace {grace_period_seconds}s{}",
+                        "{}: {signal} {} {relation} {}, grace {grace_period_seconds}s{}",
                         result.as_str(),
                         unit(*observed),
                         unit(*threshold),
@@ -347,7 +356,7 @@ mod tests {
                 namespace: "shop".into(),
                 name: "web".into(),
                 uid: Some("u1".into()),
-                signal: Signal::MemoryAvailable,
+                signal: Signal::MemoryAvailable.into(),
                 resource: Resource::Memory,
                 hard: true,
                 grace_period_seconds: 1,

@@ -40,7 +40,8 @@ pub fn pods(n: usize) -> Vec<PodInfo> {
                     limits: Resources::default(),
                     usage: Some(ContainerUsage {
                         memory_working_set_bytes: Some(usage),
-                        ephemeral_storage_bytes: None,
+                        rootfs_bytes: None,
+                        logs_bytes: None,
                     }),
                 }],
                 usage: Some(PodUsage {

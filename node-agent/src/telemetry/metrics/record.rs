@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use node_agent_common::SamplerStats;
-use node_agent_policy::Resource;
+use node_agent_policy::{EvictionSignal, Resource};
 
 use super::*;
 use crate::ebpf::MemoryMechanism;
@@ -70,7 +70,9 @@ impl Metrics {
     /// Counter `node_agent_evictions_total{eviction_signal,result}` (result: evicted,
     /// pdb_overridden, dry_run, blocked_by_pdb, rate_limited, api_rate_limited, already_gone,
     /// refused, failed).
-    pub fn eviction(&self, signal: Signal, result: EvictionResult) {
+    /// The signal is a threshold's or a local storage limit's (`emptydirfs.limit`, ...), as the
+    /// kubelet's `evictions` metric labels them.
+    pub fn eviction(&self, signal: EvictionSignal, result: EvictionResult) {
         self.evictions
             .get_or_create(&EvictionLabels {
                 eviction_signal: signal.as_str(),

@@ -34,6 +34,9 @@ fn each_recorder_writes_its_sample() {
         ("evictions start at 0 for every observed signal and result",
          |_| {},
          "node_agent_evictions_total{eviction_signal=\"pid.available\",result=\"blocked_by_pdb\"} 0"),
+        ("evictions for local storage limits start at 0 under the kubelet's names",
+         |_| {},
+         "node_agent_evictions_total{eviction_signal=\"emptydirfs.limit\",result=\"evicted\"} 0"),
         ("evaluations start at 0 for every trigger",
          |_| {},
          "node_agent_evaluations_total{trigger=\"pressure_poll\"} 0"),
@@ -74,10 +77,10 @@ fn each_recorder_writes_its_sample() {
          |m| m.set_condition("PIDPressure", false),
          "node_agent_node_condition{condition=\"PIDPressure\"} 0"),
         ("an eviction counts by signal and result",
-         |m| m.eviction(Signal::MemoryAvailable, EvictionResult::Evicted),
+         |m| m.eviction(Signal::MemoryAvailable.into(), EvictionResult::Evicted),
          "node_agent_evictions_total{eviction_signal=\"memory.available\",result=\"evicted\"} 1"),
         ("evictions accumulate per label set",
-         |m| { m.eviction(Signal::MemoryAvailable, EvictionResult::DryRun); m.eviction(Signal::MemoryAvailable, EvictionResult::DryRun); m.eviction(Signal::MemoryAvailable, EvictionResult::Failed) },
+         |m| { m.eviction(Signal::MemoryAvailable.into(), EvictionResult::DryRun); m.eviction(Signal::MemoryAvailable.into(), EvictionResult::DryRun); m.eviction(Signal::MemoryAvailable.into(), EvictionResult::Failed) },
          "node_agent_evictions_total{eviction_signal=\"memory.available\",result=\"dry_run\"} 2"),
         ("an OOM kill counts by namespace",
          |m| m.oom_kill("default"),
@@ -177,7 +180,7 @@ fn populated() -> Arc<Metrics> {
     metrics.set_memory_mechanism(crate::ebpf::MemoryMechanism::PageCounterFexit);
     metrics.set_threshold_met(Signal::MemoryAvailable, true, false);
     metrics.set_condition("MemoryPressure", false);
-    metrics.eviction(Signal::MemoryAvailable, EvictionResult::Evicted);
+    metrics.eviction(Signal::MemoryAvailable.into(), EvictionResult::Evicted);
     metrics.oom_kill("");
     metrics.kernel_event("oom_kill");
     metrics.decision_latency("memory_threshold", 0.001);

@@ -1,0 +1,215 @@
+//! Local storage eviction inside one evaluation: limits go before thresholds, under the same
+//! rules for who may be evicted.
+
+use std::time::Duration;
+
+use node_agent_policy::{
+    evaluate_among, ContainerInfo, Eligibility, EmptyDirInfo, EvictionConfig, EvictionSignal,
+    NodeCapacity, NodeCondition, NotEvictableNow, Observation, Observations, PassReason, PodInfo,
+    PodUsage, PolicyState, Resources, Signal, StorageLimit,
+};
+
+const MI: u64 = 1 << 20;
+
+/// `name` using `memory` MiB, with an emptyDir `cache` limited to 100Mi holding `cache` MiB.
+fn pod(name: &str, memory: u64, cache: u64) -> PodInfo {
+    PodInfo {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: Some(format!("uid-{name}")),
+        termination_grace_period_seconds: Some(30),
+        containers: vec![ContainerInfo {
+            name: "app".into(),
+            requests: Resources::default(),
+            ..Default::default()
+        }],
+        empty_dirs: vec![EmptyDirInfo {
+            name: "cache".into(),
+            size_limit: Some("100Mi".parse().unwrap()),
+        }],
+        usage: Some(PodUsage {
+            memory_working_set_bytes: memory * MI,
+            ephemeral_storage_bytes: Some(cache * MI),
+            volumes: [("cache".to_string(), cache * MI)].into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// One evaluation with `memory.available<500Mi` met (100Mi available) or not (5Gi).
+fn evaluate(
+    pods: &[PodInfo],
+    eligibility: &Eligibility,
+    memory_met: bool,
+) -> node_agent_policy::Decision {
+    let config =
+        EvictionConfig::from_kubelet_yaml("evictionHard: {memory.available: 500Mi}").unwrap();
+    let node = NodeCapacity {
+        memory_bytes: Some(10 << 30),
+        ..Default::default()
+    };
+    let available = if memory_met { 100 * MI } else { 5 << 30 };
+    let observations: Observations = [(
+        Signal::MemoryAvailable,
+        Observation {
+            available: available as i64,
+            capacity: 10 << 30,
+        },
+    )]
+    .into();
+    evaluate_among(
+        &config,
+        &node,
+        &observations,
+        pods,
+        eligibility,
+        Duration::ZERO,
+        &PolicyState::default(),
+    )
+    .0
+}
+
+#[test]
+fn a_pod_over_a_limit_goes_before_any_threshold_eviction_and_whatever_the_node() {
+    let pods = [pod("hungry", 4000, 0), pod("filler", 10, 150)];
+    for memory_met in [true, false] {
+        let d = evaluate(&pods, &Eligibility::default(), memory_met);
+        let e = d.evict.as_ref().expect("an eviction");
+        assert_eq!(e.name, "filler", "memory met: {memory_met}");
+        assert_eq!(e.signal, EvictionSignal::Limit(StorageLimit::EmptyDir));
+        assert_eq!(
+            e.grace_period_seconds, 1,
+            "the kubelet's immediate grace period"
+        );
+        assert!(e.hard);
+        assert_eq!(
+            e.message,
+            "Usage of EmptyDir volume \"cache\" exceeds the limit \"100Mi\". "
+        );
+        assert!(e.offending_containers.is_empty());
+        assert_eq!(e.available.value(), (150 * MI) as i64, "the usage");
+        assert_eq!(e.threshold_quantity.value(), (100 * MI) as i64, "the limit");
+        // The thresholds and conditions are still those of the node.
+        assert_eq!(
+            d.reclaim, None,
+            "no threshold is reclaimed in this evaluation"
+        );
+        assert_eq!(!d.thresholds_met.is_empty(), memory_met);
+        assert_eq!(d.conditions == [NodeCondition::MemoryPressure], memory_met);
+    }
+}
+
+#[test]
+fn pods_over_a_limit_that_may_not_go_are_passed_over_and_noted() {
+    type Row<'a> = (
+        &'a str,
+        Eligibility,
+        fn(&mut [PodInfo]),
+        Option<&'a str>,
+        Vec<(&'a str, PassReason)>,
+    );
+    let excluded = Eligibility {
+        exclusions: serde_yaml_ng::from_str("{label_selector: {match_labels: {keep: 'yes'}}}")
+            .unwrap(),
+        ..Eligibility::default()
+    };
+    let blocked = Eligibility {
+        not_evictable_now: [(
+            "uid-first".to_string(),
+            NotEvictableNow::BlockedByDisruptionBudget,
+        )]
+        .into(),
+        ..Eligibility::default()
+    };
+    let rows: Vec<Row> = vec![
+        (
+            "the first over its limit, in pod order",
+            Eligibility::default(),
+            |_| {},
+            Some("first"),
+            vec![],
+        ),
+        (
+            "a static pod over its limit stays; the next one over goes",
+            Eligibility::default(),
+            |p| p[1].is_static = true,
+            Some("second"),
+            vec![("first", PassReason::Static)],
+        ),
+        (
+            "a static pod after the one chosen is noted too",
+            Eligibility::default(),
+            |p| p[2].is_static = true,
+            Some("first"),
+            vec![("second", PassReason::Static)],
+        ),
+        (
+            "a pod at the critical priority stays",
+            Eligibility::default(),
+            |p| {
+                p[1].priority = 2_000_000_000;
+                p[2].is_mirror = true;
+            },
+            Some("hungry"),
+            vec![
+                ("first", PassReason::CriticalPriority),
+                ("second", PassReason::Mirror),
+            ],
+        ),
+        (
+            "an excluded pod stays",
+            excluded,
+            |p| {
+                p[1].labels = [("keep".to_string(), "yes".to_string())].into();
+            },
+            Some("second"),
+            vec![("first", PassReason::ExcludedByLabelSelector)],
+        ),
+        (
+            "a pod its budget blocks stays for now",
+            blocked,
+            |_| {},
+            Some("second"),
+            vec![(
+                "first",
+                PassReason::NotEvictableNow(NotEvictableNow::BlockedByDisruptionBudget),
+            )],
+        ),
+    ];
+    for (behaviour, eligibility, tweak, want, want_passed) in rows {
+        let mut pods = vec![
+            pod("hungry", 4000, 0),
+            pod("first", 10, 150),
+            pod("second", 10, 120),
+        ];
+        tweak(&mut pods);
+        let d = evaluate(&pods, &eligibility, true);
+        assert_eq!(
+            d.evict.as_ref().map(|e| e.name.as_str()),
+            want,
+            "{behaviour}"
+        );
+        let passed: Vec<(&str, PassReason)> = d
+            .over_limit_passed_over
+            .iter()
+            .map(|(p, limit)| {
+                assert_eq!(*limit, StorageLimit::EmptyDir, "{behaviour}");
+                (p.name.as_str(), p.reason)
+            })
+            .collect();
+        assert_eq!(passed, want_passed, "{behaviour}");
+    }
+}
+
+#[test]
+fn with_no_pod_over_a_limit_may_go_the_threshold_eviction_proceeds() {
+    let mut pods = vec![pod("hungry", 4000, 0), pod("filler", 10, 150)];
+    pods[1].is_static = true;
+    let d = evaluate(&pods, &Eligibility::default(), true);
+    let e = d.evict.as_ref().expect("the memory eviction");
+    assert_eq!(e.name, "hungry");
+    assert_eq!(e.signal, EvictionSignal::Threshold(Signal::MemoryAvailable));
+    assert_eq!(d.reclaim, Some(Signal::MemoryAvailable));
+    assert_eq!(d.over_limit_passed_over.len(), 1);
+}
