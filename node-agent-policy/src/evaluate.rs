@@ -123,7 +123,11 @@ impl Decision {
 
 /// Whether `threshold` is met by the observation, optionally raised by its minimum reclaim
 /// (the kubelet's `thresholdsMet`): met while available is strictly below the threshold.
-fn is_met(threshold: &Threshold, observations: &Observations, enforce_min_reclaim: bool) -> bool {
+pub(crate) fn is_met(
+    threshold: &Threshold,
+    observations: &Observations,
+    enforce_min_reclaim: bool,
+) -> bool {
     let Some(observed) = observations.get(&threshold.signal) else {
         return false;
     };

@@ -12,6 +12,7 @@ pub mod eligible;
 pub mod evaluate;
 pub mod local_storage;
 pub mod message;
+pub mod node_reclaim;
 pub mod observe;
 pub mod quantity;
 pub mod rank;

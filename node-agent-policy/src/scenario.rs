@@ -11,6 +11,7 @@ use crate::config::{ConfigError, EvictionConfig};
 use crate::duration::parse_go_duration;
 use crate::evaluate::{evaluate, PolicyState};
 use crate::local_storage::EmptyDirInfo;
+use crate::node_reclaim::{observe_freed, reclaim_kinds, still_met_after_reclaim, Freed, FsLayout};
 use crate::observe::{
     ContainerInfo, ContainerUsage, NodeCapacity, Observation, Observations, PodInfo, PodUsage,
     Resources,
@@ -69,6 +70,9 @@ pub struct Step {
     pub signals: Vec<(Signal, i64)>,
     /// Usage changes, by pod name, from this step on.
     pub usage: Vec<(String, UsageUpdate)>,
+    /// What node-level reclaim (dead containers, unused images) would free from this step on,
+    /// on the filesystem that holds images, until a reclaim frees it.
+    pub reclaimable: Option<Freed>,
 }
 
 /// A change to a pod's usage; fields left `None` (volumes not named) keep their value.
@@ -89,7 +93,22 @@ pub struct StepOutput {
     pub at: String,
     pub thresholds_met: Vec<String>,
     pub conditions: Vec<String>,
+    /// Node-level reclaim run at this step, when the scenario models it (a step gave
+    /// `reclaimable`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reclaimed: Option<ReclaimedOutput>,
     pub evicted: Option<EvictedOutput>,
+}
+
+/// A node-level reclaim at a step: what it freed and whether that was enough (no threshold
+/// met with its minimum reclaim afterwards, so nothing is evicted).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReclaimedOutput {
+    pub signal: String,
+    pub bytes: u64,
+    pub inodes: u64,
+    pub enough: bool,
 }
 
 /// The pod evicted at a step.
@@ -120,6 +139,7 @@ pub fn simulate(scenario: &Scenario) -> Vec<StepOutput> {
     let mut observations = Observations::new();
     let mut state = PolicyState::default();
     let mut pods = scenario.pods.clone();
+    let mut reclaimable: Option<Freed> = None;
     let mut out = Vec::with_capacity(scenario.steps.len());
     for step in &scenario.steps {
         for &(signal, available) in &step.signals {
@@ -137,6 +157,9 @@ pub fn simulate(scenario: &Scenario) -> Vec<StepOutput> {
                 apply_usage(pod, update);
             }
         }
+        if let Some(freed) = step.reclaimable {
+            reclaimable = Some(freed);
+        }
         let (mut decision, next) = evaluate(
             &scenario.config,
             &scenario.node,
@@ -146,6 +169,26 @@ pub fn simulate(scenario: &Scenario) -> Vec<StepOutput> {
             &state,
         );
         state = next;
+        // The kubelet reclaims node-level resources before evicting for a disk signal, and
+        // evicts only if a threshold (with its minimum reclaim) is still met afterwards.
+        let layout = FsLayout::from_has_imagefs(scenario.node.has_imagefs);
+        let reclaimed = match (decision.reclaim, reclaimable.as_mut()) {
+            (Some(signal), Some(left)) if !reclaim_kinds(signal, layout).is_empty() => {
+                let freed = std::mem::take(left);
+                observe_freed(&mut observations, layout, freed);
+                let enough = !still_met_after_reclaim(&scenario.config, &observations);
+                if enough {
+                    decision.evict = None;
+                }
+                Some(ReclaimedOutput {
+                    signal: signal.as_str().to_string(),
+                    bytes: freed.bytes,
+                    inodes: freed.inodes,
+                    enough,
+                })
+            }
+            _ => None,
+        };
         let evicted = decision.evict.take().map(|e| {
             pods.retain(|p| !(p.namespace == e.namespace && p.name == e.name));
             EvictedOutput {
@@ -170,6 +213,7 @@ pub fn simulate(scenario: &Scenario) -> Vec<StepOutput> {
                 .map(|s| s.as_str().to_string())
                 .collect(),
             conditions,
+            reclaimed,
             evicted,
         });
     }
@@ -463,6 +507,20 @@ fn parse_volume(value: &Value, at: &str) -> Result<EmptyDirInfo, ScenarioError> 
     Ok(volume)
 }
 
+/// `reclaimable: {bytes, inodes}`: what node-level reclaim would free.
+fn parse_reclaimable(value: &Value, at: &str) -> Result<Freed, ScenarioError> {
+    let mut freed = Freed::default();
+    for (key, v) in yaml::entries(value, at)? {
+        let field = format!("{at}.{key}");
+        match key {
+            "bytes" => freed.bytes = amount(v, &field)?,
+            "inodes" => freed.inodes = amount(v, &field)?,
+            _ => return Err(field_error(field, "only the fields bytes, inodes")),
+        }
+    }
+    Ok(freed)
+}
+
 /// Usage may only name the pod's own volumes.
 fn check_volume_names(pod: &PodInfo, usage: &UsageUpdate, at: &str) -> Result<(), ScenarioError> {
     match usage
@@ -519,6 +577,7 @@ fn parse_steps(
             at: Duration::ZERO,
             signals: Vec::new(),
             usage: Vec::new(),
+            reclaimable: None,
         };
         let mut at_seen = false;
         for (key, v) in yaml::entries(step_value, &at_field)? {
@@ -567,7 +626,13 @@ fn parse_steps(
                         step.usage.push((pod.to_string(), update));
                     }
                 }
-                _ => return Err(field_error(field, "only the fields at, signals, usage")),
+                "reclaimable" => step.reclaimable = Some(parse_reclaimable(v, &field)?),
+                _ => {
+                    return Err(field_error(
+                        field,
+                        "only the fields at, signals, usage, reclaimable",
+                    ))
+                }
             }
         }
         if !at_seen {

@@ -134,6 +134,54 @@ steps:
 }
 
 #[test]
+fn node_level_reclaim_goes_before_a_disk_eviction() {
+    let node = |imagefs: bool| {
+        format!("node:\n  capacity: {{ephemeral-storage: 100Gi, inodes: 1000000}}\n  hasImagefs: {imagefs}\n")
+    };
+    let rest = "config:
+  evictionHard: {nodefs.available: 10Gi, imagefs.available: 10Gi}
+  evictionMinimumReclaim: {nodefs.available: 2Gi}
+pods:
+  - name: big
+    usage: {ephemeral-storage: 30Gi}
+";
+    const EVICTED: &str = r#""evicted":{"namespace":"default","name":"big","signal":"nodefs.available","gracePeriodSeconds":1,"message":"The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, available: 5Gi. "}"#;
+    let rows: &[(&str, bool, &str, &[&str])] = &[
+        (
+            "reclaim frees enough (past threshold plus minimum reclaim): nothing is evicted",
+            false,
+            "steps:\n  - at: 0s\n    signals: {nodefs.available: 5Gi}\n    reclaimable: {bytes: 8Gi}\n",
+            &[r#"{"at":"0s","thresholdsMet":["nodefs.available"],"conditions":["DiskPressure"],"reclaimed":{"signal":"nodefs.available","bytes":8589934592,"inodes":0,"enough":true},"evicted":null}"#],
+        ),
+        (
+            "above the threshold but within its minimum reclaim: the pod goes",
+            false,
+            "steps:\n  - at: 0s\n    signals: {nodefs.available: 5Gi}\n    reclaimable: {bytes: 5632Mi}\n",
+            &[&format!(r#"{{"at":"0s","thresholdsMet":["nodefs.available"],"conditions":["DiskPressure"],"reclaimed":{{"signal":"nodefs.available","bytes":5905580032,"inodes":0,"enough":false}},{EVICTED}}}"#)],
+        ),
+        (
+            "what was freed is gone: a later reclaim frees nothing and the pod goes",
+            false,
+            "steps:\n  - at: 0s\n    signals: {nodefs.available: 5Gi}\n    reclaimable: {bytes: 8Gi}\n  - at: 10s\n    signals: {nodefs.available: 5Gi}\n",
+            &[
+                r#"{"at":"0s","thresholdsMet":["nodefs.available"],"conditions":["DiskPressure"],"reclaimed":{"signal":"nodefs.available","bytes":8589934592,"inodes":0,"enough":true},"evicted":null}"#,
+                &format!(r#"{{"at":"10s","thresholdsMet":["nodefs.available"],"conditions":["DiskPressure"],"reclaimed":{{"signal":"nodefs.available","bytes":0,"inodes":0,"enough":false}},{EVICTED}}}"#),
+            ],
+        ),
+        (
+            "nodefs beside a dedicated imagefs has nothing to reclaim: the pod goes at once",
+            true,
+            "steps:\n  - at: 0s\n    signals: {nodefs.available: 5Gi}\n    reclaimable: {bytes: 8Gi}\n",
+            &[&format!(r#"{{"at":"0s","thresholdsMet":["nodefs.available"],"conditions":["DiskPressure"],{EVICTED}}}"#)],
+        ),
+    ];
+    for (behaviour, imagefs, steps, expected) in rows {
+        let got = lines(&format!("{}{rest}{steps}", node(*imagefs)));
+        assert_eq!(got, *expected, "{behaviour}");
+    }
+}
+
+#[test]
 fn json_scenarios_are_accepted() {
     let json = r#"{"node": {"capacity": {"memory": "8Gi"}},
         "pods": [{"name": "a", "usage": {"memory": "1Gi"}}],
@@ -222,6 +270,11 @@ fn invalid_scenarios_are_refused_naming_the_field() {
             "a malformed request",
             format!("{NODE}pods:\n  - name: a\n    containers: [{{name: c, requests: {{memory: 1GB}}}}]\n{step}"),
             "pods[0].containers[0].requests.memory: expected a Kubernetes quantity",
+        ),
+        (
+            "an unknown reclaimable field",
+            format!("{NODE}steps:\n  - at: 0s\n    reclaimable: {{images: 3}}\n"),
+            "steps[0].reclaimable.images: expected only the fields bytes, inodes",
         ),
         (
             "a volume that is not an emptyDir",

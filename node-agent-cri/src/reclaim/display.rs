@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{ContainerReason, FsLayout, KeptContainerReason, KeptImageReason, ReclaimPlan};
+use super::{ContainerReason, KeptContainerReason, KeptImageReason, ReclaimPlan};
 
 /// Binary units with one decimal, as `trace` prints sizes: `512 B`, `1.5 KiB`, `300.0 MiB`.
 pub fn human_bytes(bytes: u64) -> String {
@@ -23,16 +23,6 @@ pub fn human_bytes(bytes: u64) -> String {
 fn short(id: &str) -> &str {
     let id = id.strip_prefix("sha256:").unwrap_or(id);
     id.get(..13.min(id.len())).unwrap_or(id)
-}
-
-impl fmt::Display for FsLayout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            FsLayout::Shared => "images share the node filesystem",
-            FsLayout::SeparateImageFs => "images and containers on imagefs",
-            FsLayout::SplitImageFs => "images on imagefs, containers on nodefs",
-        })
-    }
 }
 
 impl fmt::Display for ContainerReason {

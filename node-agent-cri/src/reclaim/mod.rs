@@ -27,6 +27,7 @@ mod tests;
 use std::{collections::BTreeMap, time::Duration};
 
 use jiff::Timestamp;
+pub use node_agent_policy::node_reclaim::{reclaim_kinds, FsLayout, ReclaimKind};
 use node_agent_policy::Signal;
 use serde::Serialize;
 
@@ -40,48 +41,6 @@ pub use images::{
 pub use run::{Outcome, ReclaimReport, ReclaimRun, Step, StepResult, Target};
 
 use crate::model::{Container, ContainerStats, Image};
-
-/// Where the runtime keeps images and writable layers relative to the kubelet's root
-/// (`nodefs`). The kubelet decides this from the runtime's `ImageFsInfo` and the devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FsLayout {
-    /// Images, writable layers and the kubelet's root share one filesystem.
-    Shared,
-    /// Images and writable layers on a filesystem of their own (`imagefs`).
-    SeparateImageFs,
-    /// Images on `imagefs`, writable layers on `nodefs` (the kubelet's split image filesystem).
-    SplitImageFs,
-}
-
-/// One of the kubelet's node reclaim functions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReclaimKind {
-    /// `containerGC.DeleteAllUnusedContainers`.
-    DeadContainers,
-    /// `imageGC.DeleteUnusedImages`.
-    UnusedImages,
-}
-
-/// What the kubelet runs for a met threshold of `signal`, in order. Empty: nothing to reclaim
-/// at node level (memory, PIDs; `nodefs` when images live elsewhere), the caller evicts at once.
-pub fn reclaim_kinds(signal: Signal, layout: FsLayout) -> &'static [ReclaimKind] {
-    use ReclaimKind::{DeadContainers, UnusedImages};
-    use Signal::{ImageFsAvailable, ImageFsInodesFree, NodeFsAvailable, NodeFsInodesFree};
-    match (layout, signal) {
-        (
-            FsLayout::Shared,
-            NodeFsAvailable | NodeFsInodesFree | ImageFsAvailable | ImageFsInodesFree,
-        )
-        | (FsLayout::SeparateImageFs, ImageFsAvailable | ImageFsInodesFree) => {
-            &[DeadContainers, UnusedImages]
-        }
-        (FsLayout::SplitImageFs, ImageFsAvailable | ImageFsInodesFree) => &[UnusedImages],
-        (FsLayout::SplitImageFs, NodeFsAvailable | NodeFsInodesFree) => &[DeadContainers],
-        _ => &[],
-    }
-}
 
 /// The runtime as listed at one moment: every container whatever its state, every image, and
 /// the stats the runtime has for containers (for the bytes a removal is expected to free).
