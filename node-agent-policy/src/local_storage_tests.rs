@@ -68,7 +68,14 @@ const NONE: Case = Case {
 
 #[test]
 fn each_limit_is_checked_as_the_kubelet_checks_it() {
-    let cases: Vec<(&str, Case, bool, Option<(&str, &str)>)> = vec![
+    /// (behaviour, pod, dedicated imagefs, the limit and message expected).
+    type Row = (
+        &'static str,
+        Case,
+        bool,
+        Option<(&'static str, &'static str)>,
+    );
+    let cases: Vec<Row> = vec![
         (
             "no limits",
             Case {
