@@ -160,6 +160,19 @@ impl World {
             .collect()
     }
 
+    /// The first `Evicted` event posted, once there is one.
+    fn evicted_event(&self) -> anyhow::Result<node_agent_tests::cluster::Answered> {
+        let find = || {
+            self.cluster()
+                .answered
+                .iter()
+                .find(|a| a.body["reason"] == "Evicted")
+                .cloned()
+        };
+        wait_until(wait(), "the Evicted event", || find().is_some())?;
+        find().ok_or_else(|| anyhow::anyhow!("the Evicted event went away"))
+    }
+
     fn assert_nothing_refused(&self) {
         assert!(
             self.fake.rejected().is_empty(),
@@ -224,19 +237,7 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_with_the_decisions
     );
 
     // The pod's event carries the decision's own figures and the per-container sentence.
-    wait_until(wait(), "the Evicted event", || {
-        w.cluster()
-            .answered
-            .iter()
-            .any(|a| a.body["reason"] == "Evicted")
-    })?;
-    let event = w
-        .cluster()
-        .answered
-        .iter()
-        .find(|a| a.body["reason"] == "Evicted")
-        .cloned()
-        .unwrap();
+    let event = w.evicted_event()?;
     let message = eviction["message"].as_str().unwrap();
     assert_eq!(
         event.body["note"], message,
@@ -906,19 +907,7 @@ fn a_pod_over_its_local_storage_limit_is_evicted_whatever_the_node() -> anyhow::
         request["deleteOptions"]["gracePeriodSeconds"], 1,
         "{request}"
     );
-    wait_until(wait(), "the Evicted event", || {
-        w.cluster()
-            .answered
-            .iter()
-            .any(|a| a.body["reason"] == "Evicted")
-    })?;
-    let event = w
-        .cluster()
-        .answered
-        .iter()
-        .find(|a| a.body["reason"] == "Evicted")
-        .cloned()
-        .unwrap();
+    let event = w.evicted_event()?;
     assert_eq!(event.body["note"], MESSAGE);
     assert!(
         event.body["metadata"]["annotations"].is_null(),
