@@ -31,7 +31,7 @@ pub enum AllocatableError {
     Api {
         node: String,
         #[source]
-        source: ApiError,
+        source: Box<ApiError>,
     },
     #[error(
         "node {node}: {FIELD} is absent (the kubelet publishes it once it has registered the node)"
@@ -121,7 +121,7 @@ pub async fn read(ctx: &Context) -> Result<i64, AllocatableError> {
         .await
         .map_err(|source| AllocatableError::Api {
             node: ctx.node.clone(),
-            source,
+            source: Box::new(source),
         })?;
     node_memory(&ctx.node, &node)
 }
