@@ -525,6 +525,11 @@ mod tests {
         assert!(!c.dry_run(), "the shipped config acts");
         assert!(kube.taint, "the pressure taint is on");
         assert_eq!(
+            c.runtime.as_ref().map(|r| r.settings.endpoint.to_string()),
+            Some(node_agent_cri::config::DEFAULT_ENDPOINT.to_string()),
+            "node-level reclaim through containerd's socket (the DaemonSet mounts its directory)"
+        );
+        assert_eq!(
             c.settings.kubelet_config.as_deref(),
             Some(std::path::Path::new(DEFAULT_KUBELET_CONFIG))
         );
