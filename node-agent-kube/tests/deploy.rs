@@ -322,6 +322,7 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
         ("/sys/fs/cgroup", "/sys/fs/cgroup"),
         ("/var/lib/kubelet", "/var/lib/kubelet"),
         ("/var/lib/containerd", "/var/lib/containerd"),
+        ("/run/containerd", "/run/containerd"),
     ] {
         let (volume, _) = host_paths
             .iter()
@@ -330,7 +331,7 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
         assert_eq!(mounts.get(volume), Some(&in_container), "{host}");
     }
     // Host mounts are read-only, and there are no others (no /proc, no bpffs, no tracefs).
-    assert_eq!(host_paths.len(), 3, "{host_paths:?}");
+    assert_eq!(host_paths.len(), 4, "{host_paths:?}");
     for m in c.volume_mounts.as_deref().unwrap() {
         if host_paths.contains_key(m.name.as_str()) {
             assert_eq!(m.read_only, Some(true), "{} read-only", m.name);
@@ -351,6 +352,42 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
             "agent.{field} is inside a mount"
         );
     }
+    // The runtime's socket, for node-level reclaim: inside the mount of its directory (a mount
+    // of the socket file would go stale when the runtime restarts), which must exist on the
+    // node and follows the host's unmounts of the container rootfs below it.
+    let endpoint = config["cri"]["endpoint"]
+        .as_str()
+        .expect("cri.endpoint set");
+    let socket = serde_json::json!(endpoint
+        .strip_prefix("unix://")
+        .expect("a unix:// endpoint"));
+    assert!(
+        mounted(&socket),
+        "cri.endpoint {endpoint} is inside a mount"
+    );
+    let socket_volume = pod
+        .volumes
+        .as_deref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "runtime-socket")
+        .unwrap();
+    let host_path = socket_volume.host_path.as_ref().unwrap();
+    assert_eq!(
+        (host_path.path.as_str(), host_path.type_.as_deref()),
+        ("/run/containerd", Some("Directory"))
+    );
+    let socket_mount = c
+        .volume_mounts
+        .as_deref()
+        .unwrap()
+        .iter()
+        .find(|m| m.name == "runtime-socket")
+        .unwrap();
+    assert_eq!(
+        socket_mount.mount_propagation.as_deref(),
+        Some("HostToContainer")
+    );
     let config_volume = pod
         .volumes
         .as_deref()

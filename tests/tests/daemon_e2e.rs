@@ -767,7 +767,13 @@ fn pods_beyond_allocatable_memory_are_evicted_for_allocatable_memory_available(
         &w.config,
         w.config_with_threshold("1Mi", "", "  allocatable_memory: 200Mi\n"),
     )?;
-    let daemon = Daemon::start(&w.config, w.port)?;
+    let mut daemon = Daemon::start(&w.config, w.port)?;
+    // The config wins over the Node's own figure, and says so once.
+    daemon.wait_log("the config wins", wait())?;
+    assert_eq!(
+        daemon.log_count("allocatableMemory.available is measured against"),
+        1
+    );
     let lists = w.cluster().pod_lists;
     wait_until(wait(), "two pod list fetches", || {
         w.cluster().pod_lists >= lists + 2

@@ -4,9 +4,12 @@
 //! capability is taken away in turn and the agent must fail to start: the set is minimal.
 //!
 //! Differences from a cluster, all outside the security context: the ConfigMap is a standalone
-//! config (no API server here), and two hostPaths this machine lacks (it runs no kubelet) are
+//! config (no API server here), and three hostPaths this machine lacks (it runs no kubelet) are
 //! stood in for: `/var/lib/kubelet` by an empty directory, `/var/lib/containerd` by the test
-//! containerd's own root.
+//! containerd's own root, `/run/containerd` by the test containerd's directory holding its
+//! socket (`containerd.sock`, as on a node). In Kubernetes mode (an API server that cannot be
+//! reached) the agent reaches that containerd through the mount, at the ConfigMap's
+//! `cri.endpoint`.
 
 use std::{
     collections::BTreeMap,
@@ -63,6 +66,26 @@ async fn run_agent(
     attempt: u32,
     tweak: impl FnOnce(&mut proto::LinuxContainerSecurityContext),
 ) -> anyhow::Result<AgentPod> {
+    run_agent_with(ctrd, template, reference, attempt, tweak, None).await
+}
+
+/// A config of the test's own instead of the standalone one (`{port}` replaced by the
+/// listener's), files next to it in the ConfigMap's directory, extra environment.
+struct Custom<'a> {
+    config: &'a str,
+    files: &'a [(&'a str, &'a [u8])],
+    env: &'a [(&'a str, &'a str)],
+}
+
+/// As [`run_agent`], with a config of the test's own.
+async fn run_agent_with(
+    ctrd: &Containerd,
+    template: &PodTemplate,
+    reference: &str,
+    attempt: u32,
+    tweak: impl FnOnce(&mut proto::LinuxContainerSecurityContext),
+    custom: Option<Custom<'_>>,
+) -> anyhow::Result<AgentPod> {
     let port = template.port("http")?;
     let (resources, qos) = template.resources()?;
     let volumes = ctrd.dir().join(format!("volumes-{attempt}"));
@@ -73,10 +96,22 @@ async fn run_agent(
         std::fs::create_dir_all(d)?;
     }
     // Standalone: no API server here. Everything else at its defaults, as in the ConfigMap.
+    let Custom {
+        config: config_text,
+        files,
+        env: extra_env,
+    } = custom.unwrap_or(Custom {
+        config: "agent:\n  listen: '0.0.0.0:{port}'\n",
+        files: &[],
+        env: &[],
+    });
     std::fs::write(
         config_dir.join("config.yaml"),
-        format!("agent:\n  listen: '0.0.0.0:{port}'\n"),
+        config_text.replace("{port}", &port.to_string()),
     )?;
+    for (name, content) in files {
+        std::fs::write(config_dir.join(name), content)?;
+    }
 
     let mut sandbox = ctrd.pod_config(
         "node-agent",
@@ -104,6 +139,15 @@ async fn run_agent(
     ]
     .into();
     let root = ctrd.root().to_path_buf();
+    let socket_dir = ctrd
+        .socket()
+        .parent()
+        .context("the test containerd's socket directory")?
+        .to_path_buf();
+    anyhow::ensure!(
+        ctrd.socket().file_name() == Some("containerd.sock".as_ref()),
+        "the test containerd's socket is named as containerd's default"
+    );
     let mounts = template.mounts(|name, volume| {
         Ok(match (name, volume) {
             (_, Volume::ConfigMap { .. }) => Some(config_dir.clone()),
@@ -112,6 +156,7 @@ async fn run_agent(
                 Some(kubelet_dir.clone())
             }
             (_, Volume::HostPath { path }) if path == "/var/lib/containerd" => Some(root.clone()),
+            (_, Volume::HostPath { path }) if path == "/run/containerd" => Some(socket_dir.clone()),
             _ => None,
         })
     })?;
@@ -121,6 +166,12 @@ async fn run_agent(
     config.command = command;
     config.args = args;
     config.envs = template.env(&fields)?;
+    config
+        .envs
+        .extend(extra_env.iter().map(|(key, value)| proto::KeyValue {
+            key: key.to_string(),
+            value: value.as_bytes().to_vec(),
+        }));
     config.mounts = mounts;
     config.linux = Some(proto::LinuxContainerConfig {
         resources: Some(resources),
@@ -291,6 +342,96 @@ fn the_image_runs_with_the_daemonsets_privileges_and_reports_a_host_oom_kill() {
                     .len(),
                 1,
                 "the agent is still running"
+            );
+            anyhow::Ok(())
+        })
+        .unwrap();
+}
+
+/// The ConfigMap's `cri.endpoint`, as shipped.
+fn shipped_cri_endpoint() -> anyhow::Result<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/configmap.yaml");
+    let cm: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path)?)?;
+    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        cm["data"]["config.yaml"]
+            .as_str()
+            .context("data.config.yaml in the ConfigMap")?,
+    )?;
+    Ok(config["cri"]["endpoint"]
+        .as_str()
+        .context("cri.endpoint in the ConfigMap")?
+        .to_string())
+}
+
+#[test]
+fn the_agent_reaches_the_runtime_through_the_daemonsets_socket_mount() {
+    require_root();
+    let (archive, reference) = image();
+    runtime()
+        .block_on(async {
+            let template = daemonset()?;
+            let ctrd = Containerd::start(Options::default()).await?;
+            ctrd.import_archive(&archive, &reference).await?;
+            // Kubernetes mode, so node-level reclaim is on and the agent detects the runtime's
+            // images at once; the API server and kubelet are unreachable addresses (their
+            // failures are the agent's to log), the CA a real one.
+            let pki = node_agent_kube::fake::Pki::new();
+            let ca = std::fs::read(&pki.ca_file)?;
+            let endpoint = shipped_cri_endpoint()?;
+            let config = format!(
+                "kubernetes:\n  api_server: {{url: 'https://127.0.0.1:1', ca_file: /etc/node-agent/ca.crt}}\n  \
+                 kubelet: {{url: 'https://127.0.0.1:2', ca_file: /etc/node-agent/ca.crt}}\n  \
+                 token_path: /etc/node-agent/token\n  retry: {{attempts: 1}}\n\
+                 cri:\n  endpoint: {endpoint}\n\
+                 agent:\n  listen: '0.0.0.0:{{port}}'\n"
+            );
+            let files: &[(&str, &[u8])] = &[("ca.crt", &ca), ("token", b"token\n")];
+            let env: &[(&str, &str)] = &[("RUST_LOG", "info,node_agent=debug")];
+            let agent = run_agent_with(
+                &ctrd,
+                &template,
+                &reference,
+                0,
+                |_| {},
+                Some(Custom {
+                    config: &config,
+                    files,
+                    env,
+                }),
+            )
+            .await?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let log = Containerd::container_log(&agent.pod, &agent.config);
+                if log.contains("container runtime images detected") {
+                    assert!(
+                        !log.contains("container runtime unavailable"),
+                        "reached at once: {log}"
+                    );
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("the agent in the container did not list the runtime's images at {endpoint} within 30 s; it said:\n{log}");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            // The mount as the DaemonSet asks: read-only, the runtime's socket inside.
+            let pid = ctrd.container_pid(&agent.id).await?;
+            let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+            let mount = mountinfo
+                .lines()
+                .find(|l| l.split_whitespace().nth(4) == Some("/run/containerd"))
+                .with_context(|| format!("/run/containerd in the container's mounts:\n{mountinfo}"))?;
+            assert!(
+                mount
+                    .split_whitespace()
+                    .nth(5)
+                    .is_some_and(|o| o.split(',').any(|f| f == "ro")),
+                "read-only: {mount}"
+            );
+            assert!(
+                mount.contains(" master:"),
+                "HostToContainer: the host's unmounts propagate (a slave mount): {mount}"
             );
             anyhow::Ok(())
         })

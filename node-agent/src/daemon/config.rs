@@ -65,8 +65,10 @@ pub struct AgentSettings {
     /// Node memory capacity (a quantity); default: MemTotal from /proc/meminfo.
     pub memory_capacity: Option<String>,
     /// The node's allocatable memory (a quantity: the Node's `status.allocatable.memory`).
-    /// Set, `allocatableMemory.available` = this − the working set of the kubepods cgroup
-    /// below `node_cgroup` is observed, as the kubelet does with `enforceNodeAllocatable: pods`.
+    /// `allocatableMemory.available` = allocatable − the working set of the kubepods cgroup
+    /// below `node_cgroup` is observed, as the kubelet does with `enforceNodeAllocatable: pods`,
+    /// against this when set (it wins), else in Kubernetes mode against the Node's own field,
+    /// read every `resync_interval`; standalone without it, not observed.
     pub allocatable_memory: Option<String>,
     /// Filesystem of `nodefs.*` (the kubelet's root dir). Unset: `/var/lib/kubelet`, or `/`
     /// when that does not exist; set, it must exist.
@@ -522,6 +524,11 @@ mod tests {
         assert_eq!(kube.node_name, "worker-1");
         assert!(!c.dry_run(), "the shipped config acts");
         assert!(kube.taint, "the pressure taint is on");
+        assert_eq!(
+            c.runtime.as_ref().map(|r| r.settings.endpoint.to_string()),
+            Some(node_agent_cri::config::DEFAULT_ENDPOINT.to_string()),
+            "node-level reclaim through containerd's socket (the DaemonSet mounts its directory)"
+        );
         assert_eq!(
             c.settings.kubelet_config.as_deref(),
             Some(std::path::Path::new(DEFAULT_KUBELET_CONFIG))

@@ -100,6 +100,7 @@ impl super::Daemon {
                 () = wait_paced, if self.pressure => self.evaluate(Trigger::named("pacing")).await,
                 _ = self.timers.poll.tick(), if polling => self.evaluate(Trigger::named("pressure_poll")).await,
                 _ = self.timers.resync.tick() => self.evaluate(Trigger::named("resync")).await,
+                () = super::allocatable::changed(&mut self.allocatable) => self.node_allocatable_changed().await,
                 _ = housekeeping.tick() => {
                     let per_cpu = self.kernel.programs.lost_events()?;
                     let total: u64 = per_cpu.iter().sum();

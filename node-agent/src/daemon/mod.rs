@@ -11,13 +11,15 @@
 //! `select!`, [`evaluation`] reads, decides and reports, [`acting`] turns decisions and
 //! outcomes into actions, [`reload`] applies a new config whole or refuses it, [`feed`] is the
 //! Kubernetes connection, [`observe`], [`pods`] and [`triggers`] read the node, the pods and
-//! arm the kernel, [`kubelet`] compares the kubelet's own thresholds with the agent's.
+//! arm the kernel, [`allocatable`] keeps the Node's allocatable memory (an input of the loop),
+//! [`kubelet`] compares the kubelet's own thresholds with the agent's.
 
 mod acting;
 #[cfg(test)]
 mod acting_reclaim_tests;
 #[cfg(test)]
 mod acting_tests;
+mod allocatable;
 pub mod config;
 mod evaluation;
 mod event_loop;
@@ -163,6 +165,8 @@ struct Daemon {
     kernel: Kernel,
     /// `None` in standalone mode.
     cluster: Option<Cluster>,
+    /// The Node's allocatable memory, read while the config does not give it.
+    allocatable: allocatable::AllocatableFeed,
     /// Failure counts of every Kubernetes client, across reconnects (exported to /metrics).
     kube_counters: Arc<Counters>,
     acts: Acts,

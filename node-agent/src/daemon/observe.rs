@@ -1,6 +1,6 @@
 //! Reading the node's signals as the kubelet computes them: `memory.available` = capacity −
 //! working set of the node's cgroup (usage − inactive_file), `allocatableMemory.available` =
-//! allocatable − working set of the kubepods cgroup (when allocatable is configured),
+//! allocatable − working set of the kubepods cgroup (allocatable from the config or the Node),
 //! `nodefs.*`/`imagefs.*` from
 //! statvfs, `pid.available` = min(pid_max, threads-max) − live tasks (sysinfo's `procs`).
 //! Readings are taken at the moment of each evaluation, never cached.
@@ -12,6 +12,7 @@ use std::{
 
 use node_agent_policy::{NodeCapacity, Observation, Observations, Signal};
 
+use super::allocatable::Allocatable;
 use crate::cgroup::{paths, CgroupVersion, Hierarchy};
 
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +37,7 @@ pub enum ObserveError {
 pub enum Source {
     /// `/proc/meminfo` and the node cgroup: `memory.available`.
     Memory,
-    /// The kubepods cgroup, when allocatable memory is configured:
+    /// The kubepods cgroup against allocatable memory (from the config or the Node):
     /// `allocatableMemory.available`.
     Allocatable,
     /// statvfs of `nodefs_path`: `nodefs.available`, `nodefs.inodesFree`.
@@ -94,9 +95,9 @@ pub struct NodeSources {
     pub node_dir: PathBuf,
     pub is_root: bool,
     pub memory_capacity: Option<i64>,
-    /// `agent.allocatable_memory`: observe `allocatableMemory.available` on the kubepods
-    /// cgroup below `node_dir`.
-    pub allocatable_memory: Option<i64>,
+    /// What `allocatableMemory.available` is measured against, on the kubepods cgroup below
+    /// `node_dir`: `agent.allocatable_memory`, else the Node's own figure.
+    pub allocatable: Allocatable,
     pub nodefs: PathBuf,
     pub imagefs: Option<PathBuf>,
 }
@@ -129,9 +130,15 @@ pub fn read_node(src: &NodeSources) -> NodeReading {
     if let Err(e) = read_memory_source(src, &mut reading) {
         failed.insert(Source::Memory, chain(&e));
     }
-    if let Some(allocatable) = src.allocatable_memory {
-        if let Err(e) = read_allocatable(src, allocatable, &mut reading) {
-            failed.insert(Source::Allocatable, chain(&e));
+    match &src.allocatable {
+        Allocatable::NotObserved => {}
+        Allocatable::Bytes(allocatable) => {
+            if let Err(e) = read_allocatable(src, *allocatable, &mut reading) {
+                failed.insert(Source::Allocatable, chain(&e));
+            }
+        }
+        Allocatable::Unknown(why) => {
+            failed.insert(Source::Allocatable, why.clone());
         }
     }
     if let Err(e) = read_fs(&src.nodefs, Source::NodeFs, &mut reading) {
@@ -388,7 +395,7 @@ mod tests {
             memory: layout.memory.clone(),
             is_root: true,
             memory_capacity: None,
-            allocatable_memory: None,
+            allocatable: Allocatable::NotObserved,
             nodefs: PathBuf::from("/"),
             imagefs: None,
         };
@@ -415,7 +422,7 @@ mod tests {
                 memory: layout.memory.clone(),
                 is_root: true,
                 memory_capacity: None,
-                allocatable_memory: None,
+                allocatable: Allocatable::NotObserved,
                 nodefs: PathBuf::from("/"),
                 imagefs: Some(PathBuf::from(imagefs)),
             };
@@ -437,7 +444,7 @@ mod tests {
             memory: layout.memory.clone(),
             is_root: true,
             memory_capacity: None,
-            allocatable_memory: None,
+            allocatable: Allocatable::NotObserved,
             nodefs: PathBuf::from("/"),
             imagefs: Some(PathBuf::from("/nonexistent/imagefs")),
         };
@@ -518,7 +525,7 @@ mod allocatable_tests {
             memory: layout.memory.clone(),
             is_root: false,
             memory_capacity: None,
-            allocatable_memory: Some(1 << 30),
+            allocatable: Allocatable::Bytes(1 << 30),
             nodefs: PathBuf::from("/"),
             imagefs: None,
         };
@@ -557,5 +564,34 @@ mod allocatable_tests {
             .observations
             .contains_key(&Signal::AllocatableMemoryAvailable));
         assert!(r.observations.contains_key(&Signal::PidAvailable));
+    }
+
+    #[test]
+    fn an_unknown_allocatable_marks_only_that_signal_unknown_with_the_reason() {
+        let (_dir, src) = node_with_kubepods(100 << 20, 0);
+        let why = "node n1: status.allocatable.memory is absent";
+        let src = NodeSources {
+            allocatable: Allocatable::Unknown(why.into()),
+            ..src
+        };
+        let r = read_node(&src);
+        assert_eq!(
+            r.failed.get(&Source::Allocatable).map(String::as_str),
+            Some(why)
+        );
+        assert!(
+            !r.observations
+                .contains_key(&Signal::AllocatableMemoryAvailable),
+            "unknown, neither 0 nor made up"
+        );
+        assert!(r.observations.contains_key(&Signal::PidAvailable));
+        let not_observed = read_node(&NodeSources {
+            allocatable: Allocatable::NotObserved,
+            ..src
+        });
+        assert!(!not_observed.failed.contains_key(&Source::Allocatable));
+        assert!(!not_observed
+            .observations
+            .contains_key(&Signal::AllocatableMemoryAvailable));
     }
 }

@@ -153,7 +153,6 @@ impl Daemon {
         let old = std::mem::replace(&mut self.config, new);
         let new = &self.config;
         self.node.memory_capacity = new.settings.memory_capacity;
-        self.node.allocatable_memory = new.settings.allocatable_memory;
         self.node.nodefs = new.settings.nodefs_path.clone();
         self.node.imagefs = new.settings.imagefs_path.clone();
         let (o, n) = (&old.settings, &new.settings);
@@ -172,6 +171,7 @@ impl Daemon {
         }
         // Thresholds at once: every kernel line is written anew at the next reading (now).
         self.kernel.triggers.forget();
+        self.sync_allocatable();
         self.set_pid_trigger();
         self.acts.state.reset_reported();
         super::kubelet::warn_if_kubelet_acts_first(&self.config, &self.node);

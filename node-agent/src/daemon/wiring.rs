@@ -168,7 +168,7 @@ impl Daemon {
             is_root: node_dir == layout.memory.mount(),
             node_dir: node_dir.clone(),
             memory_capacity: config.settings.memory_capacity,
-            allocatable_memory: config.settings.allocatable_memory,
+            allocatable: super::allocatable::Allocatable::NotObserved,
             nodefs: config.settings.nodefs_path.clone(),
             imagefs: config.settings.imagefs_path.clone(),
         };
@@ -205,6 +205,7 @@ impl Daemon {
             },
             timers: Timers::new(&config),
             cluster,
+            allocatable: Default::default(),
             kube_counters,
             acts: Acts {
                 actions,
@@ -229,6 +230,7 @@ impl Daemon {
             degraded: BTreeMap::new(),
             stale: false,
         };
+        daemon.sync_allocatable();
         daemon
             .kernel
             .triggers

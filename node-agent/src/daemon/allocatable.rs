@@ -1,0 +1,322 @@
+//! What `allocatableMemory.available` is measured against: `agent.allocatable_memory` when it
+//! is set (the config wins), else in Kubernetes mode the Node's own `status.allocatable.memory`,
+//! else (standalone) nothing: the signal is not observed.
+//!
+//! The Node is read by a task of its own every `resync_interval` (a `GET` of the agent's Node;
+//! the kubelet changes the figure only when it restarts with other reservations, so a watch of
+//! every Node status update would wake the agent for nothing). Data flows one way: the task's
+//! latest answer is an input of the loop, which takes a new figure at once — the kubepods kernel
+//! line re-armed and the node decided again, as after a reload. An absent or unreadable field
+//! makes the signal unknown, naming the field (never 0); an API that cannot be reached keeps
+//! the last figure read.
+
+use std::{sync::Arc, time::Duration};
+
+use node_agent_kube::{
+    allocatable::{self, FIELD},
+    api::Context,
+};
+use tokio::{sync::watch, task::JoinHandle};
+
+use super::{Daemon, Trigger};
+use crate::telemetry::Metrics;
+
+/// Allocatable memory as a reading of the node takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Allocatable {
+    /// Not observed: standalone without `agent.allocatable_memory`, or the Node not read yet.
+    NotObserved,
+    /// In bytes.
+    Bytes(i64),
+    /// Observed, but the figure is unknown: why, naming the field.
+    Unknown(String),
+}
+
+/// Where the figure comes from (said in the log once, and again when a reload changes it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Config,
+    Node,
+}
+
+/// The Node reads, while they run, and what the log last said.
+#[derive(Default)]
+pub(super) struct AllocatableFeed {
+    reader: Option<Reader>,
+    said: Option<Origin>,
+}
+
+/// The task reading the Node, with the connection and interval it was started with.
+struct Reader {
+    updates: watch::Receiver<Allocatable>,
+    every: Duration,
+    /// The executor settings' generation: it changes when a reload reconnects to the cluster.
+    generation: u64,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+impl Reader {
+    /// Reads the Node now and then every `every`; the channel starts at `current`.
+    fn spawn(
+        api: Context,
+        every: Duration,
+        generation: u64,
+        current: Allocatable,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let (tx, updates) = watch::channel(current);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let next = match allocatable::read(&api).await {
+                    Ok(bytes) => Allocatable::Bytes(bytes),
+                    Err(e) => {
+                        if e.is_unreachable() {
+                            // Counted and logged by the client's backoff already.
+                            metrics.kube_error("node allocatable");
+                            if matches!(*tx.borrow(), Allocatable::Bytes(_)) {
+                                continue;
+                            }
+                        }
+                        Allocatable::Unknown(chain(&e))
+                    }
+                };
+                tx.send_if_modified(|current| {
+                    let changed = *current != next;
+                    *current = next;
+                    changed
+                });
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        });
+        Self {
+            updates,
+            every,
+            generation,
+            task,
+        }
+    }
+}
+
+/// Resolves when the Node reader has a new figure; never while there is no reader.
+pub(super) async fn changed(feed: &mut AllocatableFeed) {
+    let Some(reader) = feed.reader.as_mut() else {
+        return std::future::pending().await;
+    };
+    if reader.updates.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+impl Daemon {
+    /// At start and after each reload: the source the config asks for, the Node reader
+    /// started, restarted (a new connection or interval) or stopped, and the figure the next
+    /// reading uses. A reader that is restarted keeps the figure until its first answer.
+    pub(super) fn sync_allocatable(&mut self) {
+        let settings = &self.config.settings;
+        let (from, figure) = match (settings.allocatable_memory, &self.cluster) {
+            (Some(bytes), _) => {
+                self.allocatable.reader = None;
+                (Some(Origin::Config), Allocatable::Bytes(bytes))
+            }
+            (None, Some(cluster)) => {
+                let every = settings.resync_interval;
+                let generation = self.acts.settings.borrow().generation;
+                let kept = self
+                    .allocatable
+                    .reader
+                    .as_ref()
+                    .is_some_and(|r| r.every == every && r.generation == generation);
+                if !kept {
+                    let current = match self.allocatable.said {
+                        Some(Origin::Node) => self.node.allocatable.clone(),
+                        _ => Allocatable::NotObserved,
+                    };
+                    self.allocatable.reader = Some(Reader::spawn(
+                        cluster.api.clone(),
+                        every,
+                        generation,
+                        current,
+                        self.telemetry.metrics.clone(),
+                    ));
+                }
+                let reader = self.allocatable.reader.as_mut().expect("started above");
+                (
+                    Some(Origin::Node),
+                    reader.updates.borrow_and_update().clone(),
+                )
+            }
+            (None, None) => {
+                self.allocatable.reader = None;
+                (None, Allocatable::NotObserved)
+            }
+        };
+        if from != self.allocatable.said {
+            self.say(from);
+        }
+        self.allocatable.said = from;
+        if figure != self.node.allocatable {
+            self.node.allocatable = figure;
+            self.kernel.triggers.forget();
+        }
+    }
+
+    fn say(&self, from: Option<Origin>) {
+        let kubernetes = self.cluster.is_some();
+        match (from, self.config.settings.allocatable_memory) {
+            (Some(Origin::Config), Some(bytes)) if kubernetes => tracing::info!(bytes,
+                "allocatableMemory.available is measured against agent.allocatable_memory: the config wins, the Node's {FIELD} is not read"),
+            (Some(Origin::Config), Some(bytes)) => tracing::info!(bytes,
+                "allocatableMemory.available is measured against agent.allocatable_memory"),
+            (Some(Origin::Node), _) => tracing::info!(
+                every = ?self.config.settings.resync_interval,
+                "allocatableMemory.available is measured against the Node's {FIELD} (agent.allocatable_memory is not set), read every resync_interval"),
+            _ => tracing::info!(
+                "allocatableMemory.available is not observed: standalone without agent.allocatable_memory"),
+        }
+    }
+
+    /// The Node's figure changed: taken at once, the kernel lines re-armed by an evaluation now.
+    pub(super) async fn node_allocatable_changed(&mut self) {
+        let Some(reader) = self.allocatable.reader.as_mut() else {
+            return;
+        };
+        let next = reader.updates.borrow_and_update().clone();
+        if next == self.node.allocatable {
+            return;
+        }
+        let was = std::mem::replace(&mut self.node.allocatable, next.clone());
+        self.kernel.triggers.forget();
+        // Unknown is logged by the evaluation (the source unreadable, with the reason).
+        self.evaluate(Trigger::named("resync")).await;
+        match (was, next) {
+            (Allocatable::Bytes(was), Allocatable::Bytes(bytes)) => tracing::info!(was, bytes,
+                "the Node's {FIELD} changed: allocatableMemory.available is measured against it from now, the kernel line on kubepods re-armed"),
+            (_, Allocatable::Bytes(bytes)) => tracing::info!(bytes,
+                "the Node's {FIELD} read: allocatableMemory.available is measured against it, with a kernel line on kubepods"),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    };
+
+    use node_agent_kube::fake::{Fake, NodeStore, Reply, Seen, TEST_BOUND};
+    use serde_json::json;
+
+    use super::*;
+
+    /// The reader's next figure, within the test's bound.
+    async fn next(reader: &mut Reader) -> Allocatable {
+        tokio::time::timeout(TEST_BOUND, reader.updates.changed())
+            .await
+            .expect("a new figure within the bound")
+            .expect("the reader runs");
+        reader.updates.borrow_and_update().clone()
+    }
+
+    #[tokio::test]
+    async fn the_reader_follows_the_node_keeps_its_figure_through_an_outage_and_names_a_missing_field(
+    ) {
+        let store = NodeStore::new(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1"}, "status": {"allocatable": {"memory": "1Gi"}}}));
+        let down = Arc::new(AtomicBool::new(false));
+        let fake = Fake::start({
+            let (store, down) = (store.clone(), down.clone());
+            move |s: &Seen, _| {
+                if down.load(Ordering::SeqCst) {
+                    return Reply::status(503, "ServiceUnavailable", "etcd is down");
+                }
+                store
+                    .answer(s)
+                    .unwrap_or_else(|| Reply::status(404, "NotFound", "not found"))
+            }
+        })
+        .await;
+        let metrics = Metrics::new();
+        let mut reader = Reader::spawn(
+            fake.context("api server", 1, "n1"),
+            Duration::from_millis(20),
+            0,
+            Allocatable::NotObserved,
+            metrics.clone(),
+        );
+        assert_eq!(next(&mut reader).await, Allocatable::Bytes(1 << 30));
+
+        // An outage: the figure read stays (the kubelet changes it only when it restarts), and
+        // each failed read is counted.
+        down.store(true, Ordering::SeqCst);
+        let before = fake.calls().len();
+        tokio::time::timeout(TEST_BOUND, async {
+            while fake.calls().len() < before + 3 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("reads go on during the outage");
+        assert_eq!(*reader.updates.borrow(), Allocatable::Bytes(1 << 30));
+        assert!(
+            metrics
+                .encode()
+                .contains("node_agent_kube_errors_total{operation=\"node allocatable\"}"),
+            "counted"
+        );
+
+        down.store(false, Ordering::SeqCst);
+        store.change(|n| n["status"]["allocatable"]["memory"] = json!("512Mi"));
+        assert_eq!(next(&mut reader).await, Allocatable::Bytes(512 << 20));
+        store.change(|n| n["status"] = json!({}));
+        match next(&mut reader).await {
+            Allocatable::Unknown(why) => assert!(
+                why.contains("node n1: status.allocatable.memory is absent"),
+                "{why}"
+            ),
+            other => panic!("unknown, naming the field: {other:?}"),
+        }
+        assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+    }
+
+    #[tokio::test]
+    async fn a_first_read_that_fails_leaves_the_figure_unknown_naming_why() {
+        let fake = Fake::start(|_: &Seen, _| {
+            Reply::status(403, "Forbidden", "cannot get resource \"nodes\"")
+        })
+        .await;
+        let mut reader = Reader::spawn(
+            fake.context("api server", 1, "n1"),
+            Duration::from_millis(20),
+            0,
+            Allocatable::NotObserved,
+            Metrics::new(),
+        );
+        match next(&mut reader).await {
+            Allocatable::Unknown(why) => assert!(
+                why.contains("status.allocatable.memory") && why.contains("403 Forbidden"),
+                "{why}"
+            ),
+            other => panic!("unknown, not 0: {other:?}"),
+        }
+    }
+}
