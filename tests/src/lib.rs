@@ -479,6 +479,8 @@ pub mod containerd;
 pub mod oci;
 /// The DaemonSet's pod template as CRI requests.
 pub mod podspec;
+/// One end-to-end test's world over that harness, shared by the daemon's test files.
+pub mod world;
 
 /// `cargo xtask bench`: detection latency, probe overhead, event throughput and footprint,
 /// measured on the real kernel by the `node-agent-bench` binary (see `docs/benchmarks.md`).

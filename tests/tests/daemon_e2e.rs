@@ -4,28 +4,21 @@
 //! requests, logs, live stream, metrics), never on fixed sleeps.
 
 use std::{
-    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use node_agent_kube::fake::{Fake, Reply};
+use node_agent_kube::fake::Reply;
 use node_agent_tests::{
-    cluster::{
-        attach_trace, free_port, monotonic_ns, next_record, responder, wait_until, ClusterState,
-        Config, Daemon, PodSpec, SharedCluster,
-    },
-    move_into, require_root, scaled, set_memory_limit, time_scale, AgentProcess, Helper,
-    TestCgroup,
+    cluster::{attach_trace, free_port, monotonic_ns, next_record, wait_until, Daemon, PodSpec},
+    move_into, require_root, scaled, set_memory_limit, time_scale,
+    world::{eviction_after_kubepods_crossing, wait, World},
+    AgentProcess, Helper, TestCgroup,
 };
 
 const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
 const HOG_UID: &str = "1b4e28ba-2fa1-11d2-883f-0016d3cca427";
 const CALM_UID: &str = "6ba7b810-9dad-11d1-80b4-00c04fd430c8";
-/// How long a test waits for what the daemon does: 10 s, scaled under emulation (the VM tests).
-fn wait() -> Duration {
-    scaled(Duration::from_secs(10))
-}
 
 /// hog: far over its 16Mi request (ranked first); calm: within its 512Mi request.
 fn hog() -> PodSpec {
@@ -36,157 +29,11 @@ fn calm() -> PodSpec {
     PodSpec::new("shop", "calm", CALM_UID, "512Mi", 'b')
 }
 
-/// One test's world: the fake cluster, its pods' cgroups below a test node cgroup, the
-/// config file and the daemon. Everything goes on drop.
-struct World {
-    state: SharedCluster,
-    fake: Fake,
-    node: TestCgroup,
-    dir: PathBuf,
-    config: PathBuf,
-    socket: PathBuf,
-    port: u16,
-    pods: Vec<(PodSpec, PathBuf)>,
-    _rt: tokio::runtime::Runtime,
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl World {
-    fn new(label: &str, pods: &[PodSpec]) -> anyhow::Result<World> {
-        let rt = tokio::runtime::Runtime::new()?;
-        let state = SharedCluster::default();
-        state.lock().unwrap().pods = pods.iter().map(PodSpec::json).collect();
-        let fake = rt.block_on(Fake::start(responder(state.clone())));
-        let node = TestCgroup::new(label)?;
-        let pods = pods
-            .iter()
-            .map(|p| Ok((p.clone(), p.cgroup(&node)?)))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let dir =
-            std::env::temp_dir().join(format!("node-agent-e2e-{label}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        Ok(World {
-            socket: dir.join("trace.sock"),
-            config: dir.join("config.yaml"),
-            port: free_port()?,
-            state,
-            fake,
-            node,
-            dir,
-            pods,
-            _rt: rt,
-        })
-    }
-
-    /// The config with the test's `kubernetes:` and `agent:` lines; evictions paced at 60 a
-    /// minute unless the test says otherwise.
-    fn config(&self, kube: &str, agent: &str) -> String {
-        self.config_with_threshold("824Mi", kube, agent)
-    }
-
-    fn config_with_threshold(&self, threshold: &str, kube: &str, agent: &str) -> String {
-        let kube = if kube.contains("evictions_per_minute") {
-            kube.to_string()
-        } else {
-            format!("  evictions_per_minute: 60\n{kube}")
-        };
-        Config {
-            fake: &self.fake,
-            node: &self.node,
-            socket: &self.socket,
-            port: self.port,
-            threshold,
-            kube: &kube,
-            agent,
-        }
-        .text()
-    }
-
-    fn start(&self, kube: &str, agent: &str) -> anyhow::Result<Daemon> {
-        std::fs::write(&self.config, self.config(kube, agent))?;
-        let daemon = Daemon::start(&self.config, self.port)?;
-        // The pods are known once the kubelet was asked twice since start.
-        let lists = self.cluster().pod_lists;
-        wait_until(wait(), "two pod list fetches", || {
-            self.cluster().pod_lists >= lists + 2
-        })?;
-        Ok(daemon)
-    }
-
-    fn reload(&self, daemon: &mut Daemon, kube: &str, agent: &str) -> anyhow::Result<()> {
-        let before = daemon.log_count("config reloaded");
-        std::fs::write(&self.config, self.config(kube, agent))?;
-        daemon.process.signal(libc::SIGHUP);
-        daemon.wait_logs("config reloaded", before + 1, wait())?;
-        Ok(())
-    }
-
-    fn cluster(&self) -> std::sync::MutexGuard<'_, ClusterState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn dir_of(&self, name: &str) -> &Path {
-        &self
-            .pods
-            .iter()
-            .find(|(p, _)| p.name == name)
-            .expect("a pod of this world")
-            .1
-    }
-
-    /// A helper holding `mib` MiB in the named pod's container cgroup.
-    fn load(&self, name: &str, mib: u32) -> anyhow::Result<Helper> {
-        let mut helper = Helper::spawn(MEM_HELPER, &["hold".into(), mib.to_string()])?;
-        move_into(self.dir_of(name), helper.pid())?;
-        helper.go()?;
-        anyhow::ensure!(
-            helper.read_line()? == "held",
-            "the helper in {name} did not hold its memory"
-        );
-        Ok(helper)
-    }
-
-    /// The paths of eviction requests so far.
-    fn evictions(&self) -> Vec<(String, u16)> {
-        self.cluster()
-            .evictions()
-            .iter()
-            .map(|a| (a.path.clone(), a.status))
-            .collect()
-    }
-
-    /// The first `Evicted` event posted, once there is one.
-    fn evicted_event(&self) -> anyhow::Result<node_agent_tests::cluster::Answered> {
-        let find = || {
-            self.cluster()
-                .answered
-                .iter()
-                .find(|a| a.body["reason"] == "Evicted")
-                .cloned()
-        };
-        wait_until(wait(), "the Evicted event", || find().is_some())?;
-        find().ok_or_else(|| anyhow::anyhow!("the Evicted event went away"))
-    }
-
-    fn assert_nothing_refused(&self) {
-        assert!(
-            self.fake.rejected().is_empty(),
-            "the API server would have refused: {:?}",
-            self.fake.rejected()
-        );
-    }
-}
-
 #[test]
 fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_with_the_decisions_own_figures(
 ) -> anyhow::Result<()> {
     require_root();
-    let w = World::new("e2e-evict", &[hog(), calm()])?;
+    let w = World::new("e2e-evict", &[hog(), calm()], MEM_HELPER)?;
     let daemon = w.start("", "")?;
     let trace = attach_trace(&w.socket, &[])?;
     let evictions_only = attach_trace(&w.socket, &["--kind", "eviction"])?;
@@ -313,7 +160,7 @@ fn an_excluded_top_pod_is_passed_over_and_the_next_is_evicted_in_the_same_evalua
         namespace: "batch".into(),
         ..hog()
     };
-    let w = World::new("e2e-excluded", &[batch_hog, calm()])?;
+    let w = World::new("e2e-excluded", &[batch_hog, calm()], MEM_HELPER)?;
     let daemon = w.start("  exclusions: {namespaces: [batch]}\n", "")?;
     let trace = attach_trace(&w.socket, &[])?;
     let _calm = w.load("calm", 120)?;
@@ -341,7 +188,7 @@ fn an_excluded_top_pod_is_passed_over_and_the_next_is_evicted_in_the_same_evalua
 fn a_disruption_budget_429_moves_on_to_the_next_pod_and_leaves_the_blocked_one_alone(
 ) -> anyhow::Result<()> {
     require_root();
-    let w = World::new("e2e-pdb", &[hog(), calm()])?;
+    let w = World::new("e2e-pdb", &[hog(), calm()], MEM_HELPER)?;
     w.cluster().evict_reply = Some(Arc::new(|name: &str| {
         if name == "hog" {
             Reply::pdb_blocked("hog-budget")
@@ -387,7 +234,7 @@ fn a_disruption_budget_429_moves_on_to_the_next_pod_and_leaves_the_blocked_one_a
 #[test]
 fn after_an_api_outage_the_next_eviction_follows_within_a_second() -> anyhow::Result<()> {
     require_root();
-    let w = World::new("e2e-outage", &[hog(), calm()])?;
+    let w = World::new("e2e-outage", &[hog(), calm()], MEM_HELPER)?;
     let back = Arc::new(Mutex::new(false));
     w.cluster().evict_reply = Some(Arc::new({
         let back = back.clone();
@@ -452,7 +299,7 @@ fn only_critical_pods_over_the_threshold_log_once_per_transition_and_count() -> 
         priority: 2_000_001_000,
         ..calm()
     };
-    let w = World::new("e2e-critical", &[static_hog, critical_calm])?;
+    let w = World::new("e2e-critical", &[static_hog, critical_calm], MEM_HELPER)?;
     let mut daemon = w.start("", "")?;
     const LINE: &str = "threshold met but no pod may be evicted";
     let gauge = "node_agent_no_evictable_pod{eviction_signal=\"memory.available\"}";
@@ -498,7 +345,7 @@ fn only_critical_pods_over_the_threshold_log_once_per_transition_and_count() -> 
 #[test]
 fn a_reload_to_dry_run_stops_every_further_request() -> anyhow::Result<()> {
     require_root();
-    let w = World::new("e2e-reload-dry", &[hog(), calm()])?;
+    let w = World::new("e2e-reload-dry", &[hog(), calm()], MEM_HELPER)?;
     // The hog's cgroup stays (the fake does not kill it): after a 3 s wait the next pod is due,
     // by then under dry run.
     let kube = "  eviction_wait_timeout_seconds: 3\n";
@@ -541,7 +388,11 @@ fn an_exclusion_added_by_reload_is_never_evicted() -> anyhow::Result<()> {
         namespace: "batch".into(),
         ..hog()
     };
-    let w = World::new("e2e-reload-exclude", &[batch_hog.clone(), calm()])?;
+    let w = World::new(
+        "e2e-reload-exclude",
+        &[batch_hog.clone(), calm()],
+        MEM_HELPER,
+    )?;
     let kube = "  eviction_wait_timeout_seconds: 1\n";
     let mut daemon = w.start(kube, "")?;
     w.reload(
@@ -571,7 +422,7 @@ fn an_exclusion_added_by_reload_is_never_evicted() -> anyhow::Result<()> {
 fn an_oom_kill_in_a_pod_is_reported_on_the_node_under_the_agents_own_reason() -> anyhow::Result<()>
 {
     require_root();
-    let w = World::new("e2e-oom", &[hog(), calm()])?;
+    let w = World::new("e2e-oom", &[hog(), calm()], MEM_HELPER)?;
     // The pod's own limit: the OOM killer acts inside the pod, not the agent.
     let pod_dir = w.dir_of("hog").parent().unwrap().to_path_buf();
     set_memory_limit(&pod_dir, 32 << 20)?;
@@ -607,7 +458,7 @@ fn an_oom_kill_in_a_pod_is_reported_on_the_node_under_the_agents_own_reason() ->
 #[test]
 fn a_reload_is_taken_whole_or_refused_naming_what_is_wrong() -> anyhow::Result<()> {
     require_root();
-    let w = World::new("e2e-reload", &[hog(), calm()])?;
+    let w = World::new("e2e-reload", &[hog(), calm()], MEM_HELPER)?;
     let mut daemon = w.start("", "")?;
     let refusals: [(&str, &str, &str); 3] = [
         (
@@ -760,7 +611,7 @@ fn standalone_mode_decides_in_dry_run_and_shows_it_on_stdout() -> anyhow::Result
 fn pods_beyond_allocatable_memory_are_evicted_for_allocatable_memory_available(
 ) -> anyhow::Result<()> {
     require_root();
-    let w = World::new("e2e-alloc", &[hog(), calm()])?;
+    let w = World::new("e2e-alloc", &[hog(), calm()], MEM_HELPER)?;
     // memory.available: 1Gi capacity, 1Mi threshold: never met here. The kubelet copies hard
     // memory.available onto allocatableMemory.available: met past 199Mi in kubepods.
     std::fs::write(
@@ -787,19 +638,7 @@ fn pods_beyond_allocatable_memory_are_evicted_for_allocatable_memory_available(
     );
     let _hog = w.load("hog", 100)?;
     wait_until(wait(), "the eviction request", || !w.evictions().is_empty())?;
-    let mut crossed_on_kubepods = false;
-    let eviction = loop {
-        let v = trace.json.recv_timeout(wait())?;
-        match v["kind"].as_str() {
-            Some("memory_threshold") if v["direction"] == "up" => {
-                crossed_on_kubepods |= v["cgroup"]["path"]
-                    .as_str()
-                    .is_some_and(|p| p.ends_with("/kubepods"));
-            }
-            Some("eviction") => break v,
-            _ => {}
-        }
-    };
+    let (eviction, crossed_on_kubepods) = eviction_after_kubepods_crossing(&trace)?;
     assert!(crossed_on_kubepods, "the kernel line on kubepods fired");
     assert_eq!(
         (
@@ -852,7 +691,11 @@ fn a_pod_over_its_local_storage_limit_is_evicted_whatever_the_node() -> anyhow::
         source: "file",
         ..hog()
     };
-    let w = World::new("e2e-local-storage", &[scratch.clone(), node_local.clone()])?;
+    let w = World::new(
+        "e2e-local-storage",
+        &[scratch.clone(), node_local.clone()],
+        MEM_HELPER,
+    )?;
     {
         let mut c = w.cluster();
         c.pods[0]["spec"]["volumes"] =
