@@ -14,13 +14,14 @@
 //! - **An in-kernel sampler**, where fexit cannot attach: a `bpf_timer` reads each watched
 //!   line's page counter and nothing runs on the fault path at all. It ticks every 1 ms while
 //!   some line is near enough for a plausible charge rate to reach it sooner, and stretches to
-//!   at most 5 ms while every line is far (`SamplerControl`): each tick costs its interrupt,
-//!   wherever it lands, so a node whose lines are all far pays a fifth. A BPF program on the `memcg:*` tracepoints, which fire several times per page,
-//!   costs more than the 3 % budget before it does anything (measured: an empty program on
-//!   `mod_memcg_lruvec_state` alone slows a page-fault loop by about 6 %), and it cannot see a
-//!   crossing that no later memory event follows. The timer sees every crossing within one
-//!   period whatever the workload does next, at the cost of one short callback per period while
-//!   a line is set, and none while none is.
+//!   at most 5 ms while every line is far (`SamplerControl`): each tick costs its interrupt on
+//!   whichever CPU it lands, so a node whose lines are all far pays a fifth. A BPF program on
+//!   the `memcg:*` tracepoints, which fire several times per page, costs more than the 3 %
+//!   budget before it does anything (measured: an empty program on `mod_memcg_lruvec_state`
+//!   alone slows a page-fault loop by about 6 %), and it cannot see a crossing that no later
+//!   memory event follows. The timer sees every crossing within one period whatever the
+//!   workload does next, at the cost of one short callback per period while a line is set, and
+//!   none while none is.
 //!
 //! The sampler learns where each watched cgroup's page counter lives from a cgroup iterator
 //! (`iter/cgroup`, 6.1+) that user space runs once per new line on that cgroup's directory:
