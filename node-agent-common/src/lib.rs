@@ -14,7 +14,8 @@ pub use offsets::KernelOffsets;
 pub use tasks::{PidLimits, TaskCounts};
 pub use thresholds::{
     ForkRateLimit, MemoryLine, MemoryThreshold, SamplerControl, SamplerStats,
-    DEFAULT_SAMPLER_PERIOD_NS, MAX_MEMORY_LINES,
+    DEFAULT_SAMPLER_MAX_PERIOD_NS, DEFAULT_SAMPLER_PERIOD_NS, MAX_MEMORY_LINES,
+    PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU,
 };
 
 /// Most cgroups the kernel side tracks at once (pods and their containers on one node,

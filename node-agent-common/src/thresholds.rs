@@ -37,8 +37,21 @@ const _: () = assert!(core::mem::size_of::<ForkRateLimit>() == 40);
 /// Most memory lines the in-kernel sampler watches at once.
 pub const MAX_MEMORY_LINES: u32 = 256;
 
-/// The sampler's default period: a crossing is seen at most this long after the charge.
+/// The sampler's default (shortest) period: a crossing by a charge no faster than the
+/// plausible rate below is seen at most this long after the charge.
 pub const DEFAULT_SAMPLER_PERIOD_NS: u64 = 1_000_000;
+
+/// The sampler's longest period: a line so far from its usage that no plausible charge could
+/// reach it sooner is read this often, and any crossing, however fast the charge, is seen at
+/// most this long after it. Half the 10 ms the agent promises, leaving the rest for a timer
+/// that fires late on a busy machine.
+pub const DEFAULT_SAMPLER_MAX_PERIOD_NS: u64 = 5_000_000;
+
+/// The fastest a single CPU plausibly charges memory to a cgroup, bytes per microsecond
+/// (16 GiB/s: faulting in transparent huge pages, which the kernel zeroes at about memory
+/// bandwidth; 4 KiB faults are several times slower). The sampler assumes every online CPU
+/// charges the same line at this rate when it decides how long a line may wait.
+pub const PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU: u64 = (16 << 30) / 1_000_000;
 
 /// One line the in-kernel sampler watches. User space writes `cgroup_id` with `counter` 0; the
 /// kernel's cgroup iterator fills `counter` with the address of that memcg's `memory` page
@@ -54,17 +67,31 @@ pub struct MemoryLine {
 
 const _: () = assert!(core::mem::size_of::<MemoryLine>() == 16);
 
-/// What user space tells the sampler: its period and how many line slots are in use.
+/// What user space tells the sampler: its periods, the charge rate it plans for and how many
+/// line slots are in use.
+///
+/// After each tick the timer waits, for each line below its threshold, the time the plausible
+/// charge rate needs to cover the line's headroom (threshold − usage), clamped to
+/// `period_ns ..= max_period_ns`, and takes the shortest over all lines; a line at or above
+/// its threshold (waiting for the down-crossing) waits `period_ns`. So a crossing by a charge
+/// no faster than `charge_bytes_per_us` is seen within `period_ns` of the charge, any crossing
+/// within `max_period_ns`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SamplerControl {
+    /// The shortest wait between ticks.
     pub period_ns: u64,
+    /// The longest wait between ticks.
+    pub max_period_ns: u64,
+    /// The plausible charge rate of the whole node (all CPUs), bytes per µs; 0 keeps the
+    /// period at `period_ns`.
+    pub charge_bytes_per_us: u64,
     /// Slots `0..lines` of the line array are checked; 0 stops the timer at its next tick.
     pub lines: u32,
     pub _pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<SamplerControl>() == 16);
+const _: () = assert!(core::mem::size_of::<SamplerControl>() == 32);
 
 /// What the sampler did: ticks so far and the time spent in them (kernel-measured).
 #[repr(C)]

@@ -12,13 +12,16 @@
 //!   kubepods). Counters that are not a memcg's `memory` counter (memsw, kmem, hugetlb) map to
 //!   no watched cgroup id and are skipped.
 //! - **An in-kernel sampler**, where fexit cannot attach: a `bpf_timer` reads each watched
-//!   line's page counter every `period_ns` (1 ms by default) and nothing runs on the fault path
-//!   at all. A BPF program on the `memcg:*` tracepoints, which fire several times per page,
-//!   costs more than the 3 % budget before it does anything (measured: an empty program on
-//!   `mod_memcg_lruvec_state` alone slows a page-fault loop by about 6 %), and it cannot see a
-//!   crossing that no later memory event follows. The timer sees every crossing within one
-//!   period whatever the workload does next, at a constant cost of one short callback per
-//!   period while a line is set, and none while none is.
+//!   line's page counter and nothing runs on the fault path at all. It ticks every 1 ms while
+//!   some line is near enough for a plausible charge rate to reach it sooner, and stretches to
+//!   at most 5 ms while every line is far (`SamplerControl`): each tick costs its interrupt on
+//!   whichever CPU it lands, so a node whose lines are all far pays a fifth. A BPF program on
+//!   the `memcg:*` tracepoints, which fire several times per page, costs more than the 3 %
+//!   budget before it does anything (measured: an empty program on `mod_memcg_lruvec_state`
+//!   alone slows a page-fault loop by about 6 %), and it cannot see a crossing that no later
+//!   memory event follows. The timer sees every crossing within one period whatever the
+//!   workload does next, at the cost of one short callback per period while a line is set, and
+//!   none while none is.
 //!
 //! The sampler learns where each watched cgroup's page counter lives from a cgroup iterator
 //! (`iter/cgroup`, 6.1+) that user space runs once per new line on that cgroup's directory:
@@ -204,7 +207,8 @@ fn start_timer(period_ns: u64) -> Result<(), i64> {
     Ok(())
 }
 
-/// One tick: checks every line, then re-arms while any line is set.
+/// One tick: checks every line, then re-arms while any line is set, after the shortest wait
+/// any line allows (see `SamplerControl`).
 #[inline(never)]
 extern "C" fn sample(_map: *mut c_void, _key: *mut u32, t: *mut SamplerTimer) -> i32 {
     // SAFETY: helper without arguments.
@@ -213,6 +217,12 @@ extern "C" fn sample(_map: *mut c_void, _key: *mut u32, t: *mut SamplerTimer) ->
         return 0;
     };
     let (lines, period) = (control.lines, control.period_ns);
+    let pace = Pace {
+        period,
+        max_period: control.max_period_ns.max(period),
+        bytes_per_us: control.charge_bytes_per_us,
+    };
+    let mut next = pace.max_period;
     let o = OFFSETS.load();
     if o.valid != 0 {
         for slot in 0..MAX_MEMORY_LINES {
@@ -220,7 +230,9 @@ extern "C" fn sample(_map: *mut c_void, _key: *mut u32, t: *mut SamplerTimer) ->
                 break;
             }
             if let Some(line) = MEMORY_LINES.get(slot) {
-                let _ = check_line(&o, line.cgroup_id, line.counter);
+                if let Ok(wait) = check_line(&o, line.cgroup_id, line.counter, &pace) {
+                    next = next.min(wait);
+                }
             }
         }
     }
@@ -234,27 +246,56 @@ extern "C" fn sample(_map: *mut c_void, _key: *mut u32, t: *mut SamplerTimer) ->
     if lines > 0 {
         // SAFETY: `t` is the map value the timer lives in, passed by the kernel.
         unsafe {
-            bpf_timer_start(&mut (*t).timer, period, 0);
+            bpf_timer_start(&mut (*t).timer, next.max(period), 0);
         }
     }
     0
 }
 
+/// How long lines may wait between ticks.
+struct Pace {
+    period: u64,
+    max_period: u64,
+    bytes_per_us: u64,
+}
+
+impl Pace {
+    /// The time the plausible charge rate needs to cover `headroom` bytes, within the periods.
+    #[inline(always)]
+    fn wait(&self, headroom: u64) -> u64 {
+        if self.bytes_per_us == 0 {
+            return self.period;
+        }
+        let max_us = self.max_period / 1000;
+        let us = (headroom / self.bytes_per_us).min(max_us);
+        (us * 1000).clamp(self.period, self.max_period)
+    }
+}
+
+/// Checks one line; returns how long it may wait for the next check. Lines that cannot be
+/// read (unresolved, removed cgroup, no threshold) set no bound (`Err`).
 #[inline(always)]
-fn check_line(o: &KernelOffsets, id: u64, counter: u64) -> Result<(), i64> {
+fn check_line(o: &KernelOffsets, id: u64, counter: u64, pace: &Pace) -> Result<u64, i64> {
     if id == 0 || counter == 0 {
-        return Ok(());
+        return Err(-1);
     }
     // A counter whose memcg no longer is the line's cgroup (removed, freed, reused) is skipped.
     if counter_cgroup_id(o, counter)? != id {
-        return Ok(());
+        return Err(-1);
     }
     let Some(t) = MEMORY_THRESHOLDS.get_ptr_mut(id) else {
-        return Ok(());
+        return Err(-1);
     };
     let pages: u64 = read(counter, o.page_counter_usage)?;
-    check(id, pages << o.page_shift, t);
-    Ok(())
+    let usage = pages << o.page_shift;
+    check(id, usage, t);
+    // SAFETY: map value valid for the program's run.
+    let t = unsafe { &*t };
+    if t.above != 0 {
+        // Waiting for the down-crossing: memory can be freed at once (a process exits).
+        return Ok(pace.period);
+    }
+    Ok(pace.wait(t.bytes.saturating_sub(usage)))
 }
 
 /// One event per crossing; `above` is a plain flag (no compare-and-swap before BPF cpu v3), so

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use node_agent::ebpf::{
     events::comm, KernelEvent, KernelPrograms, LoadOptions, MemoryChoice, MemoryMechanism,
+    SamplerPace,
 };
 use node_agent_common::{DIRECTION_DOWN, DIRECTION_UP, OOM_CGROUP_LIMIT};
 use node_agent_tests::{
@@ -205,20 +206,34 @@ fn up_and_down(memory: MemoryChoice) -> anyhow::Result<()> {
 /// The case a per-event trigger misses: a process charges just past the line and then sleeps,
 /// so no further memory event follows the crossing. It must still be reported, within 10 ms of
 /// the last charge by the kernel's own clock, with the figure cgroupfs shows.
+///
+/// The sampler stretches its period while lines are far from their usage (the charge rate it
+/// plans for could not reach them sooner). It is tested twice: as the agent loads it, and
+/// planning for a charge rate of 1 byte per µs, far below the helper's, so that every tick
+/// waits the longest period and the crossing lands between ticks of the slowest pace.
 #[test]
 fn a_crossing_followed_by_silence_is_reported_within_10ms() -> anyhow::Result<()> {
     require_root();
     for memory in mechanisms()? {
-        crossing_then_silence(memory).map_err(|e| e.context(format!("with {memory:?}")))?;
+        crossing_then_silence(load(memory)?).map_err(|e| e.context(format!("with {memory:?}")))?;
     }
-    Ok(())
+    let defaults = LoadOptions::default();
+    let slowest = LoadOptions {
+        memory: MemoryChoice::CounterSampler,
+        sampler: SamplerPace {
+            charge_bytes_per_us: Some(1),
+            ..defaults.sampler
+        },
+        ..defaults
+    };
+    crossing_then_silence(KernelPrograms::load_with(&slowest)?)
+        .map_err(|e| e.context("with the sampler at its longest period"))
 }
 
-fn crossing_then_silence(memory: MemoryChoice) -> anyhow::Result<()> {
+fn crossing_then_silence(mut programs: KernelPrograms) -> anyhow::Result<()> {
     let cgroup = TestCgroup::new("silence")?;
     let id = cgroup.id();
     let rt = runtime();
-    let mut programs = load(memory)?;
     let mut helper = Helper::spawn(MEM_HELPER, &["cross".to_string(), (48 * 1024).to_string()])?;
     cgroup.add(helper.pid())?;
     // The line sits 128 KiB below where the helper ends: its last pages cross it.

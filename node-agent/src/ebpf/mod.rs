@@ -14,4 +14,4 @@ pub use object::{
     ProgramStats,
 };
 pub use ring::EventStream;
-pub use sampler::SamplerError;
+pub use sampler::{SamplerError, SamplerPace};

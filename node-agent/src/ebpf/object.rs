@@ -6,9 +6,11 @@ use aya::{
 };
 use std::time::Duration;
 
-use node_agent_common::{DEFAULT_RING_BYTES, DEFAULT_SAMPLER_PERIOD_NS};
+use node_agent_common::{
+    DEFAULT_RING_BYTES, DEFAULT_SAMPLER_MAX_PERIOD_NS, DEFAULT_SAMPLER_PERIOD_NS,
+};
 
-use super::sampler::Sampler;
+use super::sampler::{Sampler, SamplerPace};
 use crate::btf::{Btf, BtfError};
 
 /// The object `cargo xtask build` compiled; empty when built with plain `cargo build`.
@@ -112,8 +114,12 @@ pub struct LoadOptions {
     /// Ring buffer size in bytes: a power of two, at least one page.
     pub ring_bytes: u32,
     pub memory: MemoryChoice,
-    /// The sampler's period (a crossing is seen at most this long after the charge).
-    pub sampler_period: Duration,
+    /// How often the sampler ticks: every `period` while a line is near, up to every
+    /// `max_period` while all are far.
+    pub sampler: SamplerPace,
+    /// Attach the fork/exit programs (fork counts, fork storms, `pid.available`). Only the
+    /// benchmark turns them off, to measure what the memory mechanism costs on its own.
+    pub task_accounting: bool,
 }
 
 impl Default for LoadOptions {
@@ -121,19 +127,20 @@ impl Default for LoadOptions {
         Self {
             ring_bytes: DEFAULT_RING_BYTES,
             memory: MemoryChoice::Auto,
-            sampler_period: Duration::from_nanos(DEFAULT_SAMPLER_PERIOD_NS),
+            sampler: SamplerPace {
+                period: Duration::from_nanos(DEFAULT_SAMPLER_PERIOD_NS),
+                max_period: Duration::from_nanos(DEFAULT_SAMPLER_MAX_PERIOD_NS),
+                charge_bytes_per_us: None,
+            },
+            task_accounting: true,
         }
     }
 }
 
 /// Programs always attached: (program name in the object, BTF tracepoint).
-const ALWAYS: &[&str] = &[
-    "mark_victim",
-    "sched_process_fork",
-    "sched_process_exit",
-    "cgroup_mkdir",
-    "cgroup_rmdir",
-];
+const ALWAYS: &[&str] = &["mark_victim", "cgroup_mkdir", "cgroup_rmdir"];
+/// The fork/exit accounting's BTF tracepoints (`LoadOptions::task_accounting`).
+const TASKS: &[&str] = &["sched_process_fork", "sched_process_exit"];
 /// fexit programs on the page-counter functions, named after them.
 const PAGE_COUNTER: &[&str] = &[
     "page_counter_try_charge",
@@ -176,7 +183,8 @@ impl KernelPrograms {
             .map_max_entries("EVENTS", options.ring_bytes)
             .load(OBJECT)
             .map_err(classify_load_error)?;
-        for &name in ALWAYS {
+        let tasks = if options.task_accounting { TASKS } else { &[] };
+        for &name in ALWAYS.iter().chain(tasks) {
             let program: &mut BtfTracePoint = ebpf
                 .program_mut(name)
                 .ok_or(LoadError::MissingProgram(name))?
@@ -203,9 +211,15 @@ impl KernelPrograms {
         self.memory
     }
 
-    /// The sampler's period, when the sampler is the mechanism.
+    /// The sampler's shortest period (a crossing by a plausible charge is seen this soon),
+    /// when the sampler is the mechanism.
     pub fn sampler_period(&self) -> Option<Duration> {
-        self.sampler.as_ref().map(Sampler::period)
+        self.sampler.as_ref().map(|s| s.pace().period)
+    }
+
+    /// How the sampler ticks, when it is the mechanism.
+    pub fn sampler_pace(&self) -> Option<SamplerPace> {
+        self.sampler.as_ref().map(Sampler::pace)
     }
 }
 
@@ -239,9 +253,7 @@ fn choose_memory(
                 path: "/proc/self/mountinfo".into(),
                 source: std::io::Error::other(e.to_string()),
             })
-            .and_then(|layout| {
-                Sampler::load(ebpf, btf, layout.memory.mount(), options.sampler_period)
-            });
+            .and_then(|layout| Sampler::load(ebpf, btf, layout.memory.mount(), options.sampler));
         match sampler {
             Ok(s) => return Ok((MemoryMechanism::CounterSampler, Some(s))),
             Err(e) if options.memory == MemoryChoice::CounterSampler => return Err(e),

@@ -20,7 +20,10 @@ use aya::{
     programs::Iter,
     Ebpf,
 };
-use node_agent_common::{MemoryLine, SamplerControl, SamplerStats, MAX_MEMORY_LINES};
+use node_agent_common::{
+    MemoryLine, SamplerControl, SamplerStats, MAX_MEMORY_LINES,
+    PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU,
+};
 
 use super::{control::ControlError, LoadError};
 
@@ -60,11 +63,25 @@ pub enum SamplerError {
     Unresolved { cgroup: u64 },
 }
 
+/// How often the sampler ticks (see `SamplerControl`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SamplerPace {
+    /// The shortest wait between ticks: while a line is near, a crossing is seen this soon.
+    pub period: Duration,
+    /// The longest wait between ticks: any crossing is seen this soon.
+    pub max_period: Duration,
+    /// The charge rate (bytes per µs, whole node) lines are assumed to approach at; `None`:
+    /// [`PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU`] times the CPUs online.
+    pub charge_bytes_per_us: Option<u64>,
+}
+
 /// Line slots in use, and the memory hierarchy's root to open cgroups by id.
 pub(crate) struct Sampler {
     mount: File,
     mount_path: String,
     period_ns: u64,
+    max_period_ns: u64,
+    charge_bytes_per_us: u64,
     slots: Vec<Option<u64>>,
     by_cgroup: HashMap<u64, u32>,
 }
@@ -76,7 +93,7 @@ impl Sampler {
         ebpf: &mut Ebpf,
         btf: &aya::Btf,
         memory_mount: &Path,
-        period: Duration,
+        pace: SamplerPace,
     ) -> Result<Self, LoadError> {
         let name = ATTACH_PROGRAM;
         let program: &mut Iter = ebpf
@@ -91,11 +108,22 @@ impl Sampler {
             path: memory_mount.display().to_string(),
             source,
         })?;
-        let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let period_ns = ns(pace.period);
+        let charge_bytes_per_us = match pace.charge_bytes_per_us {
+            Some(rate) => rate,
+            None => {
+                // The node's CPUs, not the agent's share of them: any of them may charge.
+                let cpus = aya::util::online_cpus().map_or(1, |c| c.len().max(1));
+                PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU.saturating_mul(cpus as u64)
+            }
+        };
         let sampler = Self {
             mount,
             mount_path: memory_mount.display().to_string(),
             period_ns,
+            max_period_ns: ns(pace.max_period).max(period_ns),
+            charge_bytes_per_us,
             slots: Vec::new(),
             by_cgroup: HashMap::new(),
         };
@@ -105,8 +133,12 @@ impl Sampler {
         Ok(sampler)
     }
 
-    pub(crate) fn period(&self) -> Duration {
-        Duration::from_nanos(self.period_ns)
+    pub(crate) fn pace(&self) -> SamplerPace {
+        SamplerPace {
+            period: Duration::from_nanos(self.period_ns),
+            max_period: Duration::from_nanos(self.max_period_ns),
+            charge_bytes_per_us: Some(self.charge_bytes_per_us),
+        }
     }
 
     /// Starts sampling `cgroup`'s page counter (its threshold is in `MEMORY_THRESHOLDS`).
@@ -168,6 +200,8 @@ impl Sampler {
         let mut map = lines_map::<SamplerControl>(ebpf, "SAMPLER_CONTROL")?;
         let control = SamplerControl {
             period_ns: self.period_ns,
+            max_period_ns: self.max_period_ns,
+            charge_bytes_per_us: self.charge_bytes_per_us,
             lines: u32::try_from(self.slots.len()).unwrap_or(MAX_MEMORY_LINES),
             _pad: 0,
         };

@@ -172,7 +172,7 @@ pub fn daemon(
             .target("< 0.5 %", delta < 0.5)
             .note(format!(
                 "/proc/stat busy time, median of {rounds} alternated windows each way ({:.3} % without): \
-                 includes the kernel's work for the agent (the memory sampler's 1 ms timer)",
+                 includes the kernel's work for the agent (the memory sampler's timer)",
                 med(&without)
             )),
     );

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use node_agent::ebpf::{KernelPrograms, MemoryMechanism, ProgramStats};
+use node_agent::ebpf::{KernelPrograms, LoadOptions, MemoryChoice, MemoryMechanism, ProgramStats};
 
 use super::{cgroups::BenchCgroup, median, report::Row};
 use crate::Helper;
@@ -47,12 +47,40 @@ fn timed(cgroup: &BenchCgroup, args: &[&str]) -> anyhow::Result<Timing> {
     }
 }
 
-fn load(cgroup_id: u64) -> anyhow::Result<KernelPrograms> {
-    let mut p = KernelPrograms::load().context("loading the kernel programs")?;
+/// What is attached in a run: nothing, one half of the programs, or all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probes {
+    None,
+    /// The fork/exit programs and the other tracepoints, no memory mechanism.
+    Tasks,
+    /// The memory mechanism with one line, no fork/exit programs.
+    Memory,
+    /// Everything, as the daemon runs it.
+    All,
+}
+
+const VARIANTS: [Probes; 4] = [Probes::None, Probes::Tasks, Probes::Memory, Probes::All];
+
+fn load(cgroup_id: u64, probes: Probes) -> anyhow::Result<Option<KernelPrograms>> {
+    let options = match probes {
+        Probes::None => return Ok(None),
+        Probes::Tasks => LoadOptions {
+            memory: MemoryChoice::Polling,
+            ..LoadOptions::default()
+        },
+        Probes::Memory => LoadOptions {
+            task_accounting: false,
+            ..LoadOptions::default()
+        },
+        Probes::All => LoadOptions::default(),
+    };
+    let mut p = KernelPrograms::load_with(&options).context("loading the kernel programs")?;
     p.track_cgroup(cgroup_id)?;
     p.set_fork_limit(cgroup_id, 1_000_000, Duration::from_secs(1))?;
-    p.set_memory_threshold(cgroup_id, 1 << 40, 0)?;
-    Ok(p)
+    if probes != Probes::Tasks {
+        p.set_memory_threshold(cgroup_id, 1 << 40, 0)?;
+    }
+    Ok(Some(p))
 }
 
 pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
@@ -65,37 +93,38 @@ pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
     ];
     let fault_args: Vec<&str> = fault_args.iter().map(String::as_str).collect();
     let fork_n = FORKS.to_string();
-    // Per loop: (without, with) of each round.
-    let mut fork: Vec<(Timing, Timing)> = Vec::new();
-    let mut fault: Vec<(Timing, Timing)> = Vec::new();
+    // Per loop and round: the timing of each variant, in `VARIANTS` order.
+    let mut fork: Vec<[Timing; 4]> = Vec::new();
+    let mut fault: Vec<[Timing; 4]> = Vec::new();
     // One warm-up of each so page cache and allocator state match from the first round.
     timed(&cgroup, &["fork", &fork_n])?;
     timed(&cgroup, &fault_args)?;
     let mut mechanism = MemoryMechanism::Unavailable;
+    let zero = Timing {
+        wall: 0.0,
+        cpu: 0.0,
+    };
     for round in 0..rounds {
-        let order = if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        let mut pair = [None, None, None, None];
-        for with in order {
-            let programs = if with { Some(load(id)?) } else { None };
-            if let Some(p) = &programs {
+        // ABCD, then DCBA: each variant sees every position over two rounds.
+        let mut order = VARIANTS;
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let (mut a, mut b) = ([zero; 4], [zero; 4]);
+        for probes in order {
+            let programs = load(id, probes)?;
+            if let Some(p) = programs.as_ref().filter(|_| probes == Probes::All) {
                 mechanism = p.memory_mechanism();
             }
-            let a = timed(&cgroup, &["fork", &fork_n])?;
-            let b = timed(&cgroup, &fault_args)?;
-            let at = usize::from(with);
-            (pair[at], pair[2 + at]) = (Some(a), Some(b));
+            let at = VARIANTS.iter().position(|v| *v == probes).unwrap_or(0);
+            a[at] = timed(&cgroup, &["fork", &fork_n])?;
+            b[at] = timed(&cgroup, &fault_args)?;
             drop(programs);
         }
-        if let [Some(f0), Some(f1), Some(p0), Some(p1)] = pair {
-            fork.push((f0, f1));
-            fault.push((p0, p1));
-        }
+        fork.push(a);
+        fault.push(b);
     }
-    for (name, per, unit_count, unit, pairs) in [
+    for (name, per, unit_count, unit, runs) in [
         (
             format!("fork+exit loop ({FORKS} forks)"),
             "fork+exit",
@@ -111,17 +140,18 @@ pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
             &fault,
         ),
     ] {
-        let ratio = |f: fn(&Timing) -> f64| {
-            let r: Vec<f64> = pairs.iter().map(|(off, on)| f(on) / f(off)).collect();
+        // Median over rounds of (variant ÷ no programs) in the same round.
+        let ratio = |at: usize, f: fn(&Timing) -> f64| {
+            let r: Vec<f64> = runs.iter().map(|t| f(&t[at]) / f(&t[0])).collect();
             median(&r).unwrap_or(f64::NAN)
         };
-        let (wall, cpu) = (ratio(|t| t.wall), ratio(|t| t.cpu));
-        let per_unit = |v: Vec<f64>| {
+        let per_unit = |at: usize| {
             let scale = if unit == "µs" { 1e3 } else { 1.0 };
+            let v: Vec<f64> = runs.iter().map(|t| t[at].wall).collect();
             median(&v).unwrap_or(f64::NAN) / unit_count / scale
         };
-        let off = per_unit(pairs.iter().map(|p| p.0.wall).collect());
-        let on = per_unit(pairs.iter().map(|p| p.1.wall).collect());
+        let all = VARIANTS.len() - 1;
+        let (wall, cpu) = (ratio(all, |t| t.wall), ratio(all, |t| t.cpu));
         let pct = (wall - 1.0) * 100.0;
         rows.push(
             Row::info(
@@ -133,9 +163,26 @@ pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
             .target("≤ +3 %", pct <= 3.0)
             .note(format!(
                 "median of {} alternated rounds, wall time; CPU time ratio {:.3}; per {per}: \
-                 {off:.1} {unit} without, {on:.1} {unit} with; memory mechanism: {mechanism}",
-                pairs.len(),
+                 {:.1} {unit} without, {:.1} {unit} with; memory mechanism: {mechanism}",
+                runs.len(),
                 cpu,
+                per_unit(0),
+                per_unit(all),
+            )),
+        );
+        let part = |at: usize| (ratio(at, |t| t.wall) - 1.0) * 100.0;
+        let (tasks, memory) = (part(1), part(2));
+        rows.push(
+            Row::info(
+                SECTION,
+                format!("{name}: fork/exit programs only / memory mechanism only"),
+                format!("{tasks:+.1} % / {memory:+.1} %"),
+            )
+            .value(tasks.max(memory), "%")
+            .note(format!(
+                "same rounds, each ÷ no programs in its round (order ABCD then DCBA); fork/exit \
+                 only: the tracepoint programs with the cgroup tracked and a fork limit, no memory \
+                 line; memory only: {mechanism} with one line, no fork/exit programs"
             )),
         );
     }
@@ -153,7 +200,7 @@ fn per_program(
 ) -> anyhow::Result<()> {
     let _stats =
         node_agent::ebpf::enable_run_time_stats().context("enabling BPF run-time statistics")?;
-    let mut programs = load(id)?;
+    let mut programs = load(id, Probes::All)?.context("loading the kernel programs")?;
     let t = std::time::Instant::now();
     let sampler0 = programs.sampler_stats()?;
     let s0 = programs.program_stats();
@@ -195,6 +242,7 @@ fn per_program(
             )),
         );
     }
+    let pace = programs.sampler_pace();
     if let (Some(a), Some(b)) = (sampler0, sampler1) {
         let ticks = b.ticks.saturating_sub(a.ticks);
         let busy = b.busy_ns.saturating_sub(a.busy_ns) as f64;
@@ -207,12 +255,71 @@ fn per_program(
             )
             .value(busy / ticks.max(1) as f64, "ns")
             .note(format!(
-                "{per_s:.0} ticks/s (period {:?}), nothing per page; kernel-measured time in the \
+                "{per_s:.0} ticks/s (every {:?} near a line, up to every {:?} while all are \
+                 far: this line is far), nothing per page; kernel-measured time in the \
                  callback: {:.3} % of one CPU, timer interrupt not included",
-                programs.sampler_period().unwrap_or_default(),
+                pace.map(|p| p.period).unwrap_or_default(),
+                pace.map(|p| p.max_period).unwrap_or_default(),
                 busy / elapsed.as_nanos().max(1) as f64 * 100.0,
             )),
         );
     }
+    Ok(())
+}
+
+/// `node-agent-bench probes VARIANT CGROUP_DIR [PERIOD_US]`: loads one variant (`none`,
+/// `tasks`, `memory`, `all`) for the memory cgroup at CGROUP_DIR as the loops above do, says
+/// `ready`, and holds it until stdin closes; for measuring other workloads by hand the same way.
+pub fn hold(args: &[String]) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let usage = "usage: node-agent-bench probes none|tasks|memory|all CGROUP_DIR [PERIOD_US]";
+    let (variant, dir) = match args {
+        [v, d] | [v, d, _] => (v.as_str(), d),
+        _ => anyhow::bail!("{usage}"),
+    };
+    let probes = match variant {
+        "none" => Probes::None,
+        "tasks" => Probes::Tasks,
+        "memory" => Probes::Memory,
+        "all" => Probes::All,
+        other => anyhow::bail!("unknown variant {other:?}; {usage}"),
+    };
+    let id = std::fs::metadata(dir)
+        .with_context(|| format!("reading {dir}"))?
+        .ino();
+    let programs = match args.get(2) {
+        Some(us) => {
+            let us: u64 = us
+                .parse()
+                .with_context(|| format!("PERIOD_US {us:?}; {usage}"))?;
+            let mut p = KernelPrograms::load_with(&LoadOptions {
+                sampler: node_agent::ebpf::SamplerPace {
+                    period: Duration::from_micros(us),
+                    max_period: Duration::from_micros(us),
+                    charge_bytes_per_us: Some(0),
+                },
+                task_accounting: probes != Probes::Memory,
+                memory: if probes == Probes::Tasks {
+                    MemoryChoice::Polling
+                } else {
+                    MemoryChoice::Auto
+                },
+                ..LoadOptions::default()
+            })?;
+            p.track_cgroup(id)?;
+            p.set_fork_limit(id, 1_000_000, Duration::from_secs(1))?;
+            if probes != Probes::Tasks {
+                p.set_memory_threshold(id, 1 << 40, 0)?;
+            }
+            Some(p)
+        }
+        None => load(id, probes)?,
+    };
+    println!("ready");
+    let mut sink = String::new();
+    while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {
+        sink.clear();
+    }
+    drop(programs);
     Ok(())
 }

@@ -8,7 +8,9 @@
 //!
 //! `--quick` takes fewer samples (a smoke run, about a minute); its figures are not for the docs.
 //! `--only TEXT` runs the sections whose name contains TEXT.
-//! The binary also runs its own helper processes (`node-agent-bench child ...`).
+//! The binary also runs its own helper processes (`node-agent-bench child ...`), and
+//! `node-agent-bench probes VARIANT CGROUP_DIR` holds one set of kernel programs loaded (see
+//! `bench::overhead::hold`) for measuring a workload by hand.
 
 use std::{
     path::PathBuf,
@@ -75,6 +77,8 @@ fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let result = if argv.first().map(String::as_str) == Some("child") {
         child::run(&argv[1..])
+    } else if argv.first().map(String::as_str) == Some("probes") {
+        overhead::hold(&argv[1..])
     } else {
         parse(&argv).and_then(|args| bench(&args))
     };
