@@ -2,7 +2,8 @@
 //! cgroup, with and without the kernel programs, alternated (ABBA) in one run. "With" means
 //! `KernelPrograms` loaded (the cheapest memory mechanism this kernel offers) and the bench
 //! cgroup tracked, with a fork limit and a memory line that is never reached, so the fork/exit
-//! accounting and the memory mechanism both run as they would for a pod.
+//! accounting and the memory mechanism both run as they would for a pod. Single passes vary by
+//! ~9 % on a shared VM, so the rows give the quartiles of the per-round ratios beside the median.
 //!
 //! Then one more pass with the kernel's BPF statistics on (they cost time of their own, so the
 //! ratios are measured without them) gives each program's invocations per fork and per page and
@@ -13,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use node_agent::ebpf::{KernelPrograms, LoadOptions, MemoryChoice, MemoryMechanism, ProgramStats};
 
-use super::{cgroups::BenchCgroup, median, report::Row};
+use super::{cgroups::BenchCgroup, median, quantile, report::Row};
 use crate::Helper;
 
 const SECTION: &str = "overhead";
@@ -22,11 +23,23 @@ const FAULT_MIB: usize = 64;
 const FAULT_ROUNDS: usize = 8;
 const PAGES: usize = FAULT_ROUNDS * FAULT_MIB * 256;
 
+/// Measured passes of each loop per variant and round, after one discarded pass.
+const REPEATS: usize = 2;
+
 /// Wall and CPU time of one loop, ns.
 #[derive(Debug, Clone, Copy)]
 struct Timing {
     wall: f64,
     cpu: f64,
+}
+
+impl Timing {
+    fn plus(self, other: Timing) -> Timing {
+        Timing {
+            wall: self.wall + other.wall,
+            cpu: self.cpu + other.cpu,
+        }
+    }
 }
 
 /// Runs one loop in a fresh helper inside `cgroup`.
@@ -44,6 +57,43 @@ fn timed(cgroup: &BenchCgroup, args: &[&str]) -> anyhow::Result<Timing> {
     match (next(), next()) {
         (Some(wall), Some(cpu)) => Ok(Timing { wall, cpu }),
         _ => anyhow::bail!("loop helper {args:?} said {answer:?}, expected `ns WALL CPU`"),
+    }
+}
+
+/// Pins the calling thread (and so every process it starts) to the last online CPU until
+/// dropped, then restores the CPUs it had.
+struct PinnedCpu(libc::cpu_set_t);
+
+impl PinnedCpu {
+    fn last() -> anyhow::Result<Self> {
+        // SAFETY: cpu_set_t is plain data; sched_getaffinity/sched_setaffinity read and write
+        // only the sets passed, of the size passed.
+        unsafe {
+            let mut old: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            if libc::sched_getaffinity(0, size, &mut old) != 0 {
+                anyhow::bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
+            }
+            let cpu = (0..libc::CPU_SETSIZE as usize)
+                .rev()
+                .find(|&c| libc::CPU_ISSET(c, &old))
+                .context("this process may run on no CPU")?;
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            if libc::sched_setaffinity(0, size, &one) != 0 {
+                anyhow::bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+            }
+            Ok(Self(old))
+        }
+    }
+}
+
+impl Drop for PinnedCpu {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0);
+        }
     }
 }
 
@@ -93,12 +143,16 @@ pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
     ];
     let fault_args: Vec<&str> = fault_args.iter().map(String::as_str).collect();
     let fork_n = FORKS.to_string();
+    let warm_forks = (FORKS / 4).to_string();
+    let warm_fault = ["fault", "64", "2"];
+    // Everything on one CPU: the loops, their children, and the programs' loading, so the
+    // sampler's timer (armed where it was loaded, re-armed where it fires) interrupts the loop
+    // it is measured against, and a fork's child and parent never wait on each other across
+    // vCPUs (that alone made single passes vary by 12–26 % here, 8 % pinned).
+    let _pinned = PinnedCpu::last()?;
     // Per loop and round: the timing of each variant, in `VARIANTS` order.
     let mut fork: Vec<[Timing; 4]> = Vec::new();
     let mut fault: Vec<[Timing; 4]> = Vec::new();
-    // One warm-up of each so page cache and allocator state match from the first round.
-    timed(&cgroup, &["fork", &fork_n])?;
-    timed(&cgroup, &fault_args)?;
     let mut mechanism = MemoryMechanism::Unavailable;
     let zero = Timing {
         wall: 0.0,
@@ -117,8 +171,16 @@ pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
                 mechanism = p.memory_mechanism();
             }
             let at = VARIANTS.iter().position(|v| *v == probes).unwrap_or(0);
-            a[at] = timed(&cgroup, &["fork", &fork_n])?;
-            b[at] = timed(&cgroup, &fault_args)?;
+            // A short discarded pass of each loop first, for every variant alike: loading the
+            // programs (or not) and freeing the previous ones leave the vCPUs and the allocator
+            // in a different state, and without this the first loop after it runs up to ~10 %
+            // off.
+            timed(&cgroup, &["fork", &warm_forks])?;
+            timed(&cgroup, &warm_fault)?;
+            for _ in 0..REPEATS {
+                a[at] = a[at].plus(timed(&cgroup, &["fork", &fork_n])?);
+                b[at] = b[at].plus(timed(&cgroup, &fault_args)?);
+            }
             drop(programs);
         }
         fork.push(a);
@@ -140,19 +202,24 @@ pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
             &fault,
         ),
     ] {
-        // Median over rounds of (variant ÷ no programs) in the same round.
-        let ratio = |at: usize, f: fn(&Timing) -> f64| {
+        // Quantile `q` over rounds of (variant ÷ no programs) in the same round.
+        let ratio_at = |at: usize, q: f64, f: fn(&Timing) -> f64| {
             let r: Vec<f64> = runs.iter().map(|t| f(&t[at]) / f(&t[0])).collect();
-            median(&r).unwrap_or(f64::NAN)
+            quantile(&r, q).unwrap_or(f64::NAN)
         };
+        let ratio = |at: usize, f: fn(&Timing) -> f64| ratio_at(at, 0.5, f);
         let per_unit = |at: usize| {
             let scale = if unit == "µs" { 1e3 } else { 1.0 };
             let v: Vec<f64> = runs.iter().map(|t| t[at].wall).collect();
-            median(&v).unwrap_or(f64::NAN) / unit_count / scale
+            median(&v).unwrap_or(f64::NAN) / (unit_count * REPEATS as f64) / scale
         };
         let all = VARIANTS.len() - 1;
         let (wall, cpu) = (ratio(all, |t| t.wall), ratio(all, |t| t.cpu));
         let pct = (wall - 1.0) * 100.0;
+        let spread = |at: usize| {
+            let pct = |q: f64| (ratio_at(at, q, |t| t.wall) - 1.0) * 100.0;
+            format!("{:+.1} … {:+.1} %", pct(0.25), pct(0.75))
+        };
         rows.push(
             Row::info(
                 SECTION,
@@ -162,9 +229,11 @@ pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
             .value(pct, "%")
             .target("≤ +3 %", pct <= 3.0)
             .note(format!(
-                "median of {} alternated rounds, wall time; CPU time ratio {:.3}; per {per}: \
-                 {:.1} {unit} without, {:.1} {unit} with; memory mechanism: {mechanism}",
+                "median of {} alternated rounds (quartiles {}), each variant after one short \
+                 discarded pass, {REPEATS} measured passes summed; wall time; CPU time ratio {:.3}; per \
+                 {per}: {:.1} {unit} without, {:.1} {unit} with; memory mechanism: {mechanism}",
                 runs.len(),
+                spread(all),
                 cpu,
                 per_unit(0),
                 per_unit(all),
@@ -180,9 +249,12 @@ pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
             )
             .value(tasks.max(memory), "%")
             .note(format!(
-                "same rounds, each ÷ no programs in its round (order ABCD then DCBA); fork/exit \
-                 only: the tracepoint programs with the cgroup tracked and a fork limit, no memory \
-                 line; memory only: {mechanism} with one line, no fork/exit programs"
+                "same rounds, each ÷ no programs in its round (order ABCD then DCBA), \
+                 quartiles {} / {}; fork/exit only: the tracepoint programs with the cgroup \
+                 tracked and a fork limit, no memory line; memory only: {mechanism} with one \
+                 line, no fork/exit programs",
+                spread(1),
+                spread(2),
             )),
         );
     }

@@ -151,7 +151,7 @@ fn bench(args: &Args) -> anyhow::Result<()> {
         psi::run(rows, if q { 2 } else { 6 }, &args.work_dir, &mut rng)
     });
     section("probe overhead: loops", &mut |rows| {
-        overhead::run(rows, if q { 2 } else { 9 })
+        overhead::run(rows, if q { 2 } else { 16 })
     });
     section("probe overhead: stress-ng", &mut |rows| {
         let opts = stress::Options {
