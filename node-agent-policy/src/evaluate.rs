@@ -248,7 +248,9 @@ pub fn evaluate_among(
 
     // Local storage limits go first, whatever the thresholds (the kubelet evicts for them and
     // skips the rest of its synchronize).
-    if let Some(eviction) = local_storage_eviction(node, pods, eligibility, &mut decision) {
+    let over = over_local_storage_limits(pods, node.has_imagefs, eligibility);
+    decision.over_limit_passed_over = over.kept;
+    if let Some(eviction) = over.evict {
         decision.evict = Some(eviction);
         return (decision, next_state);
     }
@@ -294,24 +296,32 @@ pub fn evaluate_among(
     (decision, next_state)
 }
 
-/// The first pod, in pod order, over a local storage limit that may be evicted; every one
-/// over a limit that may not is noted in `decision`. The kubelet gives these the immediate
-/// grace period and its message, with no per-container annotations.
-fn local_storage_eviction(
-    node: &NodeCapacity,
+/// What the local storage limits ask for: the first pod, in pod order, over a limit that may
+/// be evicted, and every pod over a limit that may not (pods already terminating left out).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OverLimits {
+    pub evict: Option<Eviction>,
+    pub kept: Vec<(PassedOver, StorageLimit)>,
+}
+
+/// The kubelet's `localStorageEviction`, applied to `pods` under `eligibility`. The eviction gets
+/// the immediate grace period and the kubelet's message, with no per-container annotations.
+/// `evaluate_among` acts on it first; the daemon also calls it between evaluations to see when
+/// the answer changed.
+pub fn over_local_storage_limits(
     pods: &[PodInfo],
+    has_imagefs: bool,
     eligibility: &Eligibility,
-    decision: &mut Decision,
-) -> Option<Eviction> {
-    let mut chosen = None;
+) -> OverLimits {
+    let mut over = OverLimits::default();
     for pod in pods {
-        let Some(exceeded) = limit_exceeded(pod, node.has_imagefs) else {
+        let Some(exceeded) = limit_exceeded(pod, has_imagefs) else {
             continue;
         };
         match eligibility.check(pod) {
             // A pod on its way out is not kept: nothing to say about it.
             Some(PassReason::NotEvictableNow(NotEvictableNow::Terminating)) => {}
-            Some(reason) => decision.over_limit_passed_over.push((
+            Some(reason) => over.kept.push((
                 PassedOver {
                     namespace: pod.namespace.clone(),
                     name: pod.name.clone(),
@@ -320,8 +330,8 @@ fn local_storage_eviction(
                 },
                 exceeded.limit,
             )),
-            None if chosen.is_none() => {
-                chosen = Some(Eviction {
+            None if over.evict.is_none() => {
+                over.evict = Some(Eviction {
                     namespace: pod.namespace.clone(),
                     name: pod.name.clone(),
                     uid: pod.uid.clone(),
@@ -338,7 +348,7 @@ fn local_storage_eviction(
             None => {}
         }
     }
-    chosen
+    over
 }
 
 /// The grace period the pod gets, as the kubelet ends up applying it: 1s for a hard

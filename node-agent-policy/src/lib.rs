@@ -28,7 +28,8 @@ pub use eligible::{
     PassReason,
 };
 pub use evaluate::{
-    evaluate, evaluate_among, Decision, Eviction, MetThreshold, PassedOver, PolicyState,
+    evaluate, evaluate_among, over_local_storage_limits, Decision, Eviction, MetThreshold,
+    OverLimits, PassedOver, PolicyState,
 };
 pub use local_storage::{EmptyDirInfo, LimitExceeded, StorageLimit};
 pub use message::OffendingContainer;

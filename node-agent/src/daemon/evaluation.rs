@@ -8,10 +8,7 @@ use std::{
     time::SystemTime,
 };
 
-use node_agent_policy::{
-    evaluate_among, Decision, NodeCondition, NotEvictableNow, PassReason, PassedOver, PodInfo,
-    Signal,
-};
+use node_agent_policy::{evaluate_among, Decision, NodeCondition, PodInfo, Signal};
 
 use super::{
     acting::Note,
@@ -116,28 +113,12 @@ impl Daemon {
             return false;
         };
         let eligibility = self.acts.state.eligibility(&self.base_eligibility(), now);
-        let has_imagefs = self.node.has_imagefs();
-        let mut kept = Vec::new();
-        for pod in &snapshot.pods {
-            let Some(over) = node_agent_policy::local_storage::limit_exceeded(pod, has_imagefs)
-            else {
-                continue;
-            };
-            let Some(reason) = eligibility.check(pod) else {
-                return true;
-            };
-            if reason == PassReason::NotEvictableNow(NotEvictableNow::Terminating) {
-                continue;
-            }
-            let passed = PassedOver {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-                reason,
-            };
-            kept.push((passed, over.limit));
-        }
-        kept != self.acts.state.over_limit_kept()
+        let over = node_agent_policy::over_local_storage_limits(
+            &snapshot.pods,
+            self.node.has_imagefs(),
+            &eligibility,
+        );
+        over.evict.is_some() || over.kept != self.acts.state.over_limit_kept()
     }
 
     /// The pods to rank: the pod source's (fresh enough to act on or not), or in standalone
