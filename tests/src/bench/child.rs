@@ -18,6 +18,8 @@
 //!   above; *down* drops the file's pages from the page cache.
 //! - `child fork N`: forks and reaps N children one after the other; answers `ns ELAPSED`.
 //! - `child fault MIB ROUNDS`: maps, touches and unmaps MIB MiB ROUNDS times; answers `ns ELAPSED`.
+//! - `child spin MS`: busy for MS ms reading the clock; answers `spin ELAPSED LOST`, LOST being
+//!   the time between reads that took over 1 µs (the CPU was taken away).
 //! - `child oom`: touches memory until the OOM killer ends it (at most 1 GiB).
 
 use std::{
@@ -74,6 +76,13 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             ));
             Ok(())
         }
+        "spin" => {
+            let ms = num(1, "MS")? as u64;
+            wait_line()?;
+            let (elapsed, lost) = spin(Duration::from_millis(ms));
+            say(&format!("spin {elapsed} {lost}"));
+            Ok(())
+        }
         "oom" => {
             // Touches memory until the OOM killer ends it; bounded so a missing kill cannot
             // eat the machine (the bench sets a small limit first).
@@ -98,7 +107,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             Ok(())
         }
         other => {
-            bail!("unknown child mode {other:?}: expected ramp-anon, ramp-trace, ramp-file, fork, fault or oom")
+            bail!("unknown child mode {other:?}: expected ramp-anon, ramp-trace, ramp-file, fork, fault, spin or oom")
         }
     }
 }
@@ -340,6 +349,26 @@ fn cpu_ns() -> u64 {
     };
     of(libc::RUSAGE_SELF) + of(libc::RUSAGE_CHILDREN)
 }
+
+/// Busy for `length`, reading the clock in a tight loop; every gap between two reads longer
+/// than [`SPIN_GAP_NS`] is time the CPU spent elsewhere (an interrupt, a softirq, a timer
+/// callback, another task, the hypervisor). Returns (elapsed, sum of those gaps), ns.
+fn spin(length: Duration) -> (u64, u64) {
+    let start = mono_ns();
+    let end = start + length.as_nanos() as u64;
+    let (mut last, mut lost) = (start, 0);
+    while last < end {
+        let now = mono_ns();
+        if now - last > SPIN_GAP_NS {
+            lost += now - last;
+        }
+        last = now;
+    }
+    (last - start, lost)
+}
+
+/// A clock read takes well under 100 ns here; an interruption at least a few µs.
+const SPIN_GAP_NS: u64 = 1_000;
 
 fn fork_loop(n: usize) -> anyhow::Result<()> {
     for _ in 0..n {

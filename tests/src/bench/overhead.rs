@@ -258,7 +258,76 @@ pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
             )),
         );
     }
+    interruptions(rows, &cgroup, id, rounds.div_ceil(2))?;
     per_program(rows, &cgroup, id, &fork_n, &fault_args)
+}
+
+/// How long each spin runs, ms.
+const SPIN_MS: u64 = 2000;
+
+/// The steadier measure of what the programs take from a busy CPU when it neither forks nor
+/// faults: a helper spins on the (pinned) CPU summing the gaps in its clock reads, with no
+/// programs and with everything loaded, alternated ABBA. The difference is the sampler's timer
+/// (interrupt, softirq and callback) and anything else the programs make the CPU do.
+fn interruptions(
+    rows: &mut Vec<Row>,
+    cgroup: &BenchCgroup,
+    id: u64,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let spin = |probes: Probes| -> anyhow::Result<f64> {
+        let programs = load(id, probes)?;
+        let exe = std::env::current_exe().context("finding the bench binary")?;
+        let args = ["child".to_string(), "spin".to_string(), SPIN_MS.to_string()];
+        let mut helper = Helper::spawn(&exe.to_string_lossy(), &args)?;
+        cgroup.add(helper.pid())?;
+        helper.go()?;
+        let answer = helper.read_line()?;
+        helper.wait(Duration::from_secs(60))?;
+        drop(programs);
+        let mut fields = answer.strip_prefix("spin ").unwrap_or("").split(' ');
+        let mut next = || fields.next().and_then(|n| n.parse::<f64>().ok());
+        match (next(), next()) {
+            (Some(elapsed), Some(lost)) if elapsed > 0.0 => Ok(lost / elapsed * 100.0),
+            _ => anyhow::bail!("spin helper said {answer:?}, expected `spin ELAPSED LOST`"),
+        }
+    };
+    let (mut without, mut with, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (a, b) = if round % 2 == 0 {
+            let a = spin(Probes::None)?;
+            (a, spin(Probes::All)?)
+        } else {
+            let b = spin(Probes::All)?;
+            (spin(Probes::None)?, b)
+        };
+        without.push(a);
+        with.push(b);
+        diff.push(b - a);
+    }
+    let q = |v: &[f64], at: f64| quantile(v, at).unwrap_or(f64::NAN);
+    let d = q(&diff, 0.5);
+    rows.push(
+        Row::info(
+            SECTION,
+            "busy CPU taken by interruptions: with − without programs",
+            format!("{d:+.2} % of the CPU"),
+        )
+        .value(d, "%")
+        .note(format!(
+            "a helper spinning {:.0} s on the loops' CPU sums the gaps over 1 µs between its \
+             clock reads; median of {rounds} alternated pairs (quartiles {:+.2} … {:+.2}); \
+             {:.2} % without, {:.2} % with (median); no forks or faults, so this is the \
+             memory sampler's timer and whatever else the loaded programs take from a busy \
+             CPU that neither forks nor faults",
+            SPIN_MS as f64 / 1e3,
+            q(&diff, 0.25),
+            q(&diff, 0.75),
+            q(&without, 0.5),
+            q(&with, 0.5),
+        )),
+    );
+    Ok(())
 }
 
 /// One pass of each loop with BPF statistics on: invocations per fork / per page and time per
