@@ -144,7 +144,8 @@ pub fn run(rows: &mut Vec<Row>, rounds: usize) -> anyhow::Result<()> {
     let fault_args: Vec<&str> = fault_args.iter().map(String::as_str).collect();
     let fork_n = FORKS.to_string();
     let warm_forks = (FORKS / 4).to_string();
-    let warm_fault = ["fault", "64", "2"];
+    let warm_mib = FAULT_MIB.to_string();
+    let warm_fault = ["fault", &warm_mib, "2"];
     // Everything on one CPU: the loops, their children, and the programs' loading, so the
     // sampler's timer (armed where it was loaded, re-armed where it fires) interrupts the loop
     // it is measured against, and a fork's child and parent never wait on each other across
