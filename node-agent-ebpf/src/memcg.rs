@@ -44,7 +44,8 @@ use aya_ebpf::{
 };
 use node_agent_common::{
     KernelOffsets, MemoryLine, MemoryThreshold, MemoryThresholdEvent, SamplerControl, SamplerStats,
-    SAMPLER_LATE_NS, DIRECTION_DOWN, DIRECTION_UP, KIND_MEMORY_THRESHOLD, MAX_MEMORY_LINES, MAX_TRACKED_CGROUPS,
+    DIRECTION_DOWN, DIRECTION_UP, KIND_MEMORY_THRESHOLD, MAX_MEMORY_LINES, MAX_TRACKED_CGROUPS,
+    SAMPLER_LATE_NS,
 };
 
 use crate::{
