@@ -93,15 +93,25 @@ pub struct SamplerControl {
 
 const _: () = assert!(core::mem::size_of::<SamplerControl>() == 32);
 
-/// What the sampler did: ticks so far and the time spent in them (kernel-measured).
+/// What the sampler did: ticks so far and the time spent in them (kernel-measured), and the
+/// ticks that came more than [`SAMPLER_LATE_NS`] after they were due, with the worst delay.
+/// A late tick is where the 10 ms promise can break: a crossing waits up to the longest pace
+/// (5 ms) plus the delay. Timers run late when softirqs are deferred or the host deschedules
+/// the vCPU the timer is on.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SamplerStats {
     pub ticks: u64,
     pub busy_ns: u64,
+    pub late_ticks: u64,
+    pub max_late_ns: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<SamplerStats>() == 16);
+const _: () = assert!(core::mem::size_of::<SamplerStats>() == 32);
+
+/// How late a sampler tick may start before it counts in `SamplerStats::late_ticks`: the half
+/// of the 10 ms promise that the longest pace (5 ms) leaves.
+pub const SAMPLER_LATE_NS: u64 = 5_000_000;
 
 crate::user_pod!(
     MemoryThreshold,

@@ -45,6 +45,7 @@ use aya_ebpf::{
 use node_agent_common::{
     KernelOffsets, MemoryLine, MemoryThreshold, MemoryThresholdEvent, SamplerControl, SamplerStats,
     DIRECTION_DOWN, DIRECTION_UP, KIND_MEMORY_THRESHOLD, MAX_MEMORY_LINES, MAX_TRACKED_CGROUPS,
+    SAMPLER_LATE_NS,
 };
 
 use crate::{
@@ -78,6 +79,8 @@ static SAMPLER_STATS: Array<SamplerStats> = Array::with_max_entries(1, 0);
 #[repr(C)]
 pub struct SamplerTimer {
     timer: bpf_timer,
+    /// When the next tick is due (`bpf_ktime_get_ns()`), for counting late ones.
+    due_ns: u64,
 }
 
 #[btf_map]
@@ -203,6 +206,7 @@ fn start_timer(period_ns: u64) -> Result<(), i64> {
         if r != 0 {
             return Err(r);
         }
+        (*t).due_ns = bpf_ktime_get_ns() + period_ns;
     }
     Ok(())
 }
@@ -236,17 +240,29 @@ extern "C" fn sample(_map: *mut c_void, _key: *mut u32, t: *mut SamplerTimer) ->
             }
         }
     }
+    // SAFETY: helper without arguments.
+    let ended = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: `t` is the map value the timer lives in, passed by the kernel.
+    let late = started.saturating_sub(unsafe { (*t).due_ns });
     if let Some(stats) = SAMPLER_STATS.get_ptr_mut(0) {
         // SAFETY: only the timer callback writes the stats, and one callback runs at a time.
         unsafe {
             (*stats).ticks += 1;
-            (*stats).busy_ns += bpf_ktime_get_ns().wrapping_sub(started);
+            (*stats).busy_ns += ended.wrapping_sub(started);
+            if late > SAMPLER_LATE_NS {
+                (*stats).late_ticks += 1;
+                if late > (*stats).max_late_ns {
+                    (*stats).max_late_ns = late;
+                }
+            }
         }
     }
     if lines > 0 {
-        // SAFETY: `t` is the map value the timer lives in, passed by the kernel.
+        let wait = next.max(period);
+        // SAFETY: as above.
         unsafe {
-            bpf_timer_start(&mut (*t).timer, next.max(period), 0);
+            (*t).due_ns = ended + wait;
+            bpf_timer_start(&mut (*t).timer, wait, 0);
         }
     }
     0

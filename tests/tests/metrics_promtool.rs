@@ -92,6 +92,8 @@ fn populated() -> std::sync::Arc<Metrics> {
         Some(node_agent_common::SamplerStats {
             ticks: 100,
             busy_ns: 5_000,
+            late_ticks: 0,
+            max_late_ns: 0,
         }),
     );
     m

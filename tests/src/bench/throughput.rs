@@ -139,6 +139,7 @@ pub fn run(rows: &mut Vec<Row>) -> anyhow::Result<()> {
         programs.set_memory_threshold(*id, 9 * MIB, 0)?;
     }
     let lost_before = lost(&mut programs)?;
+    let sampler_before = programs.sampler_stats()?;
     let done_a = oscillate(&a, 8, 10, times, hold)?;
     let done_b = oscillate(&b, 8, 10, times, hold)?;
     let mut finished = 0;
@@ -164,6 +165,16 @@ pub fn run(rows: &mut Vec<Row>) -> anyhow::Result<()> {
         return Err(e.context("oscillating helper"));
     }
     let lost_rate = lost(&mut programs)? - lost_before;
+    // Ticks that came over 5 ms late during the oscillation (the max is since load): where a
+    // held crossing can go unseen for its whole 10 ms.
+    let late = match (sampler_before, programs.sampler_stats()?) {
+        (Some(a), Some(b)) => format!(
+            "; sampler ticks over 5 ms late meanwhile: {} (worst since load {:.1} ms)",
+            b.late_ticks.saturating_sub(a.late_ticks),
+            b.max_late_ns as f64 / 1e6
+        ),
+        _ => String::new(),
+    };
     let expected = 2 * 2 * times;
     let secs = (d.last_ns.saturating_sub(d.first_ns)) as f64 / 1e9;
     let rate = d.events as f64 / secs.max(1e-9);
@@ -195,7 +206,7 @@ pub fn run(rows: &mut Vec<Row>) -> anyhow::Result<()> {
         .target("0", unreported == 0)
         .note(format!(
             "not ring-buffer losses (those are counted above): crossings no program saw. Memory \
-             mechanism: {mechanism}; each side of the line held {hold:?}"
+             mechanism: {mechanism}; each side of the line held {hold:?}{late}"
         )),
     );
     if !hold.is_zero() {

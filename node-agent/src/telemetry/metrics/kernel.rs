@@ -1,5 +1,5 @@
 //! The kernel programs' own counters on `/metrics`: records sent to the ring buffer, and the
-//! memory sampler's ticks and time. The daemon copies them out of the kernel maps at each
+//! memory sampler's ticks, time and late ticks. The daemon copies them out of the kernel maps at each
 //! housekeeping tick; a scrape reads the last copy.
 
 use std::sync::{
@@ -20,6 +20,7 @@ pub(super) struct KernelStats {
     pub(super) sampler: AtomicBool,
     pub(super) sampler_ticks: AtomicU64,
     pub(super) sampler_busy_ns: AtomicU64,
+    pub(super) sampler_late_ticks: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -49,6 +50,14 @@ impl Collector for KernelCounters {
                 "Time the in-kernel memory sampler spent in its ticks",
                 None,
                 busy.metric_type(),
+            )?)?;
+            let late = ConstCounter::new(s.sampler_late_ticks.load(Ordering::Relaxed));
+            late.encode(encoder.encode_descriptor(
+                "memory_sampler_late_ticks",
+                "Sampler ticks that started over 5 ms after they were due (softirqs deferred, or \
+                 the host descheduled the vCPU): a crossing then may be reported after more than 10 ms",
+                None,
+                late.metric_type(),
             )?)?;
         }
         Ok(())

@@ -110,14 +110,17 @@ impl Metrics {
     }
 
     /// Counters `node_agent_ringbuf_sent_events_total` (the kernel's per-CPU `SENT`, summed)
-    /// and, when the sampler runs, `node_agent_memory_sampler_ticks_total` and
-    /// `node_agent_memory_sampler_busy_seconds_total`: totals since load, copied as they are.
+    /// and, when the sampler runs, `node_agent_memory_sampler_ticks_total`,
+    /// `node_agent_memory_sampler_busy_seconds_total` and
+    /// `node_agent_memory_sampler_late_ticks_total`: totals since load, copied as they are.
     pub fn set_kernel_counters(&self, sent: u64, sampler: Option<SamplerStats>) {
         let k = &self.kernel_stats;
         k.sent.store(sent, Ordering::Relaxed);
         if let Some(stats) = sampler {
             k.sampler_ticks.store(stats.ticks, Ordering::Relaxed);
             k.sampler_busy_ns.store(stats.busy_ns, Ordering::Relaxed);
+            k.sampler_late_ticks
+                .store(stats.late_ticks, Ordering::Relaxed);
         }
         k.sampler.store(sampler.is_some(), Ordering::Relaxed);
     }
