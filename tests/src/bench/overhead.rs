@@ -44,6 +44,12 @@ impl Timing {
 
 /// Runs one loop in a fresh helper inside `cgroup`.
 fn timed(cgroup: &BenchCgroup, args: &[&str]) -> anyhow::Result<Timing> {
+    let (wall, cpu) = ask(cgroup, args, "ns")?;
+    Ok(Timing { wall, cpu })
+}
+
+/// Runs `node-agent-bench child ARGS` inside `cgroup` and reads its answer, `WORD A B`.
+fn ask(cgroup: &BenchCgroup, args: &[&str], word: &str) -> anyhow::Result<(f64, f64)> {
     let exe = std::env::current_exe().context("finding the bench binary")?;
     let mut all = vec!["child".to_string()];
     all.extend(args.iter().map(|a| a.to_string()));
@@ -52,11 +58,15 @@ fn timed(cgroup: &BenchCgroup, args: &[&str]) -> anyhow::Result<Timing> {
     helper.go()?;
     let answer = helper.read_line()?;
     helper.wait(Duration::from_secs(60))?;
-    let mut fields = answer.strip_prefix("ns ").unwrap_or("").split(' ');
+    let mut fields = answer
+        .strip_prefix(word)
+        .and_then(|rest| rest.strip_prefix(' '))
+        .unwrap_or("")
+        .split(' ');
     let mut next = || fields.next().and_then(|n| n.parse::<f64>().ok());
     match (next(), next()) {
-        (Some(wall), Some(cpu)) => Ok(Timing { wall, cpu }),
-        _ => anyhow::bail!("loop helper {args:?} said {answer:?}, expected `ns WALL CPU`"),
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => anyhow::bail!("helper {args:?} said {answer:?}, expected `{word}` and two numbers"),
     }
 }
 
@@ -278,20 +288,11 @@ fn interruptions(
 ) -> anyhow::Result<()> {
     let spin = |probes: Probes| -> anyhow::Result<f64> {
         let programs = load(id, probes)?;
-        let exe = std::env::current_exe().context("finding the bench binary")?;
-        let args = ["child".to_string(), "spin".to_string(), SPIN_MS.to_string()];
-        let mut helper = Helper::spawn(&exe.to_string_lossy(), &args)?;
-        cgroup.add(helper.pid())?;
-        helper.go()?;
-        let answer = helper.read_line()?;
-        helper.wait(Duration::from_secs(60))?;
+        let ms = SPIN_MS.to_string();
+        let (elapsed, lost) = ask(cgroup, &["spin", &ms], "spin")?;
         drop(programs);
-        let mut fields = answer.strip_prefix("spin ").unwrap_or("").split(' ');
-        let mut next = || fields.next().and_then(|n| n.parse::<f64>().ok());
-        match (next(), next()) {
-            (Some(elapsed), Some(lost)) if elapsed > 0.0 => Ok(lost / elapsed * 100.0),
-            _ => anyhow::bail!("spin helper said {answer:?}, expected `spin ELAPSED LOST`"),
-        }
+        anyhow::ensure!(elapsed > 0.0, "the spin helper spun for {elapsed} ns");
+        Ok(lost / elapsed * 100.0)
     };
     let (mut without, mut with, mut diff) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {

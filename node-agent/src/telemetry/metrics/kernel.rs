@@ -1,6 +1,6 @@
 //! The kernel programs' own counters on `/metrics`: records sent to the ring buffer, and the
-//! memory sampler's ticks, time and late ticks. The daemon copies them out of the kernel maps at each
-//! housekeeping tick; a scrape reads the last copy.
+//! memory sampler's ticks, time and late ticks. The daemon copies them out of the kernel maps at
+//! each housekeeping tick; a scrape reads the last copy.
 
 use std::sync::{
     atomic::{AtomicBool, AtomicU64, Ordering},
