@@ -228,11 +228,13 @@ fn an_unused_image_is_deleted_and_no_pod_is_evicted_when_that_frees_enough() -> 
 fn in_dry_run_the_plan_is_reported_nothing_is_deleted_and_the_eviction_is_decided(
 ) -> anyhow::Result<()> {
     let world = World::new("reclaim-dry")?;
-    let (_, available) = world.ctrd.small_fs_usage()?;
-    let threshold = available - 12 * MIB;
-    let daemon = world.start(threshold, true)?;
+    // As above: the threshold is met only once the image is whole, never while the import is
+    // under way (a reclaim then finds no unused image and reports nothing_to_reclaim).
+    let mut daemon = world.start(MIB, true)?;
     let trace = attach_trace(&world.dir.join("trace.sock"), &[])?;
     let id = world.import_unused()?;
+    let (_, loaded) = world.ctrd.small_fs_usage()?;
+    world.reload(&mut daemon, loaded + 12 * MIB, true)?;
 
     let record = next_record(&trace, "reclaim", wait())?;
     assert_eq!(record["result"], "dry_run", "{record}");
