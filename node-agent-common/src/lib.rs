@@ -15,7 +15,7 @@ pub use tasks::{PidLimits, TaskCounts};
 pub use thresholds::{
     ForkRateLimit, MemoryLine, MemoryThreshold, SamplerControl, SamplerStats,
     DEFAULT_SAMPLER_MAX_PERIOD_NS, DEFAULT_SAMPLER_PERIOD_NS, MAX_MEMORY_LINES,
-    PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU, SAMPLER_LATE_NS,
+    PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU, SAMPLER_LATE_NS, SAMPLER_TIMERS,
 };
 
 /// Most cgroups the kernel side tracks at once (pods and their containers on one node,

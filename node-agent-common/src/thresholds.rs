@@ -10,9 +10,9 @@
 pub struct MemoryThreshold {
     pub bytes: u64,
     pub hysteresis: u64,
-    /// 1 while at or above the threshold, else 0. Written by the kernel with compare-exchange.
-    pub above: u32,
-    pub _pad: u32,
+    /// 1 while at or above the threshold, else 0. The kernel flips it with an atomic exchange,
+    /// so of two CPUs that see the same crossing at once only one reports it.
+    pub above: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<MemoryThreshold>() == 24);
@@ -86,18 +86,22 @@ pub struct SamplerControl {
     /// The plausible charge rate of the whole node (all CPUs), bytes per µs; 0 keeps the
     /// period at `period_ns`.
     pub charge_bytes_per_us: u64,
-    /// Slots `0..lines` of the line array are checked; 0 stops the timer at its next tick.
+    /// Slots `0..lines` of the line array are checked; 0 stops the timers at their next tick.
     pub lines: u32,
-    pub _pad: u32,
+    /// Which of the [`SAMPLER_TIMERS`] the next run of the attach iterator (re)starts, on the
+    /// CPU it runs on.
+    pub timer: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<SamplerControl>() == 32);
 
 /// What the sampler did: ticks so far and the time spent in them (kernel-measured), and the
-/// ticks that came more than [`SAMPLER_LATE_NS`] after they were due, with the worst delay.
-/// A late tick is where the 10 ms promise can break: a crossing waits up to the longest pace
-/// (5 ms) plus the delay. Timers run late when softirqs are deferred or the host deschedules
-/// the vCPU the timer is on.
+/// ticks that came more than [`SAMPLER_LATE_NS`] after they were due with no tick of the other
+/// timer in between, with the worst delay. Such a late tick is where the 10 ms promise can
+/// break: no line was looked at for the pace (at most 5 ms) plus the delay. Timers run late
+/// when softirqs are deferred or the host deschedules the vCPU they are on; a late timer whose
+/// partner ticked meanwhile left no gap and is not counted. One value per timer in the kernel
+/// map; user space adds them up ([`SamplerStats::add`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SamplerStats {
@@ -105,9 +109,35 @@ pub struct SamplerStats {
     pub busy_ns: u64,
     pub late_ticks: u64,
     pub max_late_ns: u64,
+    /// Ticks taken alone at the full pace because the partner timer was overdue by a whole
+    /// pace: the gaps a descheduled vCPU would have left, covered.
+    pub alone_ticks: u64,
+    /// The CPU this timer's last tick ran on (per timer; a sum keeps the first timer's).
+    pub cpu: u32,
+    pub _pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<SamplerStats>() == 32);
+const _: () = assert!(core::mem::size_of::<SamplerStats>() == 48);
+
+impl SamplerStats {
+    /// The figures of two timers together: counts add up, the worst delay is the larger.
+    pub fn add(self, other: Self) -> Self {
+        Self {
+            ticks: self.ticks.saturating_add(other.ticks),
+            busy_ns: self.busy_ns.saturating_add(other.busy_ns),
+            late_ticks: self.late_ticks.saturating_add(other.late_ticks),
+            max_late_ns: self.max_late_ns.max(other.max_late_ns),
+            alone_ticks: self.alone_ticks.saturating_add(other.alone_ticks),
+            cpu: self.cpu,
+            _pad: 0,
+        }
+    }
+}
+
+/// The sampler's timers. Each is pinned to its own CPU, so a vCPU the host deschedules (steal)
+/// stops only one of them: the other notices the first is overdue and samples alone at the
+/// full pace. While both run they take turns, so together they tick as often as one would.
+pub const SAMPLER_TIMERS: u32 = 2;
 
 /// How late a sampler tick may start before it counts in `SamplerStats::late_ticks`: the half
 /// of the 10 ms promise that the longest pace (5 ms) leaves.

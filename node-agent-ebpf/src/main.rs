@@ -4,6 +4,10 @@
 //! from the running kernel's BTF (see `node-agent/src/ebpf/offsets.rs`).
 #![no_std]
 #![no_main]
+// `atomic_xchg`: the bpfel target has no compare-and-swap in `core::sync::atomic`, but the
+// kernel (5.12+) runs BPF_XCHG on any BPF CPU version.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod cgroups;
 mod kernel;

@@ -24,8 +24,14 @@
 //!   none while none is.
 //!
 //! The sampler learns where each watched cgroup's page counter lives from a cgroup iterator
-//! (`iter/cgroup`, 6.1+) that user space runs once per new line on that cgroup's directory:
-//! it fills the line's `counter` and starts the timer. Each tick re-checks that the counter
+//! (`iter/cgroup`, 6.1+) that user space runs per new line on that cgroup's directory: it
+//! fills the line's `counter` and starts a timer on the CPU it runs on. User space runs it
+//! once per timer ([`SAMPLER_TIMERS`]), each time from another CPU: a timer is pinned where it
+//! starts, so when the host deschedules one vCPU (steal, often 10 ms and more on a shared
+//! machine) the other timer still ticks. While both tick they take turns, each waiting until
+//! one pace after its partner's next tick, so the node ticks as often as with one timer; a
+//! timer whose partner is overdue by a whole pace ticks alone at the full pace until the
+//! partner is back. Each tick re-checks that the counter
 //! still belongs to the line's cgroup (`css->cgroup->kn->id`) before trusting it, so a cgroup
 //! removed and freed under a stale line is skipped, never misreported.
 
@@ -35,7 +41,7 @@ use aya_ebpf::{
     bindings::bpf_timer,
     btf_maps,
     helpers::{
-        bpf_ktime_get_ns,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns,
         generated::{bpf_timer_init, bpf_timer_set_callback, bpf_timer_start},
     },
     macros::{btf_map, fexit, map},
@@ -45,7 +51,7 @@ use aya_ebpf::{
 use node_agent_common::{
     KernelOffsets, MemoryLine, MemoryThreshold, MemoryThresholdEvent, SamplerControl, SamplerStats,
     DIRECTION_DOWN, DIRECTION_UP, KIND_MEMORY_THRESHOLD, MAX_MEMORY_LINES, MAX_TRACKED_CGROUPS,
-    SAMPLER_LATE_NS,
+    SAMPLER_LATE_NS, SAMPLER_TIMERS,
 };
 
 use crate::{
@@ -56,6 +62,10 @@ use crate::{
 const MAX_DEPTH: u32 = 8;
 /// `CLOCK_MONOTONIC` for `bpf_timer_init()` (include/uapi/linux/time.h).
 const CLOCK_MONOTONIC: u64 = 1;
+/// `BPF_F_TIMER_CPU_PIN` (6.7+, include/uapi/linux/bpf.h): the timer fires on the CPU that
+/// started it. Older kernels refuse the flag; there a timer re-armed from its own callback
+/// stays on its CPU anyway (hrtimers do not switch base while their callback runs).
+const BPF_F_TIMER_CPU_PIN: u64 = 1 << 1;
 
 /// Key: memory cgroup id.
 #[map]
@@ -67,24 +77,31 @@ static MEMORY_THRESHOLDS: HashMap<u64, MemoryThreshold> =
 #[map]
 static MEMORY_LINES: Array<MemoryLine> = Array::with_max_entries(MAX_MEMORY_LINES, 0);
 
-/// Index 0: the period and the number of slots in use, written by user space.
+/// Index 0: the periods, the number of slots in use and the timer to start, written by user
+/// space.
 #[map]
 static SAMPLER_CONTROL: Array<SamplerControl> = Array::with_max_entries(1, 0);
 
-/// Index 0: ticks and time spent in them, for the benchmark and `/metrics`.
+/// One per timer: ticks and time spent in them, for the benchmark and `/metrics`. Each timer
+/// writes only its own.
 #[map]
-static SAMPLER_STATS: Array<SamplerStats> = Array::with_max_entries(1, 0);
+static SAMPLER_STATS: Array<SamplerStats> = Array::with_max_entries(SAMPLER_TIMERS, 0);
 
-/// The timer lives in a map value whose BTF names `struct bpf_timer`, as the kernel requires.
+/// A timer lives in a map value whose BTF names `struct bpf_timer`, as the kernel requires.
 #[repr(C)]
 pub struct SamplerTimer {
     timer: bpf_timer,
-    /// When the next tick is due (`bpf_ktime_get_ns()`), for counting late ones.
+    /// When the next tick is due (`bpf_ktime_get_ns()`); 0 before the first start. The
+    /// partner reads it to take turns and to notice this timer is overdue.
     due_ns: u64,
+    /// When the last tick started; the partner reads it to tell a gap from a late timer.
+    last_ns: u64,
+    /// The flags `bpf_timer_start()` took: `BPF_F_TIMER_CPU_PIN`, or 0 where refused.
+    flags: u64,
 }
 
 #[btf_map]
-static SAMPLER_TIMER: btf_maps::Array<SamplerTimer, 1, 0> = btf_maps::Array::new();
+static SAMPLER_TIMER: btf_maps::Array<SamplerTimer, { SAMPLER_TIMERS as usize }, 0> = btf_maps::Array::new();
 
 #[fexit(function = "page_counter_try_charge")]
 pub fn page_counter_try_charge(ctx: FExitContext) -> i32 {
@@ -141,7 +158,8 @@ pub struct IterCgroupCtx {
 }
 
 /// Run by user space (one `read()` of the iterator) on a newly watched cgroup's directory:
-/// records where that cgroup's memory page counter lives and (re)starts the sampler.
+/// records where that cgroup's memory page counter lives and (re)starts the timer
+/// `SamplerControl::timer` on this CPU.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/cgroup")]
 pub extern "C" fn memory_sampler_attach(ctx: *mut IterCgroupCtx) -> i32 {
@@ -186,12 +204,12 @@ fn try_attach(cgroup: u64) -> Result<(), i64> {
             line.counter = counter;
         }
     }
-    start_timer(control.period_ns)
+    start_timer(control.timer, control.period_ns)
 }
 
 #[inline(always)]
-fn start_timer(period_ns: u64) -> Result<(), i64> {
-    let t = SAMPLER_TIMER.get_ptr_mut(0).ok_or(-1i64)?;
+fn start_timer(index: u32, period_ns: u64) -> Result<(), i64> {
+    let t = SAMPLER_TIMER.get_ptr_mut(index).ok_or(-1i64)?;
     // SAFETY: `t` points at the map value holding the timer; the helpers validate it.
     unsafe {
         let timer = &mut (*t).timer as *mut bpf_timer;
@@ -202,19 +220,25 @@ fn start_timer(period_ns: u64) -> Result<(), i64> {
             CLOCK_MONOTONIC,
         );
         bpf_timer_set_callback(timer, sample as *mut c_void);
-        let r = bpf_timer_start(timer, period_ns, 0);
+        let mut flags = BPF_F_TIMER_CPU_PIN;
+        let mut r = bpf_timer_start(timer, period_ns, flags);
+        if r != 0 {
+            flags = 0;
+            r = bpf_timer_start(timer, period_ns, flags);
+        }
         if r != 0 {
             return Err(r);
         }
+        (*t).flags = flags;
         (*t).due_ns = bpf_ktime_get_ns() + period_ns;
     }
     Ok(())
 }
 
 /// One tick: checks every line, then re-arms while any line is set, after the shortest wait
-/// any line allows (see `SamplerControl`).
+/// any line allows (see `SamplerControl`), taking turns with the partner timer.
 #[inline(never)]
-extern "C" fn sample(_map: *mut c_void, _key: *mut u32, t: *mut SamplerTimer) -> i32 {
+extern "C" fn sample(_map: *mut c_void, key: *mut u32, t: *mut SamplerTimer) -> i32 {
     // SAFETY: helper without arguments.
     let started = unsafe { bpf_ktime_get_ns() };
     let Some(control) = SAMPLER_CONTROL.get(0) else {
@@ -242,30 +266,64 @@ extern "C" fn sample(_map: *mut c_void, _key: *mut u32, t: *mut SamplerTimer) ->
     }
     // SAFETY: helper without arguments.
     let ended = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: the kernel passes this timer's key.
+    let index = unsafe { *key };
+    // The partner's schedule: read without a lock, as plain aligned words a tick writes.
+    let (partner_due, partner_last) = match SAMPLER_TIMER.get_ptr(index ^ 1) {
+        // SAFETY: array values live as long as the map.
+        Some(p) => unsafe { ((*p).due_ns, (*p).last_ns) },
+        None => (0, 0),
+    };
     // SAFETY: `t` is the map value the timer lives in, passed by the kernel.
-    let late = started.saturating_sub(unsafe { (*t).due_ns });
-    if let Some(stats) = SAMPLER_STATS.get_ptr_mut(0) {
-        // SAFETY: only the timer callback writes the stats, and one callback runs at a time.
+    let due = unsafe { (*t).due_ns };
+    // Late only if the node went unsampled: the partner did not tick since this one was due.
+    let gap = started.saturating_sub(due.max(partner_last));
+    let late = partner_last < due && gap > SAMPLER_LATE_NS;
+    let (wait, alone) = turn(next.max(period), period, ended, partner_due);
+    if let Some(stats) = SAMPLER_STATS.get_ptr_mut(index) {
+        // SAFETY: each timer writes only its own stats, and its callback runs once at a time.
         unsafe {
             (*stats).ticks += 1;
+            (*stats).cpu = bpf_get_smp_processor_id();
+            if alone {
+                (*stats).alone_ticks += 1;
+            }
             (*stats).busy_ns += ended.wrapping_sub(started);
-            if late > SAMPLER_LATE_NS {
+            if late {
                 (*stats).late_ticks += 1;
-                if late > (*stats).max_late_ns {
-                    (*stats).max_late_ns = late;
+                if gap > (*stats).max_late_ns {
+                    (*stats).max_late_ns = gap;
                 }
             }
         }
     }
     if lines > 0 {
-        let wait = next.max(period);
         // SAFETY: as above.
         unsafe {
             (*t).due_ns = ended + wait;
-            bpf_timer_start(&mut (*t).timer, wait, 0);
+            (*t).last_ns = started;
+            bpf_timer_start(&mut (*t).timer, wait, (*t).flags);
         }
     }
     0
+}
+
+/// How long a timer waits for its next tick, given the pace `wait` and its partner's next due
+/// time (0: never started), and whether it ticks alone because the partner is overdue.
+/// While the partner's tick comes within one pace (or is overdue by less than one), this
+/// timer ticks one pace after it, so the two alternate and the node is sampled every `wait`.
+/// A partner due later than one pace leaves this timer the full pace (as right after a
+/// start); one overdue by a whole pace or more is descheduled or far behind, and this timer
+/// keeps the full pace alone until it is back.
+#[inline(always)]
+fn turn(wait: u64, period: u64, now: u64, partner_due: u64) -> (u64, bool) {
+    if partner_due == 0 || partner_due > now + wait {
+        return (wait, false);
+    }
+    if partner_due + wait <= now {
+        return (wait, true);
+    }
+    ((partner_due + wait - now).max(period), false)
 }
 
 /// How long lines may wait between ticks.
@@ -314,17 +372,22 @@ fn check_line(o: &KernelOffsets, id: u64, counter: u64, pace: &Pace) -> Result<u
     Ok(pace.wait(t.bytes.saturating_sub(usage)))
 }
 
-/// One event per crossing; `above` is a plain flag (no compare-and-swap before BPF cpu v3), so
-/// two CPUs crossing in the same instant could both report, which is rare and harmless.
+/// One event per crossing. The plain read of `above` keeps the common case free of atomics;
+/// the flip is an atomic exchange, so when two CPUs (two timers, or fexit on two CPUs) see
+/// the same crossing at once only the one that flips the flag reports it.
 #[inline(always)]
 fn check(cgroup: u64, usage: u64, t: *mut MemoryThreshold) {
     // SAFETY: map value valid for the program's run.
     let t = unsafe { &mut *t };
     let direction = if usage >= t.bytes && t.above == 0 {
-        t.above = 1;
+        if exchange(&mut t.above, 1) != 0 {
+            return;
+        }
         DIRECTION_UP
     } else if usage < t.bytes.saturating_sub(t.hysteresis) && t.above == 1 {
-        t.above = 0;
+        if exchange(&mut t.above, 0) != 1 {
+            return;
+        }
         DIRECTION_DOWN
     } else {
         return;
@@ -337,4 +400,15 @@ fn check(cgroup: u64, usage: u64, t: *mut MemoryThreshold) {
         direction,
         _pad: 0,
     });
+}
+
+/// Stores `value` and returns what was there, atomically (BPF_XCHG).
+#[inline(always)]
+fn exchange(flag: &mut u64, value: u64) -> u64 {
+    // SAFETY: `flag` is a valid, aligned u64 in a map value.
+    unsafe {
+        core::intrinsics::atomic_xchg::<u64, { core::intrinsics::AtomicOrdering::SeqCst }>(
+            flag, value,
+        )
+    }
 }

@@ -215,7 +215,9 @@ fn up_and_down(memory: MemoryChoice) -> anyhow::Result<()> {
 fn a_crossing_followed_by_silence_is_reported_within_10ms() -> anyhow::Result<()> {
     require_root();
     for memory in mechanisms()? {
-        crossing_then_silence(load(memory)?).map_err(|e| e.context(format!("with {memory:?}")))?;
+        crossing_then_silence(load(memory)?, None)
+            .map(drop)
+            .map_err(|e| e.context(format!("with {memory:?}")))?;
     }
     let defaults = LoadOptions::default();
     let slowest = LoadOptions {
@@ -226,11 +228,96 @@ fn a_crossing_followed_by_silence_is_reported_within_10ms() -> anyhow::Result<()
         },
         ..defaults
     };
-    crossing_then_silence(KernelPrograms::load_with(&slowest)?)
+    crossing_then_silence(KernelPrograms::load_with(&slowest)?, None)
+        .map(drop)
         .map_err(|e| e.context("with the sampler at its longest period"))
 }
 
-fn crossing_then_silence(mut programs: KernelPrograms) -> anyhow::Result<()> {
+/// The sampler's two timers run on two CPUs and take turns; when one stops ticking, as on a
+/// vCPU the host deschedules, the other samples alone at the full pace and a crossing
+/// followed by silence is still reported within 10 ms.
+///
+/// The sampler is loaded planning for no charge rate, so every tick waits the shortest
+/// period: two timers that did not take turns would tick twice as often as one.
+#[test]
+fn a_stopped_sampler_timer_is_covered_by_the_other() -> anyhow::Result<()> {
+    require_root();
+    let defaults = LoadOptions::default();
+    let period = defaults.sampler.period;
+    let mut programs = KernelPrograms::load_with(&LoadOptions {
+        memory: MemoryChoice::CounterSampler,
+        sampler: SamplerPace {
+            charge_bytes_per_us: Some(0),
+            ..defaults.sampler
+        },
+        ..defaults
+    })?;
+    let cgroup = TestCgroup::new("turns")?;
+    programs.set_memory_threshold(cgroup.id(), cgroup.memory_usage()? + 64 * MIB, MIB)?;
+
+    let before = timers(&mut programs)?;
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = timers(&mut programs)?;
+    let elapsed = started.elapsed();
+    let ticks: Vec<u64> = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a.ticks - b.ticks)
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    let one_timer = elapsed.as_nanos() as f64 / period.as_nanos() as f64;
+    assert!(
+        total as f64 <= 1.5 * one_timer,
+        "the timers take turns: {total} ticks in {elapsed:?} at one per {period:?}, {ticks:?} \
+         per timer"
+    );
+    if agent_cpus() >= 2 {
+        assert!(
+            ticks.iter().all(|&t| t > 0) && after[0].cpu != after[1].cpu,
+            "with two CPUs both timers tick, each on its own: {ticks:?} on CPUs {} and {}",
+            after[0].cpu,
+            after[1].cpu
+        );
+    } else {
+        assert_eq!(
+            ticks.iter().filter(|&&t| t > 0).count(),
+            1,
+            "one CPU, one timer: {ticks:?}"
+        );
+    }
+
+    let running = ticks.iter().position(|&t| t > 0).unwrap_or(0) as u32;
+    let other = running ^ 1;
+    let alone_before = timers(&mut programs)?[other as usize].alone_ticks;
+    let mut programs = crossing_then_silence(programs, Some(running))?;
+    let now = timers(&mut programs)?;
+    if agent_cpus() >= 2 {
+        assert!(
+            now[other as usize].alone_ticks > alone_before,
+            "timer {other} samples alone once timer {running} stopped: {now:?}"
+        );
+    }
+    Ok(())
+}
+
+fn timers(programs: &mut KernelPrograms) -> anyhow::Result<Vec<node_agent_common::SamplerStats>> {
+    programs
+        .sampler_timer_stats()?
+        .ok_or_else(|| anyhow::anyhow!("the sampler was asked for and is not loaded"))
+}
+
+/// CPUs this test (and so the programs it loads) may run on.
+fn agent_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// Runs the crossing and checks its report; `stop` names a sampler timer to stop once the
+/// line is set (setting it starts both).
+fn crossing_then_silence(
+    mut programs: KernelPrograms,
+    stop: Option<u32>,
+) -> anyhow::Result<KernelPrograms> {
     let cgroup = TestCgroup::new("silence")?;
     let id = cgroup.id();
     let rt = runtime();
@@ -239,6 +326,9 @@ fn crossing_then_silence(mut programs: KernelPrograms) -> anyhow::Result<()> {
     // The line sits 128 KiB below where the helper ends: its last pages cross it.
     let line = cgroup.memory_usage()? + 48 * MIB - 128 * 1024;
     programs.set_memory_threshold(id, line, MIB)?;
+    if let Some(timer) = stop {
+        programs.stop_sampler_timer(timer)?;
+    }
     let mut events = rt.block_on(async { programs.events() })?;
     helper.go()?;
     let held = helper.read_line()?;
@@ -301,7 +391,7 @@ fn crossing_then_silence(mut programs: KernelPrograms) -> anyhow::Result<()> {
          charge batch",
         u.usage_bytes
     );
-    Ok(())
+    Ok(programs)
 }
 
 #[test]

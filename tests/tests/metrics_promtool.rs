@@ -94,6 +94,8 @@ fn populated() -> std::sync::Arc<Metrics> {
             busy_ns: 5_000,
             late_ticks: 0,
             max_late_ns: 0,
+            alone_ticks: 0,
+            ..Default::default()
         }),
     );
     m

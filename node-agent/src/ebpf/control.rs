@@ -141,7 +141,6 @@ impl KernelPrograms {
             bytes,
             hysteresis,
             above: 0,
-            _pad: 0,
         };
         let mut map = typed_map!(
             self,
@@ -160,12 +159,32 @@ impl KernelPrograms {
         Ok(())
     }
 
-    /// The sampler's ticks and the kernel time spent in them; `None` without the sampler.
+    /// The sampler's ticks and the kernel time spent in them, its timers added up; `None`
+    /// without the sampler.
     pub fn sampler_stats(&mut self) -> Result<Option<SamplerStats>, ControlError> {
+        Ok(self.sampler_timer_stats()?.map(|timers| {
+            timers
+                .into_iter()
+                .fold(SamplerStats::default(), SamplerStats::add)
+        }))
+    }
+
+    /// Each sampler timer's figures, in timer order; `None` without the sampler.
+    pub fn sampler_timer_stats(&mut self) -> Result<Option<Vec<SamplerStats>>, ControlError> {
         if self.sampler.is_none() {
             return Ok(None);
         }
-        Sampler::stats(&mut self.ebpf).map(Some)
+        Sampler::timer_stats(&mut self.ebpf).map(Some)
+    }
+
+    /// Stops sampler timer `timer` as a vCPU the host never gives back would: for tests that
+    /// the other timer covers for it. Setting a threshold on a new cgroup starts it again.
+    #[doc(hidden)]
+    pub fn stop_sampler_timer(&mut self, timer: u32) -> Result<(), ControlError> {
+        if self.sampler.is_none() {
+            return Ok(());
+        }
+        Sampler::stop_timer(&mut self.ebpf, timer)
     }
 
     /// Sets the fork-rate limit of a cgroup: more than `max_forks` per `window`.

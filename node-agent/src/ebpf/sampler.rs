@@ -5,6 +5,10 @@
 //! start cgroup and an order), so the link is created here with the two `bpf(2)` commands it
 //! takes: `BPF_LINK_CREATE` with `bpf_iter_link_info.cgroup = { SELF_ONLY, dir fd }`, then
 //! `BPF_ITER_CREATE`, whose `read()` runs the program once on that cgroup.
+//!
+//! The program starts a timer on the CPU it runs on, so each new line's iterator runs once
+//! per timer, each time on a thread pinned to another of the agent's CPUs: two vCPUs rarely
+//! lose the host at the same moment.
 
 use std::{
     collections::HashMap,
@@ -22,7 +26,7 @@ use aya::{
 };
 use node_agent_common::{
     MemoryLine, SamplerControl, SamplerStats, MAX_MEMORY_LINES,
-    PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU,
+    PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU, SAMPLER_TIMERS,
 };
 
 use super::{control::ControlError, LoadError};
@@ -84,6 +88,10 @@ pub(crate) struct Sampler {
     charge_bytes_per_us: u64,
     slots: Vec<Option<u64>>,
     by_cgroup: HashMap<u64, u32>,
+    /// The CPU each timer starts on, in timer order: distinct CPUs the agent may run on. Fewer
+    /// than [`SAMPLER_TIMERS`] where the agent has fewer CPUs; empty if its affinity cannot be
+    /// read, and then timer 0 starts wherever the iterator runs.
+    cpus: Vec<usize>,
 }
 
 impl Sampler {
@@ -126,9 +134,10 @@ impl Sampler {
             charge_bytes_per_us,
             slots: Vec::new(),
             by_cgroup: HashMap::new(),
+            cpus: timer_cpus(),
         };
         sampler
-            .write_control(ebpf)
+            .write_control(ebpf, 0)
             .map_err(|e| LoadError::Sampler(Box::new(e)))?;
         Ok(sampler)
     }
@@ -159,7 +168,7 @@ impl Sampler {
         self.by_cgroup.insert(cgroup, index);
         let result = self
             .write_line(ebpf, index, cgroup)
-            .and_then(|()| self.write_control(ebpf))
+            .and_then(|()| self.write_control(ebpf, 0))
             .and_then(|()| self.resolve(ebpf, index, cgroup));
         if result.is_err() {
             let _ = self.unwatch(ebpf, cgroup);
@@ -177,13 +186,44 @@ impl Sampler {
         while self.slots.last().is_some_and(Option::is_none) {
             self.slots.pop();
         }
-        self.write_control(ebpf)
+        self.write_control(ebpf, 0)
     }
 
-    pub(crate) fn stats(ebpf: &mut Ebpf) -> Result<SamplerStats, ControlError> {
+    /// Each timer's figures, in timer order.
+    pub(crate) fn timer_stats(ebpf: &mut Ebpf) -> Result<Vec<SamplerStats>, ControlError> {
         let map = lines_map::<SamplerStats>(ebpf, "SAMPLER_STATS")?;
-        map.get(&0, 0)
-            .map_err(super::control::map_err("SAMPLER_STATS", 0))
+        (0..SAMPLER_TIMERS)
+            .map(|timer| {
+                map.get(&timer, 0)
+                    .map_err(super::control::map_err("SAMPLER_STATS", u64::from(timer)))
+            })
+            .collect()
+    }
+
+    /// Cancels one timer and marks it long overdue, as a vCPU the host never gives back would
+    /// leave it; the next new line starts it again.
+    pub(crate) fn stop_timer(ebpf: &mut Ebpf, timer: u32) -> Result<(), ControlError> {
+        /// The kernel's `SamplerTimer` (node-agent-ebpf/src/memcg.rs). Writing an element
+        /// cancels and frees the `bpf_timer` in it (`bpf_obj_free_fields()`).
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct TimerSlot {
+            timer: [u64; 2],
+            due_ns: u64,
+            last_ns: u64,
+            flags: u64,
+        }
+        // SAFETY: plain integers, no padding.
+        unsafe impl aya::Pod for TimerSlot {}
+        let slot = TimerSlot {
+            timer: [0; 2],
+            due_ns: 1,
+            last_ns: 0,
+            flags: 0,
+        };
+        lines_map::<TimerSlot>(ebpf, "SAMPLER_TIMER")?
+            .set(timer, slot, 0)
+            .map_err(super::control::map_err("SAMPLER_TIMER", u64::from(timer)))
     }
 
     fn write_line(&self, ebpf: &mut Ebpf, index: u32, cgroup: u64) -> Result<(), ControlError> {
@@ -196,20 +236,22 @@ impl Sampler {
             .map_err(super::control::map_err("MEMORY_LINES", u64::from(index)))
     }
 
-    fn write_control(&self, ebpf: &mut Ebpf) -> Result<(), ControlError> {
+    /// Writes the periods and slots in use, and which timer the attach program starts next.
+    fn write_control(&self, ebpf: &mut Ebpf, timer: u32) -> Result<(), ControlError> {
         let mut map = lines_map::<SamplerControl>(ebpf, "SAMPLER_CONTROL")?;
         let control = SamplerControl {
             period_ns: self.period_ns,
             max_period_ns: self.max_period_ns,
             charge_bytes_per_us: self.charge_bytes_per_us,
             lines: u32::try_from(self.slots.len()).unwrap_or(MAX_MEMORY_LINES),
-            _pad: 0,
+            timer,
         };
         map.set(0, control, 0)
             .map_err(super::control::map_err("SAMPLER_CONTROL", 0))
     }
 
-    /// Runs the attach program on the cgroup's directory and checks that it found the counter.
+    /// Runs the attach program on the cgroup's directory, once per timer on that timer's CPU,
+    /// and checks that it found the counter.
     fn resolve(&self, ebpf: &mut Ebpf, index: u32, cgroup: u64) -> Result<(), ControlError> {
         let dir = open_cgroup(&self.mount, cgroup).map_err(|source| SamplerError::Open {
             cgroup,
@@ -232,11 +274,23 @@ impl Sampler {
             })?
             .as_fd()
             .as_raw_fd();
-        run_cgroup_iterator(prog_fd, &dir).map_err(|(step, source)| SamplerError::Iterator {
-            cgroup,
-            step,
-            source,
-        })?;
+        let placements: Vec<(u32, Option<usize>)> = if self.cpus.is_empty() {
+            vec![(0, None)]
+        } else {
+            (0..SAMPLER_TIMERS)
+                .zip(self.cpus.iter().map(|&c| Some(c)))
+                .collect()
+        };
+        for (timer, cpu) in placements {
+            self.write_control(ebpf, timer)?;
+            run_on(cpu, || run_cgroup_iterator(prog_fd, &dir)).map_err(|(step, source)| {
+                SamplerError::Iterator {
+                    cgroup,
+                    step,
+                    source,
+                }
+            })?;
+        }
         let map = lines_map::<MemoryLine>(ebpf, "MEMORY_LINES")?;
         let line = map
             .get(&index, 0)
@@ -246,6 +300,62 @@ impl Sampler {
         }
         Ok(())
     }
+}
+
+/// Up to [`SAMPLER_TIMERS`] distinct CPUs this process may run on, lowest first.
+fn timer_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data that sched_getaffinity fills.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below CPU_SETSIZE.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .take(SAMPLER_TIMERS as usize)
+        .collect()
+}
+
+/// Runs `f` on a thread pinned to `cpu` (on this thread if `None`), so that what `f` starts
+/// in the kernel starts on that CPU; if pinning fails, unpinned.
+fn run_on<T: Send>(
+    cpu: Option<usize>,
+    f: impl FnOnce() -> Result<T, (&'static str, std::io::Error)> + Send,
+) -> Result<T, (&'static str, std::io::Error)> {
+    let Some(cpu) = cpu else {
+        return f();
+    };
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                // SAFETY: cpu_set_t is plain data; CPU_SET stays within it for cpu < CPU_SETSIZE.
+                let pinned = unsafe {
+                    let mut one: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut one);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one)
+                };
+                if pinned != 0 {
+                    // The CPU went offline or left the agent's cpuset since it was chosen: the
+                    // timer then starts wherever this thread runs, which only weakens the
+                    // spread, never the sampling.
+                    tracing::debug!(
+                        cpu,
+                        error = %std::io::Error::last_os_error(),
+                        "could not pin the thread starting a sampler timer"
+                    );
+                }
+                f()
+            })
+            .join()
+            .unwrap_or_else(|_| {
+                Err((
+                    "starting a sampler timer",
+                    std::io::Error::other("the thread running the iterator panicked"),
+                ))
+            })
+    })
 }
 
 fn lines_map<'a, T: aya::Pod>(

@@ -165,13 +165,16 @@ pub fn run(rows: &mut Vec<Row>) -> anyhow::Result<()> {
         return Err(e.context("oscillating helper"));
     }
     let lost_rate = lost(&mut programs)? - lost_before;
-    // Ticks that came over 5 ms late during the oscillation (the max is since load): where a
-    // held crossing can go unseen for its whole 10 ms.
+    // Ticks that came over 5 ms late with no tick of the other timer either (the max is since
+    // load): where a held crossing can go unseen for its whole 10 ms; and ticks one timer took
+    // alone while the other was overdue: gaps the second timer covered.
     let late = match (sampler_before, programs.sampler_stats()?) {
         (Some(a), Some(b)) => format!(
-            "; sampler ticks over 5 ms late meanwhile: {} (worst since load {:.1} ms)",
+            "; sampler ticks over 5 ms late meanwhile: {} (worst since load {:.1} ms), taken \
+             alone while the other timer was overdue: {}",
             b.late_ticks.saturating_sub(a.late_ticks),
-            b.max_late_ns as f64 / 1e6
+            b.max_late_ns as f64 / 1e6,
+            b.alone_ticks.saturating_sub(a.alone_ticks)
         ),
         _ => String::new(),
     };

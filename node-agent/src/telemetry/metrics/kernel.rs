@@ -21,6 +21,7 @@ pub(super) struct KernelStats {
     pub(super) sampler_ticks: AtomicU64,
     pub(super) sampler_busy_ns: AtomicU64,
     pub(super) sampler_late_ticks: AtomicU64,
+    pub(super) sampler_alone_ticks: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -54,10 +55,19 @@ impl Collector for KernelCounters {
             let late = ConstCounter::new(s.sampler_late_ticks.load(Ordering::Relaxed));
             late.encode(encoder.encode_descriptor(
                 "memory_sampler_late_ticks",
-                "Sampler ticks that started over 5 ms after they were due (softirqs deferred, or \
-                 the host descheduled the vCPU): a crossing then may be reported after more than 10 ms",
+                "Sampler ticks that started over 5 ms after they were due while its other timer did \
+                 not tick either (softirqs deferred, or the host descheduled both vCPUs): a crossing \
+                 then may be reported after more than 10 ms",
                 None,
                 late.metric_type(),
+            )?)?;
+            let alone = ConstCounter::new(s.sampler_alone_ticks.load(Ordering::Relaxed));
+            alone.encode(encoder.encode_descriptor(
+                "memory_sampler_alone_ticks",
+                "Sampler ticks one timer took alone at the full pace because the other, on another \
+                 CPU, was overdue (its vCPU descheduled by the host): gaps covered",
+                None,
+                alone.metric_type(),
             )?)?;
         }
         Ok(())

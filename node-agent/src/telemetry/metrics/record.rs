@@ -111,8 +111,9 @@ impl Metrics {
 
     /// Counters `node_agent_ringbuf_sent_events_total` (the kernel's per-CPU `SENT`, summed)
     /// and, when the sampler runs, `node_agent_memory_sampler_ticks_total`,
-    /// `node_agent_memory_sampler_busy_seconds_total` and
-    /// `node_agent_memory_sampler_late_ticks_total`: totals since load, copied as they are.
+    /// `node_agent_memory_sampler_busy_seconds_total`,
+    /// `node_agent_memory_sampler_late_ticks_total` and
+    /// `node_agent_memory_sampler_alone_ticks_total`: totals since load, copied as they are.
     pub fn set_kernel_counters(&self, sent: u64, sampler: Option<SamplerStats>) {
         let k = &self.kernel_stats;
         k.sent.store(sent, Ordering::Relaxed);
@@ -121,6 +122,8 @@ impl Metrics {
             k.sampler_busy_ns.store(stats.busy_ns, Ordering::Relaxed);
             k.sampler_late_ticks
                 .store(stats.late_ticks, Ordering::Relaxed);
+            k.sampler_alone_ticks
+                .store(stats.alone_ticks, Ordering::Relaxed);
         }
         k.sampler.store(sampler.is_some(), Ordering::Relaxed);
     }

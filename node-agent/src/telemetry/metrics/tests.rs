@@ -56,14 +56,17 @@ fn each_recorder_writes_its_sample() {
          |m| m.set_kernel_counters(40, None),
          "node_agent_ringbuf_sent_events_total 40"),
         ("the sampler's ticks are copied when it runs",
-         |m| m.set_kernel_counters(0, Some(node_agent_common::SamplerStats { ticks: 1000, busy_ns: 2_500_000, late_ticks: 2, max_late_ns: 7_000_000 })),
+         |m| m.set_kernel_counters(0, Some(node_agent_common::SamplerStats { ticks: 1000, busy_ns: 2_500_000, late_ticks: 2, max_late_ns: 7_000_000, alone_ticks: 5, ..Default::default() })),
          "node_agent_memory_sampler_ticks_total 1000"),
         ("and its time in seconds",
-         |m| m.set_kernel_counters(0, Some(node_agent_common::SamplerStats { ticks: 1000, busy_ns: 2_500_000, late_ticks: 2, max_late_ns: 7_000_000 })),
+         |m| m.set_kernel_counters(0, Some(node_agent_common::SamplerStats { ticks: 1000, busy_ns: 2_500_000, late_ticks: 2, max_late_ns: 7_000_000, alone_ticks: 5, ..Default::default() })),
          "node_agent_memory_sampler_busy_seconds_total 0.0025"),
         ("and its ticks that came late",
-         |m| m.set_kernel_counters(0, Some(node_agent_common::SamplerStats { ticks: 1000, busy_ns: 2_500_000, late_ticks: 2, max_late_ns: 7_000_000 })),
+         |m| m.set_kernel_counters(0, Some(node_agent_common::SamplerStats { ticks: 1000, busy_ns: 2_500_000, late_ticks: 2, max_late_ns: 7_000_000, alone_ticks: 5, ..Default::default() })),
          "node_agent_memory_sampler_late_ticks_total 2"),
+        ("and its ticks alone while the other timer was overdue",
+         |m| m.set_kernel_counters(0, Some(node_agent_common::SamplerStats { ticks: 1000, busy_ns: 2_500_000, late_ticks: 2, max_late_ns: 7_000_000, alone_ticks: 5, ..Default::default() })),
+         "node_agent_memory_sampler_alone_ticks_total 5"),
         ("the ring buffer counters start at 0",
          |_| {},
          "node_agent_ringbuf_lost_events_total 0"),
@@ -201,6 +204,8 @@ fn populated() -> Arc<Metrics> {
             busy_ns: 1,
             late_ticks: 1,
             max_late_ns: 6_000_000,
+            alone_ticks: 1,
+            ..Default::default()
         }),
     );
     metrics
@@ -229,7 +234,7 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 21] = [
+const COUNTERS: [&str; 22] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
@@ -242,6 +247,7 @@ const COUNTERS: [&str; 21] = [
     "node_agent_kube_watch_events_dropped",
     "node_agent_memory_sampler_busy_seconds",
     "node_agent_memory_sampler_late_ticks",
+    "node_agent_memory_sampler_alone_ticks",
     "node_agent_memory_sampler_ticks",
     "node_agent_no_evictable_pod_events",
     "node_agent_oom_kills",
@@ -428,6 +434,7 @@ fn the_sampler_counters_are_left_out_when_another_mechanism_runs() {
         busy_ns: 9,
         late_ticks: 0,
         max_late_ns: 0,
+        ..Default::default()
     };
     metrics.set_kernel_counters(1, Some(sampler));
     assert!(metrics
