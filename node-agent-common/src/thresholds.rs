@@ -101,7 +101,7 @@ const _: () = assert!(core::mem::size_of::<SamplerControl>() == 32);
 /// break: no line was looked at for the pace (at most 5 ms) plus the delay. Timers run late
 /// when softirqs are deferred or the host deschedules the vCPU they are on; a late timer whose
 /// partner ticked meanwhile left no gap and is not counted. One value per timer in the kernel
-/// map; user space adds them up ([`SamplerStats::add`]).
+/// map; user space adds them up (`+`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SamplerStats {
@@ -119,9 +119,11 @@ pub struct SamplerStats {
 
 const _: () = assert!(core::mem::size_of::<SamplerStats>() == 48);
 
-impl SamplerStats {
-    /// The figures of two timers together: counts add up, the worst delay is the larger.
-    pub fn add(self, other: Self) -> Self {
+/// The figures of two timers together: counts add up, the worst delay is the larger.
+impl core::ops::Add for SamplerStats {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
         Self {
             ticks: self.ticks.saturating_add(other.ticks),
             busy_ns: self.busy_ns.saturating_add(other.busy_ns),

@@ -101,7 +101,8 @@ pub struct SamplerTimer {
 }
 
 #[btf_map]
-static SAMPLER_TIMER: btf_maps::Array<SamplerTimer, { SAMPLER_TIMERS as usize }, 0> = btf_maps::Array::new();
+static SAMPLER_TIMER: btf_maps::Array<SamplerTimer, { SAMPLER_TIMERS as usize }, 0> =
+    btf_maps::Array::new();
 
 #[fexit(function = "page_counter_try_charge")]
 pub fn page_counter_try_charge(ctx: FExitContext) -> i32 {

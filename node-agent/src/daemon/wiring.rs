@@ -86,8 +86,15 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
     }
     // Settings that parse but cannot be meant on this machine: refused before anything loads.
     super::config::checks::check_on_machine(&config.settings, &layout.memory, &node_dir)?;
+    // The workers read the ring buffer: a short slice lets one woken by a kernel event run at
+    // once on a CPU a memory-hungry task keeps busy (see `sys::ask_for_short_slice`).
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .on_thread_start(|| {
+            if let Err(e) = crate::sys::ask_for_short_slice() {
+                tracing::debug!(error = %e, "the scheduler refused a short slice for a runtime thread");
+            }
+        })
         .enable_all()
         .build()
         .map_err(DaemonError::Runtime)?;

@@ -165,7 +165,7 @@ impl KernelPrograms {
         Ok(self.sampler_timer_stats()?.map(|timers| {
             timers
                 .into_iter()
-                .fold(SamplerStats::default(), SamplerStats::add)
+                .fold(SamplerStats::default(), |a, b| a + b)
         }))
     }
 

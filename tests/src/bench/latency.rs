@@ -107,8 +107,8 @@ impl Samples {
     }
 }
 
-/// The eBPF consumer: drains the ring buffer on its own thread, as the daemon would, and runs
-/// the policy on every up-crossing of the bench cgroup.
+/// The eBPF consumer: drains the ring buffer on its own thread with the daemon's short slice,
+/// as the daemon would, and runs the policy on every up-crossing of the bench cgroup.
 struct Consumer {
     rx: mpsc::Receiver<Detection>,
     stop: Arc<AtomicBool>,
@@ -128,6 +128,8 @@ impl Consumer {
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let handle = std::thread::spawn(move || -> anyhow::Result<()> {
+            // As the daemon's runtime threads do.
+            node_agent::sys::ask_for_short_slice().context("asking for a short slice")?;
             rt.block_on(async {
                 while !stopping.load(Ordering::Relaxed) {
                     let Ok(batch) =
