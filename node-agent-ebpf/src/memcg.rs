@@ -31,9 +31,11 @@
 //! machine) the other timer still ticks. While both tick they take turns, each waiting until
 //! one pace after its partner's next tick, so the node ticks as often as with one timer; a
 //! timer whose partner is overdue by a whole pace ticks alone at the full pace until the
-//! partner is back. Each tick re-checks that the counter
-//! still belongs to the line's cgroup (`css->cgroup->kn->id`) before trusting it, so a cgroup
-//! removed and freed under a stale line is skipped, never misreported.
+//! partner is back.
+//!
+//! Each tick re-checks that the counter still belongs to the line's cgroup
+//! (`css->cgroup->kn->id`) before trusting it, so a cgroup removed and freed under a stale line
+//! is skipped, never misreported.
 
 use core::ffi::c_void;
 
