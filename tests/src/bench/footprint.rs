@@ -127,31 +127,38 @@ pub fn daemon(
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         Ok((b1 - b0) as f64 / (t1 - t0).max(1) as f64 * cpus * 100.0)
     };
-    let (mut with, mut without, mut own) = (Vec::new(), Vec::new(), Vec::new());
+    // Per round: (without, with) busy share of the node.
+    let (mut pairs, mut own) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         let order = if round % 2 == 0 {
             [false, true]
         } else {
             [true, false]
         };
+        let mut got = [0.0; 2];
         for on in order {
             if on {
                 let d = super::stress::Daemon::start(agent, work_dir)?;
                 let c0 = process_cpu_ns(d.pid())?;
                 let t = Instant::now();
-                with.push(measure()?);
+                got[1] = measure()?;
                 own.push(
                     (process_cpu_ns(d.pid())? - c0) as f64 / t.elapsed().as_nanos() as f64 * 100.0,
                 );
                 d.stop()?;
             } else {
-                without.push(measure()?);
+                got[0] = measure()?;
             }
         }
+        pairs.push((got[0], got[1]));
     }
     let med = |v: &[f64]| super::median(v).unwrap_or(f64::NAN);
     let own = med(&own);
-    let delta = med(&with) - med(&without);
+    // Each round's with − without: the node's own background drifts, a pair taken together
+    // cancels most of it.
+    let deltas: Vec<f64> = pairs.iter().map(|(off, on)| on - off).collect();
+    let delta = med(&deltas);
+    let without = med(&pairs.iter().map(|p| p.0).collect::<Vec<_>>());
     rows.push(
         Row::info(
             SECTION,
@@ -171,9 +178,11 @@ pub fn daemon(
             .value(delta, "%")
             .target("< 0.5 %", delta < 0.5)
             .note(format!(
-                "/proc/stat busy time, median of {rounds} alternated windows each way ({:.3} % without): \
-                 includes the kernel's work for the agent (the memory sampler's timer)",
-                med(&without)
+                "/proc/stat busy time, median over {rounds} alternated pairs of windows of with − \
+                 without (quartiles {:+.3} … {:+.3}; {without:.3} % without): includes the kernel's \
+                 work for the agent (the memory sampler's timers)",
+                super::quantile(&deltas, 0.25).unwrap_or(f64::NAN),
+                super::quantile(&deltas, 0.75).unwrap_or(f64::NAN),
             )),
     );
     Ok(())

@@ -28,6 +28,8 @@ pub mod psi;
 pub mod ramp;
 pub mod report;
 pub mod stress;
+
+use anyhow::Context as _;
 pub mod throughput;
 
 pub use report::{Report, Row, Verdict};
@@ -57,6 +59,43 @@ pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
 
 pub fn median(values: &[f64]) -> Option<f64> {
     quantile(values, 0.5)
+}
+
+/// Pins the calling thread (and so every process it starts) to the last online CPU until
+/// dropped, then restores the CPUs it had.
+pub struct PinnedCpu(libc::cpu_set_t);
+
+impl PinnedCpu {
+    pub fn last() -> anyhow::Result<Self> {
+        // SAFETY: cpu_set_t is plain data; sched_getaffinity/sched_setaffinity read and write
+        // only the sets passed, of the size passed.
+        unsafe {
+            let mut old: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            if libc::sched_getaffinity(0, size, &mut old) != 0 {
+                anyhow::bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
+            }
+            let cpu = (0..libc::CPU_SETSIZE as usize)
+                .rev()
+                .find(|&c| libc::CPU_ISSET(c, &old))
+                .context("this process may run on no CPU")?;
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            if libc::sched_setaffinity(0, size, &one) != 0 {
+                anyhow::bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+            }
+            Ok(Self(old))
+        }
+    }
+}
+
+impl Drop for PinnedCpu {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0);
+        }
+    }
 }
 
 /// A small xorshift generator for random phases and names: reproducible enough, no dependency.

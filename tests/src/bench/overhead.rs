@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use node_agent::ebpf::{KernelPrograms, LoadOptions, MemoryChoice, MemoryMechanism, ProgramStats};
 
-use super::{cgroups::BenchCgroup, median, quantile, report::Row};
+use super::{cgroups::BenchCgroup, median, quantile, report::Row, PinnedCpu};
 use crate::Helper;
 
 const SECTION: &str = "overhead";
@@ -67,43 +67,6 @@ fn ask(cgroup: &BenchCgroup, args: &[&str], word: &str) -> anyhow::Result<(f64, 
     match (next(), next()) {
         (Some(a), Some(b)) => Ok((a, b)),
         _ => anyhow::bail!("helper {args:?} said {answer:?}, expected `{word}` and two numbers"),
-    }
-}
-
-/// Pins the calling thread (and so every process it starts) to the last online CPU until
-/// dropped, then restores the CPUs it had.
-struct PinnedCpu(libc::cpu_set_t);
-
-impl PinnedCpu {
-    fn last() -> anyhow::Result<Self> {
-        // SAFETY: cpu_set_t is plain data; sched_getaffinity/sched_setaffinity read and write
-        // only the sets passed, of the size passed.
-        unsafe {
-            let mut old: libc::cpu_set_t = std::mem::zeroed();
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            if libc::sched_getaffinity(0, size, &mut old) != 0 {
-                anyhow::bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
-            }
-            let cpu = (0..libc::CPU_SETSIZE as usize)
-                .rev()
-                .find(|&c| libc::CPU_ISSET(c, &old))
-                .context("this process may run on no CPU")?;
-            let mut one: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut one);
-            if libc::sched_setaffinity(0, size, &one) != 0 {
-                anyhow::bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
-            }
-            Ok(Self(old))
-        }
-    }
-}
-
-impl Drop for PinnedCpu {
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe {
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0);
-        }
     }
 }
 

@@ -155,8 +155,8 @@ fn bench(args: &Args) -> anyhow::Result<()> {
     });
     section("probe overhead: stress-ng", &mut |rows| {
         let opts = stress::Options {
-            rounds: if q { 2 } else { 6 },
-            seconds: if q { 2 } else { 5 },
+            rounds: if q { 2 } else { 24 },
+            seconds: 2,
         };
         stress::run(rows, &args.agent, &args.work_dir, &opts)
     });
@@ -172,7 +172,7 @@ fn bench(args: &Args) -> anyhow::Result<()> {
             &args.agent,
             &args.work_dir,
             sample,
-            if q { 1 } else { 3 },
+            if q { 1 } else { 6 },
         )
     });
     section("policy evaluation", &mut |rows| {
