@@ -14,6 +14,7 @@ mod kernel;
 mod maps;
 mod memcg;
 mod oom;
+mod sampler;
 mod tasks;
 
 #[cfg(not(test))]

@@ -1,5 +1,5 @@
 //! The in-kernel memory sampler's user side: line slots, and the cgroup iterator that tells the
-//! kernel where a newly watched cgroup's page counter lives (see `node-agent-ebpf/src/memcg.rs`;
+//! kernel where a newly watched cgroup's page counter lives (see `node-agent-ebpf/src/sampler.rs`;
 //! the iterator itself is in `iterator.rs`).
 //!
 //! The program starts a timer on the CPU it runs on, so each new line's iterator runs once
@@ -192,7 +192,7 @@ impl Sampler {
     /// Cancels one timer and marks it long overdue, as a vCPU the host never gives back would
     /// leave it; the next new line starts it again.
     pub(crate) fn stop_timer(ebpf: &mut Ebpf, timer: u32) -> Result<(), ControlError> {
-        /// The kernel's `SamplerTimer` (node-agent-ebpf/src/memcg.rs). Writing an element
+        /// The kernel's `SamplerTimer` (node-agent-ebpf/src/sampler.rs). Writing an element
         /// cancels and frees the `bpf_timer` in it (`bpf_obj_free_fields()`).
         #[repr(C)]
         #[derive(Clone, Copy)]
