@@ -18,7 +18,7 @@ use super::{cgroups::BenchCgroup, median, quantile, report::Row, PinnedCpu};
 use crate::Helper;
 
 const SECTION: &str = "overhead";
-const FORKS: usize = 2000;
+const FORKS: usize = 4000;
 const FAULT_MIB: usize = 64;
 const FAULT_ROUNDS: usize = 8;
 const PAGES: usize = FAULT_ROUNDS * FAULT_MIB * 256;
