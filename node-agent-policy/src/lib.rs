@@ -22,7 +22,7 @@ pub mod signal;
 mod yaml;
 
 pub use config::{ConfigError, EvictionConfig, EvictionFlags, Threshold, ThresholdValue};
-pub use duration::{parse_go_duration, DurationError};
+pub use duration::{parse_go_duration, DurationError, GoDuration};
 pub use eligible::{
     Eligibility, Exclusions, LabelOperator, LabelRequirement, LabelSelector, NotEvictableNow,
     PassReason,
@@ -37,7 +37,7 @@ pub use observe::{
     ContainerInfo, ContainerUsage, FsUsage, NodeCapacity, Observation, Observations, PodInfo,
     PodUsage, Resources,
 };
-pub use quantity::{Format, Quantity, QuantityError};
+pub use quantity::{ByteSize, ByteSizeError, Format, Quantity, QuantityError};
 pub use requests::InitContainerInfo;
 pub use signal::{
     EvictionSignal, NodeCondition, Resource, Signal, UnknownEvictionSignal, UnknownSignal,
