@@ -21,7 +21,10 @@ pub mod scenario;
 pub mod signal;
 mod yaml;
 
-pub use config::{ConfigError, EvictionConfig, EvictionFlags, Threshold, ThresholdValue};
+pub use config::{
+    ConfigError, EvictionConfig, EvictionFields, EvictionFlags, SignalMap, Threshold,
+    ThresholdValue,
+};
 pub use duration::{parse_go_duration, DurationError, GoDuration};
 pub use eligible::{
     Eligibility, Exclusions, LabelOperator, LabelRequirement, LabelSelector, NotEvictableNow,

@@ -567,7 +567,13 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
         Vec<(&'a str, PassReason)>,
     );
     let rows: Vec<Row> = vec![
-        ("every pod a candidate: the top one", Eligibility::default(), none, "top", vec![]),
+        (
+            "every pod a candidate: the top one",
+            Eligibility::default(),
+            none,
+            "top",
+            vec![],
+        ),
         (
             "top pod in an excluded namespace",
             excluding("{namespaces: [kube-system]}"),
@@ -577,7 +583,7 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
         ),
         (
             "top pod matches the excluding label selector",
-            excluding("{label_selector: {match_labels: {app: top}}}"),
+            excluding("{labelSelector: {matchLabels: {app: top}}}"),
             none,
             "middle",
             vec![("top", PassReason::ExcludedByLabelSelector)],
@@ -597,7 +603,10 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
             not_now(&[("uid-top", NotEvictableNow::BlockedByDisruptionBudget)]),
             none,
             "middle",
-            vec![("top", PassReason::NotEvictableNow(NotEvictableNow::BlockedByDisruptionBudget))],
+            vec![(
+                "top",
+                PassReason::NotEvictableNow(NotEvictableNow::BlockedByDisruptionBudget),
+            )],
         ),
         (
             "top pod refused, middle failed: the last one",
@@ -609,7 +618,10 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
             "last",
             vec![
                 ("top", PassReason::NotEvictableNow(NotEvictableNow::Refused)),
-                ("middle", PassReason::NotEvictableNow(NotEvictableNow::Failed)),
+                (
+                    "middle",
+                    PassReason::NotEvictableNow(NotEvictableNow::Failed),
+                ),
             ],
         ),
         (
@@ -617,21 +629,32 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
             not_now(&[("uid-top", NotEvictableNow::Terminating)]),
             none,
             "middle",
-            vec![("top", PassReason::NotEvictableNow(NotEvictableNow::Terminating))],
+            vec![(
+                "top",
+                PassReason::NotEvictableNow(NotEvictableNow::Terminating),
+            )],
         ),
         (
             "top pod's deletion requested (deletionTimestamp)",
             Eligibility::default(),
             |p| p[0].terminating = true,
             "middle",
-            vec![("top", PassReason::NotEvictableNow(NotEvictableNow::Terminating))],
+            vec![(
+                "top",
+                PassReason::NotEvictableNow(NotEvictableNow::Terminating),
+            )],
         ),
         (
             "a critical pod and an excluded one ahead of the candidate, in rank order",
-            excluding("{label_selector: {match_expressions: [{key: app, operator: In, values: [middle]}]}}"),
+            excluding(
+                "{labelSelector: {matchExpressions: [{key: app, operator: In, values: [middle]}]}}",
+            ),
             |p| p[0].is_static = true,
             "last",
-            vec![("top", PassReason::Static), ("middle", PassReason::ExcludedByLabelSelector)],
+            vec![
+                ("top", PassReason::Static),
+                ("middle", PassReason::ExcludedByLabelSelector),
+            ],
         ),
         (
             "a pod ranked below the chosen one is not listed as passed over",

@@ -110,7 +110,7 @@ fn pods_over_a_limit_that_may_not_go_are_passed_over_and_noted() {
         Vec<(&'a str, PassReason)>,
     );
     let excluded = Eligibility {
-        exclusions: serde_yaml_ng::from_str("{label_selector: {match_labels: {keep: 'yes'}}}")
+        exclusions: serde_yaml_ng::from_str("{labelSelector: {matchLabels: {keep: 'yes'}}}")
             .unwrap(),
         ..Eligibility::default()
     };

@@ -249,7 +249,7 @@ fn invalid_scenarios_are_refused_naming_the_field() {
         (
             "an invalid config names the config field",
             format!("{NODE}config:\n  evictionSoft: {{memory.available: 1Gi}}\n{step}"),
-            "config.evictionSoft[memory.available]: a soft threshold needs a grace period; set evictionSoftGracePeriod[memory.available]",
+            "config.evictionSoft[memory.available]: a soft threshold needs a grace period; set config.evictionSoftGracePeriod[memory.available]",
         ),
         (
             "an unknown pod field",

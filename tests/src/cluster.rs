@@ -210,7 +210,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 }
 
 /// The agent's config for a test: capacity 1Gi, `memory.available<threshold`, Kubernetes
-/// mode against `fake`, plus the test's own lines for `kubernetes:` and `agent:`.
+/// mode against `fake`, plus the test's own lines for `kubernetes:` and the top level.
 pub struct Config<'a> {
     pub fake: &'a Fake,
     pub node: &'a TestCgroup,
@@ -219,18 +219,20 @@ pub struct Config<'a> {
     pub threshold: &'a str,
     /// Extra `kubernetes:` lines, each indented by two spaces.
     pub kube: &'a str,
-    /// Extra `agent:` lines, each indented by two spaces.
+    /// Extra top-level lines (the agent's own settings), not indented.
     pub agent: &'a str,
 }
 
 impl Config<'_> {
     pub fn text(&self) -> String {
         format!(
-            "eviction:\n  evictionHard: {{memory.available: {threshold}}}\n\
-             kubernetes:\n  pod_source: kubelet\n  node_name: {NODE}\n  kubelet: {{url: '{url}', ca_file: '{ca}'}}\n  \
-             api_server: {{url: '{url}', ca_file: '{ca}'}}\n  token_path: '{token}'\n{kube}\
-             agent:\n  listen: '127.0.0.1:{port}'\n  trace_socket: '{socket}'\n  node_cgroup: '{cg}'\n  memory_capacity: 1Gi\n  \
-             resync_interval: 60s\n  pod_refresh_interval: 200ms\n  fork_limit: 0\n{agent}",
+            "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
+             eviction:\n  evictionHard: {{memory.available: {threshold}}}\n\
+             kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  podRefreshInterval: 200ms\n  \
+             kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
+             apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n{kube}\
+             listen: '127.0.0.1:{port}'\ntraceSocket: '{socket}'\nnodeCgroup: '{cg}'\nmemoryCapacity: 1Gi\n\
+             resyncInterval: 60s\nforkLimit: 0\n{agent}",
             threshold = self.threshold,
             url = self.fake.url(),
             ca = self.fake.pki.ca_file.display(),

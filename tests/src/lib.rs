@@ -114,7 +114,7 @@ impl TestCgroup {
         Ok(dir)
     }
 
-    /// The path below the hierarchy's root, as `agent.node_cgroup` wants it.
+    /// The path below the hierarchy's root, as `nodeCgroup` wants it.
     pub fn cgroup_path(&self) -> String {
         format!(
             "/{}",

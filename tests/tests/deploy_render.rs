@@ -2,8 +2,9 @@
 //! on PATH), then PyPI's `kubernetes-validate --strict` against the OpenAPI schemas of the
 //! oldest supported Kubernetes (1.30, the first with ValidatingAdmissionPolicy v1 and
 //! node-bound service account tokens) and of 1.33. The monitoring component's alert rules go
-//! through Prometheus' `promtool check rules` and `promtool test rules`. `cargo xtask test`
-//! installs the tools and names them in KUBECTL, KUBERNETES_VALIDATE and PROMTOOL.
+//! through Prometheus' `promtool check rules` and `promtool test rules`; the generated
+//! ConfigMap through the agent's own `node-agent check-config`. `cargo xtask test` installs
+//! the tools and names them in KUBECTL, KUBERNETES_VALIDATE, PROMTOOL and NODE_AGENT_BIN.
 
 use std::{
     path::{Path, PathBuf},
@@ -107,7 +108,6 @@ fn the_default_install_renders_validates_and_carries_the_node_bound_policy() {
         "ServiceAccount/node-agent",
         "ClusterRole/node-agent",
         "ClusterRoleBinding/node-agent",
-        "ConfigMap/node-agent-config",
         "ValidatingAdmissionPolicy/node-agent-own-node",
         "ValidatingAdmissionPolicyBinding/node-agent-own-node",
         "DaemonSet/node-agent",
@@ -147,6 +147,26 @@ fn the_default_install_renders_validates_and_carries_the_node_bound_policy() {
     assert_eq!(pod["nodeSelector"]["kubernetes.io/os"], "linux");
     assert_eq!(pod["containers"][0]["image"], "localhost/node-agent:0.1.0");
 
+    // The ConfigMap: generated from config.yaml under a name hashed from it, which the
+    // DaemonSet mounts; the agent itself takes what it holds.
+    let cm = config_map(&docs);
+    let name = cm["metadata"]["name"].as_str().unwrap();
+    assert!(
+        name.starts_with("node-agent-config-") && name.len() > "node-agent-config-".len(),
+        "{name}"
+    );
+    assert_eq!(cm["metadata"]["namespace"], "node-agent");
+    assert_eq!(mounted_config(ds), name);
+    let config = cm["data"]["config.yaml"]
+        .as_str()
+        .expect("data.config.yaml");
+    assert_eq!(
+        config,
+        std::fs::read_to_string(deploy_dir().join("config.yaml")).expect("config.yaml")
+    );
+    let report = check_config(config);
+    assert!(report.contains("is valid."), "{report}");
+
     // No pods delete and no pods/status patch by default.
     let role = docs
         .iter()
@@ -172,6 +192,52 @@ fn the_default_install_renders_validates_and_carries_the_node_bound_policy() {
             "the default role grants {verbs:?} on {resources:?}"
         );
     }
+}
+
+fn config_map(docs: &[Value]) -> &Value {
+    let maps: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "ConfigMap").collect();
+    assert_eq!(maps.len(), 1, "one ConfigMap");
+    maps[0]
+}
+
+/// The name of the ConfigMap a DaemonSet mounts at /etc/node-agent.
+fn mounted_config(ds: &Value) -> &str {
+    ds["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find_map(|v| v["configMap"]["name"].as_str())
+        .expect("a configMap volume")
+}
+
+/// `node-agent check-config` on a config's text (NODE_AGENT_BIN): its report; panics unless
+/// it takes the file.
+fn check_config(text: &str) -> String {
+    let dir = tempfile_dir("check-config");
+    let file = dir.0.join("config.yaml");
+    std::fs::write(&file, text).expect("config file");
+    let agent = std::env::var("NODE_AGENT_BIN")
+        .expect("NODE_AGENT_BIN names the agent binary (set by `cargo xtask test`)");
+    let out = run_bounded(Command::new(agent).arg("check-config").arg(&file));
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "check-config refused the shipped config: {report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    report
+}
+
+/// A directory of this test's, removed when dropped.
+fn tempfile_dir(name: &str) -> RemoveOnDrop {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{name}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    RemoveOnDrop(dir)
 }
 
 #[test]
@@ -290,7 +356,7 @@ tests:
           - exp_labels: {severity: warning, job: node-agent, instance: "a:9464", node: n1}
             exp_annotations:
               summary: node-agent on n1 lost kernel events
-              description: 6 kernel events were dropped in 10 minutes because the ring buffer was full (agent.ring_bytes).
+              description: 6 kernel events were dropped in 10 minutes because the ring buffer was full (ringBufferSize).
       - eval_time: 5m
         alertname: NodeAgentEvictionsFailing
         exp_alerts:

@@ -92,12 +92,14 @@ impl World {
             .small_fs()
             .expect("the fixture has its small filesystem");
         let config = format!(
-            "eviction:\n  evictionHard: {{nodefs.available: '{threshold}'}}\n\
-             kubernetes:\n  pod_source: kubelet\n  node_name: {NODE}\n  kubelet: {{url: '{url}', ca_file: '{ca}'}}\n  \
-             api_server: {{url: '{url}', ca_file: '{ca}'}}\n  token_path: '{token}'\n  evictions_per_minute: 60\n\
-             cri:\n  endpoint: 'unix://{sock}'\n  image_minimum_gc_age: 0s\n  keep_images: ['{PAUSE_IMAGE}']\n\
-             agent:\n  dry_run: {dry_run}\n  listen: '127.0.0.1:{port}'\n  trace_socket: '{trace}'\n  node_cgroup: '{cg}'\n  \
-             memory_capacity: 1Gi\n  nodefs_path: '{fs}'\n  resync_interval: 1s\n  pod_refresh_interval: 200ms\n  fork_limit: 0\n",
+            "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
+             eviction:\n  evictionHard: {{nodefs.available: '{threshold}'}}\n\
+             kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  podRefreshInterval: 200ms\n  \
+             kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
+             apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n  evictionsPerMinute: 60\n\
+             cri:\n  endpoint: 'unix://{sock}'\n  imageMinimumGCAge: 0s\n  keepImages: ['{PAUSE_IMAGE}']\n\
+             dryRun: {dry_run}\nlisten: '127.0.0.1:{port}'\ntraceSocket: '{trace}'\nnodeCgroup: '{cg}'\n\
+             memoryCapacity: 1Gi\nnodefsPath: '{fs}'\nresyncInterval: 1s\nforkLimit: 0\n",
             url = self.fake.url(),
             ca = self.fake.pki.ca_file.display(),
             token = self.fake.token_file.display(),

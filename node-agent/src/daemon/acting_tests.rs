@@ -154,10 +154,10 @@ fn oom_kills_are_reported_under_our_reason_or_not_at_all() {
     let rows = [
         ("standalone", None, 1),
         ("the default: our own reason", Some(kube("{}")), 1),
-        ("own", Some(kube("{node_oom_events: own}")), 1),
+        ("own", Some(kube("{nodeOOMEvents: own}")), 1),
         (
             "off: node-problem-detector reports kills",
-            Some(kube("{node_oom_events: off}")),
+            Some(kube("{nodeOOMEvents: off}")),
             0,
         ),
     ];

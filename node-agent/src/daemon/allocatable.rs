@@ -1,4 +1,4 @@
-//! What `allocatableMemory.available` is measured against: `agent.allocatable_memory` when it
+//! What `allocatableMemory.available` is measured against: `allocatableMemory` when it
 //! is set (the config wins), else in Kubernetes mode the Node's own `status.allocatable.memory`,
 //! else (standalone) nothing: the signal is not observed.
 //!
@@ -24,7 +24,7 @@ use crate::telemetry::Metrics;
 /// Allocatable memory as a reading of the node takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Allocatable {
-    /// Not observed: standalone without `agent.allocatable_memory`, or the Node not read yet.
+    /// Not observed: standalone without `allocatableMemory`, or the Node not read yet.
     NotObserved,
     /// In bytes.
     Bytes(i64),
@@ -182,14 +182,14 @@ impl Daemon {
         let kubernetes = self.cluster.is_some();
         match (from, self.config.settings.allocatable_memory) {
             (Some(Origin::Config), Some(bytes)) if kubernetes => tracing::info!(bytes,
-                "allocatableMemory.available is measured against agent.allocatable_memory: the config wins, the Node's {FIELD} is not read"),
+                "allocatableMemory.available is measured against the config's allocatableMemory: the config wins, the Node's {FIELD} is not read"),
             (Some(Origin::Config), Some(bytes)) => tracing::info!(bytes,
-                "allocatableMemory.available is measured against agent.allocatable_memory"),
+                "allocatableMemory.available is measured against the config's allocatableMemory"),
             (Some(Origin::Node), _) => tracing::info!(
                 every = ?self.config.settings.resync_interval,
-                "allocatableMemory.available is measured against the Node's {FIELD} (agent.allocatable_memory is not set), read every resync_interval"),
+                "allocatableMemory.available is measured against the Node's {FIELD} (allocatableMemory is not set), read every resyncInterval"),
             _ => tracing::info!(
-                "allocatableMemory.available is not observed: standalone without agent.allocatable_memory"),
+                "allocatableMemory.available is not observed: standalone without allocatableMemory"),
         }
     }
 

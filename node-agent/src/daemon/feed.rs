@@ -51,7 +51,7 @@ pub fn same_connection(a: &KubeConfig, b: &KubeConfig) -> bool {
         && a.kubelet == b.kubelet
         && a.api_server == b.api_server
         && a.token_path == b.token_path
-        && a.request_timeout_seconds == b.request_timeout_seconds
+        && a.request_timeout == b.request_timeout
         && a.retry == b.retry
 }
 

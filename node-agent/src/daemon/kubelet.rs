@@ -1,21 +1,25 @@
 //! Beside the kubelet, at the edge: reads the kubelet's own config file and says, at start and
 //! on every reload, which of its eviction thresholds would be acted on before the agent's (the
-//! comparison is the policy's pure `beside::kubelet_acts_first`). Nothing here stops the agent:
-//! a missing file is one info line, an unparsable one a warning naming the file and the error.
+//! comparison is the policy's pure `beside::kubelet_acts_first`; `node-agent check-config`
+//! prints the same findings). Nothing here stops the agent: a missing file is one info line,
+//! an unparsable one a warning naming the file and the error.
 
 use std::path::Path;
 
-use node_agent_policy::{beside::kubelet_acts_first, EvictionConfig};
+use node_agent_policy::{
+    beside::{kubelet_acts_first, Finding},
+    EvictionConfig, Signal,
+};
 
 use super::{
-    config::AgentConfig,
+    config::{read, AgentConfig},
     observe::{read_node, NodeSources},
 };
 
 /// What became of the kubelet's config file.
 #[derive(Debug)]
 pub enum KubeletConfig {
-    /// Not configured (`agent.kubelet_config: null`).
+    /// Not configured (`kubeletConfig: null`).
     NotSet,
     Missing,
     Unreadable(String),
@@ -23,24 +27,36 @@ pub enum KubeletConfig {
 }
 
 /// Reads and parses the kubelet's eviction settings (a KubeletConfiguration document; the
-/// kubelet's defaults apply where it sets none, as in the kubelet).
+/// kubelet's defaults apply where it sets none, as in the kubelet). The file is read as the
+/// agent's own is: a regular file, at most [`read::MAX_CONFIG_BYTES`].
 pub fn read(path: Option<&Path>) -> KubeletConfig {
     let Some(path) = path else {
         return KubeletConfig::NotSet;
     };
-    match std::fs::read_to_string(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => KubeletConfig::Missing,
-        Err(e) => KubeletConfig::Unreadable(e.to_string()),
+    let chain = |e: &dyn std::error::Error| {
+        std::iter::successors(Some(e), |e| e.source())
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(": ")
+    };
+    match read::read_capped(path, read::MAX_CONFIG_BYTES) {
+        Err(e) if e.is_not_found() => KubeletConfig::Missing,
+        Err(e) => KubeletConfig::Unreadable(chain(&e)),
         Ok(text) => match EvictionConfig::from_kubelet_yaml(&text) {
             Ok(c) => KubeletConfig::Read(Box::new(c)),
-            Err(e) => KubeletConfig::Unreadable(
-                std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(": "),
-            ),
+            Err(e) => KubeletConfig::Unreadable(chain(&e)),
         },
     }
+}
+
+/// The kubelet thresholds the agent's config would not act before; `capacity` gives a signal's
+/// capacity, for a percentage against a quantity (`None`: not compared, said in the finding).
+pub fn findings(
+    config: &AgentConfig,
+    kubelet: &EvictionConfig,
+    capacity: &dyn Fn(Signal) -> Option<i64>,
+) -> Vec<Finding> {
+    kubelet_acts_first(kubelet, &config.eviction, capacity)
 }
 
 /// Logs, for the config in force, each kubelet threshold the agent would not act before (one
@@ -62,7 +78,7 @@ pub fn warn_if_kubelet_acts_first(config: &AgentConfig, node: &NodeSources) {
     };
     let reading = read_node(node);
     let capacity = |s| reading.observations.get(&s).map(|o| o.capacity);
-    let findings = kubelet_acts_first(&kubelet, &config.eviction, &capacity);
+    let findings = findings(config, &kubelet, &capacity);
     for f in &findings {
         tracing::warn!(file, signal = %f.kubelet.signal, "beside the kubelet: {f}");
     }
@@ -98,9 +114,10 @@ mod tests {
             panic!("bad parsed")
         };
         assert!(why.contains("evictionHard"), "{why}");
-        let KubeletConfig::Unreadable(_) = read(Some(dir.path())) else {
+        let KubeletConfig::Unreadable(why) = read(Some(dir.path())) else {
             panic!("a directory read")
         };
+        assert!(why.contains("not a regular file but a directory"), "{why}");
         let KubeletConfig::Read(c) = read(Some(&good)) else {
             panic!("good not read")
         };

@@ -64,18 +64,19 @@ use crate::{
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// The config file: eviction fields, `kubernetes:` (absent: standalone) and `agent:`.
+    /// The config file, a NodeAgentConfiguration (`node-agent check-config FILE` checks one).
     /// Without this flag, /etc/node-agent/config.yaml if it exists, else standalone mode with
     /// the kubelet's default thresholds.
     #[arg(long, env = "NODE_AGENT_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Decide and report everything, change nothing in the cluster.
+    /// Decide and report everything, change nothing in the cluster, whatever the file's `dryRun`
+    /// says (the flag can only hold the agent back; the base DaemonSet passes it).
     #[arg(long)]
     pub dry_run: bool,
-    /// Address of /metrics, /healthz and /readyz (overrides `agent.listen`).
+    /// Address of /metrics, /healthz and /readyz (overrides `listen`).
     #[arg(long)]
     pub listen: Option<String>,
-    /// Unix socket for `node-agent trace` (overrides `agent.trace_socket`).
+    /// Unix socket for `node-agent trace` (overrides `traceSocket`).
     #[arg(long)]
     pub trace_socket: Option<PathBuf>,
     /// Also print the live stream (kernel events and eviction decisions) on stdout.

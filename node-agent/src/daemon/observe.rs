@@ -96,7 +96,7 @@ pub struct NodeSources {
     pub is_root: bool,
     pub memory_capacity: Option<i64>,
     /// What `allocatableMemory.available` is measured against, on the kubepods cgroup below
-    /// `node_dir`: `agent.allocatable_memory`, else the Node's own figure.
+    /// `node_dir`: `allocatableMemory`, else the Node's own figure.
     pub allocatable: Allocatable,
     pub nodefs: PathBuf,
     pub imagefs: Option<PathBuf>,

@@ -19,13 +19,13 @@ use super::{
 pub fn unchangeable(old: &AgentConfig, new: &AgentConfig) -> Option<&'static str> {
     let (o, n) = (&old.settings, &new.settings);
     if o.listen != n.listen {
-        Some("agent.listen")
+        Some("listen")
     } else if o.trace_socket != n.trace_socket {
-        Some("agent.trace_socket")
+        Some("traceSocket")
     } else if o.ring_bytes != n.ring_bytes {
-        Some("agent.ring_bytes")
+        Some("ringBufferSize")
     } else if o.node_cgroup != n.node_cgroup {
-        Some("agent.node_cgroup")
+        Some("nodeCgroup")
     } else if old.kubernetes.is_some() != new.kubernetes.is_some() {
         Some("kubernetes (the section added or removed)")
     } else {
@@ -193,27 +193,30 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::daemon::config::Overrides;
+    use crate::daemon::config::{Overrides, API_VERSION, KIND};
 
     fn config(text: &str) -> AgentConfig {
         let o = Overrides {
             node_name: Some("n1".into()),
             ..Overrides::default()
         };
-        AgentConfig::parse(text, &o).unwrap()
+        AgentConfig::parse(
+            &format!("apiVersion: {API_VERSION}\nkind: {KIND}\n{text}"),
+            &o,
+        )
+        .unwrap()
     }
 
     #[test]
     fn settings_bound_at_start_refuse_the_reload_by_name() {
-        let base =
-            "eviction: {evictionHard: {memory.available: 1Gi}}\nagent: {listen: '127.0.0.1:1'}\n";
+        let base = "eviction: {evictionHard: {memory.available: 1Gi}}\nlisten: '127.0.0.1:1'\n";
         let rows = [
-            ("agent: {listen: '127.0.0.1:2'}", Some("agent.listen")),
-            ("agent: {listen: '127.0.0.1:1', trace_socket: /tmp/other.sock}", Some("agent.trace_socket")),
-            ("agent: {listen: '127.0.0.1:1', ring_bytes: 8192}", Some("agent.ring_bytes")),
-            ("agent: {listen: '127.0.0.1:1', node_cgroup: /elsewhere}", Some("agent.node_cgroup")),
-            ("agent: {listen: '127.0.0.1:1'}\nkubernetes: {}", Some("kubernetes (the section added or removed)")),
-            ("agent: {listen: '127.0.0.1:1', dry_run: true, resync_interval: 1s, fork_limit: 5}\neviction: {evictionHard: {memory.available: 2Gi}}", None),
+            ("listen: '127.0.0.1:2'", Some("listen")),
+            ("listen: '127.0.0.1:1'\ntraceSocket: /tmp/other.sock", Some("traceSocket")),
+            ("listen: '127.0.0.1:1'\nringBufferSize: 8Ki", Some("ringBufferSize")),
+            ("listen: '127.0.0.1:1'\nnodeCgroup: /elsewhere", Some("nodeCgroup")),
+            ("listen: '127.0.0.1:1'\nkubernetes: {}", Some("kubernetes (the section added or removed)")),
+            ("listen: '127.0.0.1:1'\ndryRun: true\nresyncInterval: 1s\nforkLimit: 5\neviction: {evictionHard: {memory.available: 2Gi}}", None),
         ];
         for (new, want) in rows {
             assert_eq!(unchangeable(&config(base), &config(new)), want, "{new}");

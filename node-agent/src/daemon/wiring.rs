@@ -32,8 +32,6 @@ use crate::{
 pub enum DaemonError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("config: agent.node_cgroup: no cgroup at {0} in the memory hierarchy")]
-    NodeCgroup(PathBuf),
     #[error(transparent)]
     Hierarchy(#[from] cgroup::HierarchyError),
     #[error("starting the runtime or the signal handlers")]
@@ -80,12 +78,9 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
         }
     };
     let layout = cgroup::detect()?;
-    let node_dir = node_dir(&layout, &config);
-    if !node_dir.is_dir() {
-        return Err(DaemonError::NodeCgroup(node_dir));
-    }
-    // Settings that parse but cannot be meant on this machine: refused before anything loads.
-    super::config::checks::check_on_machine(&config.settings, &layout.memory, &node_dir)?;
+    // Settings that parse but cannot be meant on this machine: refused before anything loads
+    // (the same checks as `check-config --on-node`).
+    let node_dir = super::config::checks::on_this_machine(&config, &layout)?;
     // The workers read the ring buffer: a short slice lets one woken by a kernel event run at
     // once on a CPU a memory-hungry task keeps busy (see `sys::ask_for_short_slice`).
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -107,14 +102,6 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
         overrides,
     };
     runtime.block_on(Daemon::start(config, source, layout, node_dir, args.trace))
-}
-
-fn node_dir(layout: &Layout, config: &AgentConfig) -> PathBuf {
-    let cg = &config.settings.node_cgroup;
-    layout
-        .memory
-        .mount()
-        .join(cg.strip_prefix("/").unwrap_or(cg))
 }
 
 /// The fork limit the settings ask for (0: none).
