@@ -77,8 +77,21 @@ fn kustomization_resources_in(file: &str) -> Vec<String> {
         .collect()
 }
 
+/// The base's resources, a directory entry standing for its kustomization's own resources.
 fn manifests() -> Manifests {
-    let files = kustomization_resources();
+    let files: Vec<String> = kustomization_resources()
+        .into_iter()
+        .flat_map(|r| {
+            if deploy_dir().join(&r).is_dir() {
+                kustomization_resources_in(&format!("{r}/kustomization.yaml"))
+                    .into_iter()
+                    .map(|f| format!("{r}/{f}"))
+                    .collect()
+            } else {
+                vec![r]
+            }
+        })
+        .collect();
     load(&files.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
@@ -114,7 +127,7 @@ fn kustomization_lists_every_default_manifest() {
             "serviceaccount.yaml",
             "rbac.yaml",
             "admission-policy.yaml",
-            "daemonset.yaml"
+            "daemonset"
         ]
     );
     // The ConfigMap is generated from config.yaml, its name hashed by content.
@@ -222,12 +235,25 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     let spec = ds.spec.as_ref().unwrap();
     let strategy = spec.update_strategy.as_ref().unwrap();
     assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
-    assert!(strategy
-        .rolling_update
-        .as_ref()
-        .unwrap()
-        .max_unavailable
-        .is_some());
+    // A new image or config goes one node at a time, each new agent ready for a while first.
+    assert_eq!(
+        strategy.rolling_update.as_ref().unwrap().max_unavailable,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+    assert!(
+        spec.min_ready_seconds.unwrap_or(0) >= 30,
+        "{:?}",
+        spec.min_ready_seconds
+    );
+    // Its own instance label in the selector, so a second DaemonSet's pods
+    // (components/enforce-by-node-label) are never its own.
+    let selector = spec.selector.match_labels.as_ref().unwrap();
+    assert_eq!(
+        selector
+            .get("app.kubernetes.io/instance")
+            .map(String::as_str),
+        Some("node-agent")
+    );
 
     let pod = spec.template.spec.as_ref().unwrap();
     // No hostPID, no privileged: tests/tests/image_container.rs proves the agent works so.
@@ -270,6 +296,9 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
             "/etc/node-agent/config.yaml"
         ]
     );
+    // The base install observes: dry run whatever config.yaml says, until components/enforce
+    // drops this (tests/tests/deploy_render.rs renders that).
+    assert_eq!(c.args.as_deref(), Some(&["--dry-run".to_string()][..]));
 
     let res = c.resources.as_ref().unwrap();
     assert_eq!(res.requests, res.limits);

@@ -37,19 +37,28 @@ fn yaml_of(report: &str) -> String {
 }
 
 #[test]
-fn the_shipped_config_checks_with_every_default_filled_in() {
+fn the_shipped_config_checks_and_acts_before_a_default_kubelet() {
     let dir = tempfile::tempdir().unwrap();
+    let kubelet = dir.path().join("kubelet.yaml");
+    // kubeadm's KubeletConfiguration sets no eviction fields: the kubelet's defaults apply.
+    std::fs::write(&kubelet, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\n").unwrap();
     let config = deploy("config.yaml");
-    let out = agent(&["check-config", config.to_str().unwrap()]);
+    let out = agent(&[
+        "check-config",
+        config.to_str().unwrap(),
+        "--kubelet-config",
+        kubelet.to_str().unwrap(),
+    ]);
     let report = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{report}{}", text(&out.stderr));
     for line in [
         format!("# node-agent check-config: {} is valid.", config.display()),
-        "# Mode: enforcing (dryRun: false): evicts, taints and reports (a --dry-run flag on `run` still holds it back).".to_string(),
-        "# Beside the kubelet: not compared (give --kubelet-config FILE).".into(),
-        "#   memory.available<100Mi (hard)".into(),
-        "#   memory.available<300Mi (soft, grace 1m30s)".into(),
-        "#   allocatableMemory.available<100Mi (hard)".into(),
+        "# Mode: enforcing (dryRun: false): evicts, taints and reports, unless the agent runs with --dry-run (the base DaemonSet's does).".to_string(),
+        format!("# Beside the kubelet ({}): every kubelet eviction threshold is met after one of the agent's.", kubelet.display()),
+        "#   memory.available<200Mi (hard)".into(),
+        "#   memory.available<500Mi (soft, grace 1m30s)".into(),
+        "#   nodefs.available<15% (hard)".into(),
+        "#   allocatableMemory.available<200Mi (hard)".into(),
         "#   nodeCgroup /: a cgroup in the node's memory hierarchy".into(),
         "#   nodefsPath /var/lib/kubelet: an existing directory".into(),
         // Every default filled in, in the new spelling.
@@ -62,6 +71,7 @@ fn the_shipped_config_checks_with_every_default_filled_in() {
     ] {
         assert!(report.lines().any(|l| l == line), "{line:?} in:\n{report}");
     }
+    assert!(!report.contains("WARNING"), "{report}");
 
     // The report's YAML is a config file that checks to the same effective configuration.
     let printed = dir.path().join("effective.yaml");

@@ -1,5 +1,5 @@
 //! The agent's image (`cargo xtask image`) in a real containerd, run with the security context
-//! and mounts of `deploy/daemonset.yaml` translated as the kubelet would: it must load its
+//! and mounts of `deploy/daemonset/daemonset.yaml` translated as the kubelet would: it must load its
 //! kernel programs, report a real OOM kill on the host and answer `/healthz`. Then each added
 //! capability is taken away in turn and the agent must fail to start: the set is minimal.
 //!
@@ -32,7 +32,7 @@ const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 fn daemonset() -> anyhow::Result<PodTemplate> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset/daemonset.yaml");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let template = PodTemplate::from_daemonset(&text)?;

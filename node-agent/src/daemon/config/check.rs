@@ -127,7 +127,7 @@ fn mode(config: &AgentConfig) -> &'static str {
     match (&config.kubernetes, config.settings.dry_run) {
         (None, _) => "Mode: standalone (no kubernetes section): decides and reports, never acts.",
         (Some(_), true) => "Mode: dry run (dryRun: true): decides and reports, changes nothing in the cluster.",
-        (Some(_), false) => "Mode: enforcing (dryRun: false): evicts, taints and reports (a --dry-run flag on `run` still holds it back).",
+        (Some(_), false) => "Mode: enforcing (dryRun: false): evicts, taints and reports, unless the agent runs with --dry-run (the base DaemonSet's does).",
     }
 }
 

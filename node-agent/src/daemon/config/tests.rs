@@ -244,10 +244,39 @@ pub(crate) fn shipped() -> String {
     .expect("deploy/config.yaml")
 }
 
+/// The arguments the base DaemonSet gives `node-agent`, after its command.
+fn daemonset_args() -> Vec<String> {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/daemonset/daemonset.yaml"
+    ))
+    .expect("deploy/daemonset/daemonset.yaml");
+    let ds: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+    let container = &ds["spec"]["template"]["spec"]["containers"][0];
+    container["command"]
+        .as_sequence()
+        .into_iter()
+        .chain(container["args"].as_sequence())
+        .flatten()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
 #[test]
-fn the_shipped_config_is_valid() {
+fn the_shipped_config_is_valid_observes_and_acts_before_a_default_kubelet() {
+    let args = daemonset_args();
+    assert_eq!(
+        &args[..4],
+        [
+            "/usr/local/bin/node-agent",
+            "run",
+            "--config",
+            "/etc/node-agent/config.yaml"
+        ]
+    );
     let o = Overrides {
         node_name: Some("worker-1".into()),
+        dry_run: args[4..] == ["--dry-run"],
         ..Default::default()
     };
     let c = AgentConfig::parse(&shipped(), &o).unwrap_or_else(|e| panic!("{}", chain(&e)));
@@ -256,8 +285,23 @@ fn the_shipped_config_is_valid() {
         .as_ref()
         .expect("the DaemonSet talks to the cluster");
     assert_eq!(kube.node_name, "worker-1");
-    assert!(!c.dry_run(), "the shipped config acts");
-    assert!(kube.taint, "the pressure taint is on");
+    assert!(
+        c.dry_run(),
+        "the base install only observes: --dry-run on the DaemonSet"
+    );
+    let file_alone = AgentConfig::parse(
+        &shipped(),
+        &Overrides {
+            dry_run: false,
+            ..o.clone()
+        },
+    )
+    .unwrap();
+    assert!(
+        !file_alone.dry_run(),
+        "the file lets an agent act once the DaemonSet drops --dry-run (components/enforce)"
+    );
+    assert!(kube.taint, "the pressure taint is on once it enforces");
     assert_eq!(
         c.runtime.as_ref().map(|r| r.settings.endpoint.to_string()),
         Some(node_agent_cri::config::DEFAULT_ENDPOINT.to_string()),
@@ -272,6 +316,26 @@ fn the_shipped_config_is_valid() {
         .thresholds()
         .iter()
         .any(|t| t.signal == node_agent_policy::Signal::PidAvailable));
+    // Beside a kubelet on its defaults (a KubeletConfiguration without eviction fields, as
+    // kubeadm writes it), the agent acts first on every signal: the check is silent, with or
+    // without the node's capacities.
+    let kubelet = EvictionConfig::from_kubelet_yaml(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\n",
+    )
+    .unwrap();
+    assert_eq!(kubelet, EvictionConfig::default(), "the kubelet's defaults");
+    for capacity in [None, Some(1 << 40)] {
+        let findings = crate::daemon::kubelet::findings(&c, &kubelet, &|_| capacity);
+        assert!(findings.is_empty(), "{findings:?}");
+    }
+    // The kubelet's documented defaults as they stand would act first on the old shipped
+    // thresholds (memory.available<100Mi both): the comparison does tell.
+    let same = AgentConfig::parse(
+        &doc("eviction: {evictionHard: {memory.available: 100Mi}}"),
+        &o,
+    )
+    .unwrap();
+    assert!(!crate::daemon::kubelet::findings(&same, &kubelet, &|_| None).is_empty());
 }
 
 #[test]
