@@ -524,6 +524,14 @@ tests:
         values: '0 1x10'
       - series: 'node_agent_signal_unknown{job="node-agent",instance="a:9464",node="n1",eviction_signal="pid.available"}'
         values: '0x10'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="a:9464",node="n1",result="ok"}'
+        values: '0 1 1 2 2 2'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="a:9464",node="n1",result="invalid"}'
+        values: '0 0 0 1 1 1'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="a:9464",node="n1",result="refused"}'
+        values: '0x5'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="b:9464",node="n2",result="ok"}'
+        values: '0 1 2 3 4 5'
     alert_rule_test:
       - eval_time: 4m
         alertname: NodeAgentDown
@@ -566,6 +574,16 @@ tests:
             exp_annotations:
               summary: node-agent on n1 cannot read nodefs.available
               description: The source of nodefs.available has been unreadable for 5 minutes; that signal triggers no eviction.
+      - eval_time: 2m
+        alertname: NodeAgentConfigReloadRefused
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: NodeAgentConfigReloadRefused
+        exp_alerts:
+          - exp_labels: {severity: warning, job: node-agent, instance: "a:9464", node: n1, result: invalid}
+            exp_annotations:
+              summary: node-agent on n1 refused a new config (invalid)
+              description: "The agent keeps running on its previous config: a reload ended invalid in the last 15 minutes. Check the file with node-agent check-config and see the agent's log for the field named."
 "#;
 
 #[test]
@@ -621,7 +639,7 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
     )
     .expect("rules file");
     let said = promtool(&["check", "rules", "rules.yaml"], &dir);
-    assert!(said.contains("SUCCESS: 5 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 6 rules found"), "{said}");
     std::fs::write(dir.join("tests.yaml"), ALERT_TESTS).expect("tests file");
     promtool(&["test", "rules", "tests.yaml"], &dir);
 }
