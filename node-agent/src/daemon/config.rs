@@ -13,7 +13,8 @@ pub mod checks;
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use node_agent_cri::CriConfig;
-use node_agent_kube::{config::KubeConfig, reclaim::Runtime};
+use node_agent_executor::reclaim::Runtime;
+use node_agent_kube::config::KubeConfig;
 use node_agent_policy::EvictionConfig;
 use serde::Deserialize;
 use serde_yaml_ng::Value;

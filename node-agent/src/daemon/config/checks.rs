@@ -159,8 +159,8 @@ fn working_set(memory: &Hierarchy, node_dir: &Path) -> Result<u64, String> {
     if node_dir == memory.mount() && memory.version() == CgroupVersion::V2 {
         let text = std::fs::read_to_string("/proc/meminfo")
             .map_err(|e| format!("reading /proc/meminfo: {e}"))?;
-        let mem = crate::daemon::observe::parse_meminfo(&text)
-            .map_err(|e| format!("/proc/meminfo: {e}"))?;
+        let mem =
+            crate::daemon::node::parse_meminfo(&text).map_err(|e| format!("/proc/meminfo: {e}"))?;
         return Ok(mem
             .total
             .saturating_sub(mem.free)
