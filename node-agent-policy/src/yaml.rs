@@ -47,13 +47,6 @@ pub(crate) fn string(value: &Value, field: &str) -> Result<String, WrongType> {
     }
 }
 
-pub(crate) fn boolean(value: &Value, field: &str) -> Result<bool, WrongType> {
-    match value {
-        Value::Bool(b) => Ok(*b),
-        _ => Err(wrong(field, "true or false")),
-    }
-}
-
 pub(crate) fn integer(value: &Value, field: &str) -> Result<i64, WrongType> {
     value.as_i64().ok_or_else(|| wrong(field, "an integer"))
 }

@@ -12,11 +12,12 @@
 //! eviction for memory or PIDs never waits for the runtime: a hung runtime must not delay it
 //! (the kubelet would not be reclaiming disk while memory is the signal to reclaim either).
 //!
-//! Evictions leave one decision at a time: from the moment they are handed to the executor
-//! until each outcome says nothing is going (refused, blocked, failed), or until each pod's
-//! cgroup is gone (the kubelet's wait for pod cleanup) or `eviction_wait_timeout` passed. Each
-//! one takes a token of the pacing ([`pacing::TokenBucket`]); without one the plan holds the
-//! eviction and says until when ([`Acting::paced_until`]), so the executor never refuses one.
+//! Evictions leave one decision at a time (one pod for a threshold, every pod over a local
+//! storage limit at once): from the moment they are handed to the executor until each outcome
+//! says nothing is going (refused, blocked, failed), or until each pod's cgroup is gone (the
+//! kubelet's wait for pod cleanup) or `eviction_wait_timeout` passed. Each one takes a token of
+//! the pacing ([`pacing::TokenBucket`]); without one the plan holds the eviction and says until
+//! when ([`Acting::paced_until`]), so the executor never refuses one.
 
 mod pacing;
 #[cfg(test)]
@@ -226,7 +227,7 @@ impl Acting {
         {
             // Nothing is evicted for a disk signal until the reclaim's outcome is back and the
             // node observed again.
-        } else if decision.evict.is_some() && !fresh {
+        } else if !decision.evictions.is_empty() && !fresh {
             plan.notes.push(Note::Stale);
         } else {
             self.evictions(decision, pods, trigger_ktime_ns, cgroup_of, now, &mut plan);
@@ -353,8 +354,9 @@ impl Acting {
         };
     }
 
-    /// The evictions to hand over, if the decision has any and nothing holds them back (one in
-    /// flight, the pacing), each taking a pacing token.
+    /// The evictions to hand over, if the decision has any and nothing holds them back (a
+    /// decision's evictions still in flight, the pacing). Each takes a pacing token: of several
+    /// (pods over local storage limits), those without one wait for a later decision.
     fn evictions(
         &mut self,
         decision: &Decision,
@@ -364,42 +366,44 @@ impl Acting {
         now: Duration,
         plan: &mut Plan,
     ) {
-        let Some(eviction) = decision.evict.as_ref() else {
-            return;
-        };
-        if !self.in_flight.is_empty() || self.paced_until(now).is_some() {
+        if decision.evictions.is_empty()
+            || !self.in_flight.is_empty()
+            || self.paced_until(now).is_some()
+        {
             return;
         }
-        if let Some(bucket) = &mut self.bucket {
-            if let Err(wait) = bucket.try_take(now) {
-                let until = now.saturating_add(wait);
-                self.paced_until = Some(until);
-                plan.notes.push(Note::Paced {
-                    signal: eviction.signal,
-                    until,
-                });
-                return;
+        for eviction in &decision.evictions {
+            let id = eviction.pod_id();
+            let Some(pod) = pods.iter().find(|p| p.id() == id) else {
+                continue;
+            };
+            if let Some(bucket) = &mut self.bucket {
+                if let Err(wait) = bucket.try_take(now) {
+                    let until = now.saturating_add(wait);
+                    self.paced_until = Some(until);
+                    plan.notes.push(Note::Paced {
+                        signal: eviction.signal,
+                        until,
+                    });
+                    return;
+                }
             }
+            self.in_flight.insert(
+                id.clone(),
+                InFlight {
+                    pod_id: id,
+                    signal: eviction.signal,
+                    since: now,
+                    cgroup: cgroup_of(pod),
+                    going_until: None,
+                },
+            );
+            plan.actions.push(Action::Evict(Box::new(Evict {
+                eviction: eviction.clone(),
+                pod: pod.clone(),
+                trigger_ktime_ns,
+            })));
         }
-        let id = eviction.pod_id();
-        let Some(pod) = pods.iter().find(|p| p.id() == id) else {
-            return;
-        };
-        self.in_flight.insert(
-            id.clone(),
-            InFlight {
-                pod_id: id,
-                signal: eviction.signal,
-                since: now,
-                cgroup: cgroup_of(pod),
-                going_until: None,
-            },
-        );
-        plan.actions.push(Action::Evict(Box::new(Evict {
-            eviction: eviction.clone(),
-            pod: pod.clone(),
-            trigger_ktime_ns,
-        })));
     }
 
     /// What the executor reported about an eviction.

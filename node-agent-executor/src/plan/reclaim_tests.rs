@@ -49,7 +49,7 @@ fn decision(signal: Signal, past_grace: bool) -> Decision {
         }],
         conditions: vec![signal.node_condition()],
         reclaim: past_grace.then_some(signal),
-        evict: past_grace.then(|| Eviction {
+        evictions: Vec::from_iter(past_grace.then(|| Eviction {
             namespace: "shop".into(),
             name: "a".into(),
             uid: Some("uid-a".into()),
@@ -61,7 +61,7 @@ fn decision(signal: Signal, past_grace: bool) -> Decision {
             offending_containers: vec![],
             threshold_quantity: Quantity::from_int(100, Format::BinarySi),
             available: Quantity::from_int(10, Format::BinarySi),
-        }),
+        })),
         passed_over: Vec::new(),
         over_limit_passed_over: Vec::new(),
     }

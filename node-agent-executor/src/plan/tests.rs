@@ -64,7 +64,7 @@ fn decision(evict: Option<&str>) -> Decision {
         }],
         conditions: vec![NodeCondition::MemoryPressure],
         reclaim: Some(Signal::MemoryAvailable),
-        evict: evict.map(eviction),
+        evictions: evict.map(eviction).into_iter().collect(),
         passed_over: Vec::new(),
         over_limit_passed_over: Vec::new(),
     }
@@ -188,7 +188,7 @@ fn the_taint_follows_the_condition_and_clears_with_it() {
     };
     let with = |conditions: Vec<NodeCondition>| Decision {
         conditions,
-        evict: None,
+        evictions: Vec::new(),
         ..decision(None)
     };
     let (mem, pid) = (NodeCondition::MemoryPressure, NodeCondition::PidPressure);
@@ -624,4 +624,55 @@ fn the_plan_paces_and_never_hands_over_what_the_pacing_holds() {
         Vec::<String>::new()
     );
     assert_eq!(evicts(&decide(&mut acting, "b", 12).actions), ["b"]);
+}
+
+/// Pods over local storage limits go together, as the kubelet evicts them in one synchronize:
+/// each takes a token, those without one wait, and no new decision acts until all settled.
+#[test]
+fn every_pod_over_a_local_storage_limit_goes_in_one_plan_as_the_pacing_allows() {
+    let limit = |name: &str| Eviction {
+        signal: node_agent_policy::EvictionSignal::Limit(node_agent_policy::StorageLimit::EmptyDir),
+        ..eviction(name)
+    };
+    let pods = vec![pod("a"), pod("b"), pod("c")];
+    let all = Decision {
+        evictions: vec![limit("a"), limit("b"), limit("c")],
+        ..decision(None)
+    };
+    let mut acting = Acting::default();
+    acting.set_pacing(
+        Some(Rates {
+            per_minute: 6,
+            burst: 2,
+        }),
+        s(0),
+    );
+    let first = acting.plan(&all, &pods, true, None, &cgroup, s(0));
+    assert_eq!(evicts(&first.actions), ["a", "b"], "as many as the burst");
+    assert!(first.notes.iter().any(|n| matches!(n, Note::Paced { .. })));
+    assert_eq!(acting.in_flight().count(), 2);
+    for name in ["a", "b"] {
+        acting.reported(&report(name, EvictionResult::Evicted, None), &TIMING, s(1));
+    }
+    let meanwhile = acting.plan(&all, &pods, true, None, &cgroup, s(20));
+    assert!(
+        evicts(&meanwhile.actions).is_empty(),
+        "nothing new while the first two are on their way"
+    );
+    assert_eq!(
+        acting.settle(s(21), &|_| false).len(),
+        2,
+        "both cgroups went"
+    );
+    // The policy now sees a and b terminating: only c is left over its limit.
+    let left = Decision {
+        evictions: vec![limit("c")],
+        ..decision(None)
+    };
+    let rest = acting.plan(&left, &pods, true, None, &cgroup, s(21));
+    assert_eq!(
+        evicts(&rest.actions),
+        ["c"],
+        "tokens back by now: the next decision acts"
+    );
 }

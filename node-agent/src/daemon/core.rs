@@ -292,7 +292,7 @@ impl Daemon {
         // Ranking and the event need current usage: when a pod is to go, read every pod's
         // cgroup now and decide again from the same starting state.
         let mut ranked = pods;
-        if decision.evict.is_some() {
+        if !decision.evictions.is_empty() {
             let version = self.node.layout.version();
             ranked = pods::with_memory_now(cluster, &ranked, index, node_cgroup, version);
             (decision, state) = decide(&ranked);
@@ -420,7 +420,7 @@ impl Daemon {
         let has_imagefs = self.node.has_imagefs();
         let over =
             node_agent_policy::over_local_storage_limits(&snapshot.pods, has_imagefs, &eligibility);
-        over.evict.is_some() || over.kept != plan.over_limit_kept()
+        !over.evict.is_empty() || over.kept != plan.over_limit_kept()
     }
 
     /// At start and after each reload: where allocatable memory comes from, and its figure.
