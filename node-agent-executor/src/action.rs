@@ -11,7 +11,10 @@ use node_agent_kube::{
 };
 use node_agent_policy::{Eviction, NodeCondition, PodInfo, Resource};
 
-use crate::reclaim::{Detected, Reclaim, ReclaimOutcome, RuntimeError};
+use crate::{
+    lanes::Refused,
+    reclaim::{Detected, Reclaim, ReclaimOutcome, RuntimeError},
+};
 
 /// One thing to do in the cluster or on the node's runtime.
 #[derive(Debug, Clone)]
@@ -54,18 +57,6 @@ impl NodeEvent {
             Self::OomKill(_) => events::OOM_KILL_REASON,
         }
     }
-}
-
-/// An action the executor did not take: the lane that carries it was full. Only actions the
-/// plan does not hold in flight can meet a full lane (node events in a burst, an image
-/// detection while a reclaim runs), so this is load shedding, counted and logged, never an
-/// eviction lost silently.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the executor's {lane} lane is full ({capacity} queued): {action} not taken")]
-pub struct Refused {
-    pub lane: &'static str,
-    pub capacity: usize,
-    pub action: &'static str,
 }
 
 /// What the executor reports back.

@@ -17,9 +17,11 @@
 //! act cannot wait on each other in a cycle.
 
 mod action;
+mod lanes;
 pub mod plan;
 pub mod reclaim;
 mod run;
 
-pub use action::{Action, Evict, NodeEvent, Outcome, Refused, Report, StatusReport};
-pub use run::{Executor, Settings, EVENT_BACKLOG, LANES};
+pub use action::{Action, Evict, NodeEvent, Outcome, Report, StatusReport};
+pub use lanes::{Refused, LANES};
+pub use run::{Executor, Settings, EVENT_BACKLOG};

@@ -24,7 +24,7 @@ use node_agent_cri::{
 use node_agent_kube::{api::ApiError, events};
 use node_agent_policy::Signal;
 
-use crate::action::Refused;
+use crate::lanes::Refused;
 
 /// Why the runtime was not asked, or did not answer.
 #[derive(Debug, thiserror::Error)]

@@ -33,7 +33,8 @@ use tokio::{
 };
 
 use crate::{
-    action::{Action, Evict, NodeEvent, Outcome, Refused, Report, StatusReport},
+    action::{Action, Evict, NodeEvent, Outcome, Report, StatusReport},
+    lanes::Refused,
     reclaim::{self, NodeReclaimer, Reclaim, ReclaimOutcome, Runtime, RuntimeError},
 };
 
@@ -45,8 +46,6 @@ const EVICTION_BACKLOG: usize = 64;
 pub const EVENT_BACKLOG: usize = 64;
 /// Runtime jobs queued at most: the plan's one reclaim and one image detection.
 const RUNTIME_BACKLOG: usize = 2;
-/// The lanes' names, as [`Refused::lane`] gives them.
-pub const LANES: [&str; 4] = ["eviction", "event", "status", "runtime"];
 
 /// What the executor acts with; replaced whole by a reload.
 #[derive(Debug, Clone)]

@@ -16,14 +16,14 @@ use super::{
     acts::{base_eligibility, Acts},
     allocatable,
     config::{AgentConfig, Overrides},
+    error::DaemonError,
     feed::{same_connection, Cluster},
-    kernel_side::KernelSide,
+    kernel_side::{fork_limit, KernelSide},
     kubelet,
     node::{Filesystems, Node, NodeReading},
     pods::{self, SnapshotNames},
     reload::{remap_state, unchangeable, Candidate, ConfigWatcher},
     report::Reporter,
-    wiring::{fork_limit, DaemonError},
 };
 use crate::{
     error_chain,

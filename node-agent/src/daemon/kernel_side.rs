@@ -5,14 +5,23 @@
 use node_agent_policy::{EvictionConfig, Signal};
 
 use super::{
+    config::AgentConfig,
     node::{NodeLayout, NodeReading},
     report::Reporter,
     triggers::{self, Triggers},
 };
 use crate::{
     ebpf::MemoryMechanism,
-    kernel::{Housekeeping, KernelFeed, Tracked},
+    kernel::{ForkLimit, Housekeeping, KernelFeed, Tracked},
 };
+
+/// The fork limit the settings ask for (0: none).
+pub fn fork_limit(config: &AgentConfig) -> Option<ForkLimit> {
+    (config.settings.fork_limit > 0).then_some(ForkLimit {
+        max_forks: config.settings.fork_limit,
+        window: config.settings.fork_window,
+    })
+}
 
 pub struct KernelSide {
     pub feed: KernelFeed,

@@ -19,6 +19,7 @@ mod acts;
 mod allocatable;
 pub mod config;
 mod core;
+mod error;
 mod feed;
 mod kernel_side;
 mod kubelet;
@@ -33,7 +34,8 @@ mod wiring;
 
 use std::path::PathBuf;
 
-pub use wiring::{run, DaemonError};
+pub use error::DaemonError;
+pub use wiring::run;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {

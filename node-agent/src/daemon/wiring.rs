@@ -7,47 +7,23 @@ use node_agent_kube::api::Counters;
 
 use super::{
     acts::Acts,
-    config::{AgentConfig, ConfigError, Overrides},
+    config::{AgentConfig, Overrides},
     core::{check_kubelet, Clock, Config, Daemon, Kube, Signals},
-    feed::{Cluster, KubeSetupError},
-    kernel_side::KernelSide,
-    live::{Live, LiveError},
+    error::DaemonError,
+    feed::Cluster,
+    kernel_side::{fork_limit, KernelSide},
+    live::Live,
     node::{Filesystems, Node, NodeLayout},
-    reload::{read_capped, Checks, ConfigWatcher, ReadError},
+    reload::{read_capped, Checks, ConfigWatcher},
     report::Reporter,
     RunArgs, DEFAULT_CONFIG,
 };
 use crate::{
     cgroup::{self, Layout},
     ebpf::LoadOptions,
-    kernel::{FeedError, ForkLimit, KernelFeed},
+    kernel::KernelFeed,
     telemetry::{self, Health, Metrics},
 };
-
-/// Why the daemon could not start or had to stop. Each names what was wrong.
-#[derive(Debug, thiserror::Error)]
-pub enum DaemonError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    ReadConfig(#[from] ReadError),
-    #[error("config: agent.node_cgroup: no cgroup at {0} in the memory hierarchy")]
-    NodeCgroup(PathBuf),
-    #[error(transparent)]
-    Hierarchy(#[from] cgroup::HierarchyError),
-    #[error("starting the runtime, its threads or the signal handlers")]
-    Runtime(#[source] std::io::Error),
-    #[error(transparent)]
-    Telemetry(#[from] telemetry::TelemetryError),
-    #[error(transparent)]
-    Live(#[from] LiveError),
-    #[error(transparent)]
-    Feed(#[from] FeedError),
-    #[error(transparent)]
-    Kube(#[from] KubeSetupError),
-    #[error("the executor stopped")]
-    ExecutorStopped,
-}
 
 /// How long the runtime is given to wind down after the loop stops: a request in flight is
 /// dropped, a filesystem probe hung in the kernel is left behind.
@@ -128,14 +104,6 @@ fn node_dir(layout: &Layout, config: &AgentConfig) -> PathBuf {
         .memory
         .mount()
         .join(cg.strip_prefix("/").unwrap_or(cg))
-}
-
-/// The fork limit the settings ask for (0: none).
-pub(super) fn fork_limit(config: &AgentConfig) -> Option<ForkLimit> {
-    (config.settings.fork_limit > 0).then_some(ForkLimit {
-        max_forks: config.settings.fork_limit,
-        window: config.settings.fork_window,
-    })
 }
 
 async fn start(
