@@ -94,19 +94,20 @@ NODE = "node:\n  capacity: {memory: 10Gi, ephemeral-storage: 100Gi, inodes: 1000
 
 
 def scenarios():
-    source = (ROOT / "node-agent-policy" / "tests" / "scenario.rs").read_text()
-    example = re.search(r'"\{NODE\}(  hasImagefs: false\n.*?)"\n', source, re.S).group(1)
+    source = (ROOT / "node-agent" / "tests" / "scenario.rs").read_text()
+    example = re.search(r'"\{NODE\}(  fsLayout: shared\n.*?)"\n', source, re.S).group(1)
     example = example.replace("{{", "{").replace("}}", "}")
     simulate = (ROOT / "node-agent" / "tests" / "simulate.rs").read_text()
     shipped = re.search(r'const SCENARIO: &str = "(.*?)";', simulate, re.S).group(1)
     return [
         NODE + example,
         shipped,
-        NODE + "pods:\n  - name: big\n    containers: [{name: app}]\n    usage: {memory: 3Gi}\n"
+        NODE + "pods:\n  - pod: {metadata: {name: big}, spec: {containers: [{name: app}]}}\n    usage: {memory: 3Gi}\n"
         "config:\n  evictionHard: {memory.available: 500Mi}\n"
         "steps:\n  - at: 0s\n    signals: {memory.available: 100Mi}\n  - at: 10s\n",
         NODE + "steps:\n  - at: 0s\n    signals: {memory.available: 20E}\n",
-        '{"node": {"capacity": {"memory": "8Gi"}}, "pods": [{"name": "a", "usage": {"memory": "1Gi"}}],'
+        '{"node": {"capacity": {"memory": "8Gi"}}, "pods": [{"pod": {"metadata": {"name": "a"},'
+        ' "spec": {"containers": [{"name": "app"}]}}, "usage": {"memory": "1Gi"}}],'
         ' "steps": [{"at": "0s", "signals": {"memory.available": "50Mi"}}]}',
     ]
 

@@ -164,7 +164,7 @@ fn kustomization_lists_every_default_manifest() {
 fn rbac_grants_exactly_the_intended_verbs() {
     let m = manifests();
     assert_eq!(m.roles.len(), 1);
-    // No pods delete and no pods/status patch by default: those are pdb_policy: override's,
+    // No pods delete and no pods/status patch by default: those are pdbPolicy: override's,
     // in deploy/override/.
     let want: BTreeMap<(String, String), Vec<String>> = [
         ("", "pods", &["get", "list", "watch"][..]),
@@ -198,7 +198,7 @@ fn rbac_grants_exactly_the_intended_verbs() {
         ("ServiceAccount", "node-agent", Some("node-agent"))
     );
 
-    // The override add-on grants exactly what pdb_policy: override needs, to the same account.
+    // The override add-on grants exactly what pdbPolicy: override needs, to the same account.
     let override_files = kustomization_resources_in("override/kustomization.yaml");
     assert_eq!(override_files, ["rbac-override.yaml"]);
     let over = load(&["override/rbac-override.yaml"]);

@@ -94,7 +94,7 @@ fn timeline(
 }
 
 fn evicted(decision: &Decision) -> Option<&str> {
-    decision.evict.as_ref().map(|e| e.name.as_str())
+    decision.evictions.first().map(|e| e.name.as_str())
 }
 
 const MEM: Signal = Signal::MemoryAvailable;
@@ -158,7 +158,7 @@ fn thresholds_and_grace_periods() {
     ];
     for (behaviour, yaml, steps, expected) in rows {
         let decisions = timeline(&config(yaml), &pods, &steps);
-        let got: Vec<bool> = decisions.iter().map(|d| d.evict.is_some()).collect();
+        let got: Vec<bool> = decisions.iter().map(|d| !d.evictions.is_empty()).collect();
         assert_eq!(got, expected, "{behaviour}");
     }
 }
@@ -199,7 +199,7 @@ fn minimum_reclaim_holds_a_threshold_that_was_acted_on() {
         "held until available reaches threshold plus minimum reclaim, then released"
     );
     assert!(
-        decisions[1].evict.is_some(),
+        !decisions[1].evictions.is_empty(),
         "a held threshold still drives eviction"
     );
 
@@ -757,7 +757,12 @@ fn pod_grace_periods() {
     ];
     for (behaviour, config, pod, expected) in rows {
         let decisions = timeline(&config, &[pod], steps);
-        let eviction = decisions.last().unwrap().evict.as_ref().expect(behaviour);
+        let eviction = decisions
+            .last()
+            .unwrap()
+            .evictions
+            .first()
+            .expect(behaviour);
         assert_eq!(eviction.grace_period_seconds, expected, "{behaviour}");
     }
 }
@@ -840,7 +845,7 @@ fn eviction_messages_match_the_kubelet_wording() {
     ];
     for (behaviour, yaml, pod, signals, expected, offending) in rows {
         let d = &timeline(&config(yaml), &[pod], &[(0, signals)])[0];
-        let eviction = d.evict.as_ref().expect(behaviour);
+        let eviction = d.evictions.first().expect(behaviour);
         assert_eq!(eviction.message, expected, "{behaviour}");
         let named: Vec<(String, String)> = eviction
             .offending_containers

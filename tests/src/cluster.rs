@@ -104,6 +104,8 @@ pub struct ClusterState {
     pub node: NodeStore,
     /// The kubelet's `/stats/summary` pods; none by default.
     pub summary_pods: Vec<Value>,
+    /// How long every event POST takes to be answered (a slow API server); none by default.
+    pub event_delay: Duration,
 }
 
 impl Default for ClusterState {
@@ -114,6 +116,7 @@ impl Default for ClusterState {
             answered: Vec::new(),
             evict_reply: None,
             summary_pods: Vec::new(),
+            event_delay: Duration::ZERO,
             node: NodeStore::new(json!({"kind": "Node", "apiVersion": "v1",
                 "metadata": {"name": NODE, "resourceVersion": "1"},
                 "spec": {"taints": [{"key": "dedicated", "value": "e2e", "effect": "NoSchedule"}]},
@@ -188,7 +191,10 @@ pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send 
                     None => Reply::json(201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}).to_string()),
                 }
             }
-            ("POST", p) if p.ends_with("/events") => Reply::json(201, seen.body.to_string()),
+            ("POST", p) if p.ends_with("/events") => Reply {
+                delay: s.event_delay,
+                ..Reply::json(201, seen.body.to_string())
+            },
             ("DELETE" | "PATCH", _) => Reply::json(200, "{}"),
             _ => Reply::status(404, "NotFound", "not served by the fake cluster"),
         };

@@ -15,7 +15,8 @@ use std::{
     time::Duration,
 };
 
-use node_agent_kube::{config::KubeConfig, reclaim::Runtime};
+use node_agent_executor::reclaim::Runtime;
+use node_agent_kube::config::KubeConfig;
 use node_agent_policy::EvictionConfig;
 
 pub use self::file::{
@@ -25,12 +26,11 @@ use self::legacy::OldKey;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("reading config file {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: read::ReadError,
-    },
+    /// The file itself could not be read (its message names it).
+    #[error(transparent)]
+    Read(#[from] read::ReadError),
+    #[error("config is not UTF-8 text")]
+    NotText,
     #[error("config is not YAML")]
     Yaml(#[source] serde_yaml_ng::Error),
     #[error("config file is empty: give at least apiVersion: {API_VERSION} and kind: {KIND} (without a file, the agent runs standalone with the kubelet's defaults)")]
@@ -113,12 +113,7 @@ pub struct Overrides {
 /// Reads and parses the file at `path` once (a regular file of at most
 /// [`read::MAX_CONFIG_BYTES`]).
 pub fn read_file(path: &Path) -> Result<NodeAgentConfiguration, ConfigError> {
-    let text =
-        read::read_capped(path, read::MAX_CONFIG_BYTES).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    NodeAgentConfiguration::parse(&text)
+    NodeAgentConfiguration::from_bytes(&read::read_capped(path)?)
 }
 
 impl AgentConfig {
@@ -137,6 +132,12 @@ impl AgentConfig {
     /// nothing in it is refused: an empty ConfigMap must not silently mean "defaults".
     pub fn parse(text: &str, overrides: &Overrides) -> Result<Self, ConfigError> {
         Self::from_file(&NodeAgentConfiguration::parse(text)?, overrides)
+    }
+
+    /// As [`AgentConfig::parse`], from the file's bytes as read ([`read::read_capped`]): what
+    /// start, the reload watcher and `check-config` all go through.
+    pub fn from_bytes(bytes: &[u8], overrides: &Overrides) -> Result<Self, ConfigError> {
+        Self::from_file(&NodeAgentConfiguration::from_bytes(bytes)?, overrides)
     }
 
     /// Validates every section of a parsed file, in the file's order of importance: the

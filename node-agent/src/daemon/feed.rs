@@ -96,7 +96,7 @@ impl Cluster {
                                 }
                             }
                             Err(e) => {
-                                metrics.kube_error("kubelet pods");
+                                metrics.kube_error(crate::telemetry::KubeOperation::KubeletPods);
                                 tracing::warn!(error = %e, "refreshing pods from the kubelet");
                             }
                         }

@@ -1,20 +1,22 @@
 //! Beside the kubelet, at the edge: reads the kubelet's own config file and says, at start and
 //! on every reload, which of its eviction thresholds would be acted on before the agent's (the
 //! comparison is the policy's pure `beside::kubelet_acts_first`; `node-agent check-config`
-//! prints the same findings). Nothing here stops the agent: a missing file is one info line,
-//! an unparsable one a warning naming the file and the error.
+//! prints the same findings through [`read`]). Nothing here stops the agent: a missing file is
+//! one info line, an unparsable one a warning naming the file and the error.
+//! The file is read off the loop ([`check_off_loop`]): it lives on the kubelet's filesystem,
+//! which may hang.
 
-use std::path::Path;
-
-use node_agent_policy::{
-    beside::{kubelet_acts_first, Finding},
-    EvictionConfig, Signal,
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
 };
 
-use super::{
-    config::{read, AgentConfig},
-    observe::{read_node, NodeSources},
-};
+use node_agent_policy::{beside::kubelet_acts_first, EvictionConfig, Signal};
+
+/// A check reading the kubelet's file is under way (one at a time: a hung filesystem ties up
+/// one thread, not one per reload).
+static CHECKING: AtomicBool = AtomicBool::new(false);
 
 /// What became of the kubelet's config file.
 #[derive(Debug)]
@@ -28,41 +30,53 @@ pub enum KubeletConfig {
 
 /// Reads and parses the kubelet's eviction settings (a KubeletConfiguration document; the
 /// kubelet's defaults apply where it sets none, as in the kubelet). The file is read as the
-/// agent's own is: a regular file, at most [`read::MAX_CONFIG_BYTES`].
+/// agent's own is: a regular file, at most [`MAX_CONFIG_BYTES`](super::config::read::MAX_CONFIG_BYTES).
 pub fn read(path: Option<&Path>) -> KubeletConfig {
     let Some(path) = path else {
         return KubeletConfig::NotSet;
     };
-    let chain = |e: &dyn std::error::Error| {
-        std::iter::successors(Some(e), |e| e.source())
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(": ")
-    };
-    match read::read_capped(path, read::MAX_CONFIG_BYTES) {
-        Err(e) if e.is_not_found() => KubeletConfig::Missing,
-        Err(e) => KubeletConfig::Unreadable(chain(&e)),
-        Ok(text) => match EvictionConfig::from_kubelet_yaml(&text) {
+    if !path.exists() {
+        return KubeletConfig::Missing;
+    }
+    match super::config::read::read_capped(path) {
+        Err(e) => KubeletConfig::Unreadable(e.to_string()),
+        Ok(bytes) => match EvictionConfig::from_kubelet_yaml(&String::from_utf8_lossy(&bytes)) {
             Ok(c) => KubeletConfig::Read(Box::new(c)),
-            Err(e) => KubeletConfig::Unreadable(chain(&e)),
+            Err(e) => KubeletConfig::Unreadable(crate::error_chain(&e)),
         },
     }
 }
 
-/// The kubelet thresholds the agent's config would not act before; `capacity` gives a signal's
-/// capacity, for a percentage against a quantity (`None`: not compared, said in the finding).
-pub fn findings(
-    config: &AgentConfig,
-    kubelet: &EvictionConfig,
-    capacity: &dyn Fn(Signal) -> Option<i64>,
-) -> Vec<Finding> {
-    kubelet_acts_first(kubelet, &config.eviction, capacity)
+/// [`warn_if_kubelet_acts_first`] on a thread of its own, unless one is still running.
+pub fn check_off_loop(
+    eviction: EvictionConfig,
+    path: Option<PathBuf>,
+    capacities: BTreeMap<Signal, i64>,
+) {
+    if path.is_none() || CHECKING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("kubelet-check".into())
+        .spawn(move || {
+            warn_if_kubelet_acts_first(&eviction, path.as_deref(), &|s| {
+                capacities.get(&s).copied()
+            });
+            CHECKING.store(false, Ordering::Release);
+        });
+    if let Err(e) = spawned {
+        CHECKING.store(false, Ordering::Release);
+        tracing::warn!(error = %e, "the kubelet's thresholds are not compared: no thread");
+    }
 }
 
-/// Logs, for the config in force, each kubelet threshold the agent would not act before (one
-/// warning each).
-pub fn warn_if_kubelet_acts_first(config: &AgentConfig, node: &NodeSources) {
-    let path = config.settings.kubelet_config.as_deref();
+/// Logs, for the agent's thresholds, each kubelet threshold the agent would not act before
+/// (one warning each). `capacity` resolves percentages: the node's capacity per signal.
+pub fn warn_if_kubelet_acts_first(
+    eviction: &EvictionConfig,
+    path: Option<&Path>,
+    capacity: &dyn Fn(Signal) -> Option<i64>,
+) {
     let file = path.map(|p| p.display().to_string()).unwrap_or_default();
     let kubelet = match read(path) {
         KubeletConfig::NotSet => return,
@@ -76,9 +90,7 @@ pub fn warn_if_kubelet_acts_first(config: &AgentConfig, node: &NodeSources) {
         }
         KubeletConfig::Read(c) => c,
     };
-    let reading = read_node(node);
-    let capacity = |s| reading.observations.get(&s).map(|o| o.capacity);
-    let findings = findings(config, &kubelet, &capacity);
+    let findings = kubelet_acts_first(&kubelet, eviction, capacity);
     for f in &findings {
         tracing::warn!(file, signal = %f.kubelet.signal, "beside the kubelet: {f}");
     }
@@ -117,7 +129,7 @@ mod tests {
         let KubeletConfig::Unreadable(why) = read(Some(dir.path())) else {
             panic!("a directory read")
         };
-        assert!(why.contains("not a regular file but a directory"), "{why}");
+        assert!(why.contains("not a regular file (a directory)"), "{why}");
         let KubeletConfig::Read(c) = read(Some(&good)) else {
             panic!("good not read")
         };

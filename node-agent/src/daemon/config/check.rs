@@ -7,14 +7,17 @@
 
 use std::{fmt::Write as _, path::PathBuf};
 
-use node_agent_policy::{beside::Finding, Signal};
+use node_agent_policy::{
+    beside::{kubelet_acts_first, Finding},
+    Signal,
+};
 
 use super::{read_file, AgentConfig, ConfigError, NodeAgentConfiguration, Overrides};
 use crate::{
     cgroup,
     daemon::{
         kubelet::{self, KubeletConfig},
-        observe::{read_node, NodeSources},
+        node::{Filesystems, Node, NodeLayout},
     },
 };
 
@@ -46,6 +49,8 @@ pub enum CheckError {
     },
     #[error("the node's cgroups cannot be read")]
     Cgroups(#[source] cgroup::HierarchyError),
+    #[error("the node's filesystems cannot be watched")]
+    Filesystems(#[source] std::io::Error),
     #[error("the kubelet's config file {}: {problem}", .path.display())]
     Kubelet { path: PathBuf, problem: String },
 }
@@ -89,15 +94,16 @@ fn checked(args: &CheckArgs, env_node_name: Option<&str>) -> Result<Checked, Che
         true => {
             let layout = cgroup::detect().map_err(CheckError::Cgroups)?;
             let node_dir = super::checks::on_this_machine(&config, &layout).map_err(refused)?;
-            Some(NodeSources {
-                is_root: node_dir == layout.memory.mount(),
-                memory: layout.memory.clone(),
-                node_dir,
-                memory_capacity: config.settings.memory_capacity,
-                allocatable: crate::daemon::allocatable::Allocatable::NotObserved,
-                nodefs: config.settings.nodefs_path.clone(),
-                imagefs: config.settings.imagefs_path.clone(),
-            })
+            // The node as the agent reads it at start, for the capacities the comparison with
+            // the kubelet's percentages needs.
+            let s = &config.settings;
+            let fs = Filesystems::new(&s.nodefs_path, s.imagefs_path.as_deref())
+                .map_err(CheckError::Filesystems)?;
+            Some(Node::new(
+                NodeLayout::new(layout.memory.clone(), node_dir),
+                s.memory_capacity,
+                fs,
+            ))
         }
     };
 
@@ -162,7 +168,7 @@ fn compare(
     out: &mut String,
     args: &CheckArgs,
     config: &AgentConfig,
-    node: Option<&NodeSources>,
+    node: Option<&Node>,
 ) -> Result<(), CheckError> {
     let path = match (&args.kubelet_config, args.on_node) {
         (Some(p), _) => p.clone(),
@@ -203,13 +209,13 @@ fn compare(
         KubeletConfig::Unreadable(problem) => return Err(CheckError::Kubelet { path, problem }),
         KubeletConfig::NotSet => return Ok(()),
     };
-    let reading = node.map(read_node);
+    let reading = node.map(Node::read);
     let capacity = |s: Signal| {
         reading
             .as_ref()
             .and_then(|r| r.observations.get(&s).map(|o| o.capacity))
     };
-    let found: Vec<Finding> = kubelet::findings(config, &kubelet, &capacity);
+    let found: Vec<Finding> = kubelet_acts_first(&kubelet, &config.eviction, &capacity);
     if found.is_empty() {
         let _ = writeln!(
             out,

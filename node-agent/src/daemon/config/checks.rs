@@ -105,7 +105,7 @@ fn existing_dir(path: &'static str, dir: &Path) -> Result<(), ConfigError> {
 /// What the checks need to know about the machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Machine {
-    /// The node cgroup's working set (usage − inactive file), when `memory_capacity` is set.
+    /// The node cgroup's working set (usage − inactive file), when `memoryCapacity` is set.
     pub node_working_set: Option<(PathBuf, u64)>,
     /// The tightest memory limit on the agent's own cgroup and its ancestors, if any.
     pub agent_memory_limit: Option<(PathBuf, u64)>,
@@ -177,8 +177,8 @@ fn working_set(memory: &Hierarchy, node_dir: &Path) -> Result<u64, String> {
     if node_dir == memory.mount() && memory.version() == CgroupVersion::V2 {
         let text = std::fs::read_to_string("/proc/meminfo")
             .map_err(|e| format!("reading /proc/meminfo: {e}"))?;
-        let mem = crate::daemon::observe::parse_meminfo(&text)
-            .map_err(|e| format!("/proc/meminfo: {e}"))?;
+        let mem =
+            crate::daemon::node::parse_meminfo(&text).map_err(|e| format!("/proc/meminfo: {e}"))?;
         return Ok(mem
             .total
             .saturating_sub(mem.free)

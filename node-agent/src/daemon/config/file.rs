@@ -128,6 +128,11 @@ impl NodeAgentConfiguration {
         Self::from_document(document)
     }
 
+    /// As [`NodeAgentConfiguration::parse`], from the file's bytes: YAML is UTF-8 text.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, ConfigError> {
+        Self::parse(std::str::from_utf8(bytes).map_err(|_| ConfigError::NotText)?)
+    }
+
     fn from_document(document: Value) -> Result<Self, ConfigError> {
         let map = match &document {
             Value::Null => return Err(ConfigError::Empty),

@@ -325,7 +325,8 @@ fn the_shipped_config_is_valid_observes_and_acts_before_a_default_kubelet() {
     .unwrap();
     assert_eq!(kubelet, EvictionConfig::default(), "the kubelet's defaults");
     for capacity in [None, Some(1 << 40)] {
-        let findings = crate::daemon::kubelet::findings(&c, &kubelet, &|_| capacity);
+        let findings =
+            node_agent_policy::beside::kubelet_acts_first(&kubelet, &c.eviction, &|_| capacity);
         assert!(findings.is_empty(), "{findings:?}");
     }
     // The kubelet's documented defaults as they stand would act first on the old shipped
@@ -335,7 +336,10 @@ fn the_shipped_config_is_valid_observes_and_acts_before_a_default_kubelet() {
         &o,
     )
     .unwrap();
-    assert!(!crate::daemon::kubelet::findings(&same, &kubelet, &|_| None).is_empty());
+    assert!(
+        !node_agent_policy::beside::kubelet_acts_first(&kubelet, &same.eviction, &|_| None)
+            .is_empty()
+    );
 }
 
 #[test]
@@ -390,10 +394,13 @@ fn the_file_is_read_once_from_a_regular_file_within_the_cap() {
     std::fs::write(&path, format!("{}{padding}\n", doc(""))).unwrap();
     let err = AgentConfig::load(&path, &Overrides::default()).unwrap_err();
     assert!(
-        chain(&err).contains("larger than 1048576 bytes"),
+        chain(&err).contains("is larger than 1048576 bytes"),
         "{}",
         chain(&err)
     );
+    std::fs::write(&path, [0xff, 0xfe, b'\n']).unwrap();
+    let err = AgentConfig::load(&path, &Overrides::default()).unwrap_err();
+    assert_eq!(chain(&err), "config is not UTF-8 text");
     let fifo = dir.path().join("fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
@@ -401,7 +408,10 @@ fn the_file_is_read_once_from_a_regular_file_within_the_cap() {
     let err = AgentConfig::load(&fifo, &Overrides::default()).unwrap_err();
     assert_eq!(
         chain(&err),
-        format!("reading config file {}: not a regular file but a FIFO (reading one would wait for a writer)", fifo.display())
+        format!(
+            "config file {} is not a regular file (a FIFO): refusing to read it",
+            fifo.display()
+        )
     );
 }
 

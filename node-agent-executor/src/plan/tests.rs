@@ -7,17 +7,15 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use node_agent_kube::{
-    evict::{Attempt, EvictionResult},
-    executor::{Action, NodeEvent, Report},
-};
+use node_agent_kube::evict::{Attempt, EvictionResult};
 use node_agent_policy::{
     Decision, Eligibility, Eviction, Format, MetThreshold, NodeCondition, NotEvictableNow,
     PassReason, PassedOver, PodInfo, Quantity, Resource, Signal,
 };
 use proptest::prelude::*;
 
-use super::acting::{oom_kill_actions, Acting, Note, Timing};
+use super::{oom_kill_actions, Acting, Note, Rates, Timing};
+use crate::action::{Action, NodeEvent, Report};
 
 const TIMING: Timing = Timing {
     pass_over: Duration::from_secs(30),
@@ -66,7 +64,7 @@ fn decision(evict: Option<&str>) -> Decision {
         }],
         conditions: vec![NodeCondition::MemoryPressure],
         reclaim: Some(Signal::MemoryAvailable),
-        evict: evict.map(eviction),
+        evictions: evict.map(eviction).into_iter().collect(),
         passed_over: Vec::new(),
         over_limit_passed_over: Vec::new(),
     }
@@ -117,11 +115,9 @@ fn the_first_decision_reports_pressure_and_evicts() {
         Action::NodeEvent(NodeEvent::ThresholdMet(Resource::Memory))
     ));
     assert!(
-        matches!(&plan.actions[2], Action::Condition { pressure: true, conditions } if conditions == &[NodeCondition::MemoryPressure])
+        matches!(&plan.actions[2], Action::Status { conditions } if conditions == &[NodeCondition::MemoryPressure])
     );
-    assert!(
-        matches!(&plan.actions[3], Action::Taint { conditions } if conditions == &[NodeCondition::MemoryPressure])
-    );
+    assert_eq!(plan.actions.len(), 3, "{:?}", plan.actions);
     assert_eq!(
         (
             e.eviction.name.as_str(),
@@ -131,8 +127,11 @@ fn the_first_decision_reports_pressure_and_evicts() {
         ("a", "a", Some(9))
     );
     assert_eq!(
-        acting.in_flight().map(|f| f.cgroup.clone()),
-        Some(Some(PathBuf::from("/cg/a")))
+        acting
+            .in_flight()
+            .map(|f| f.cgroup.clone())
+            .collect::<Vec<_>>(),
+        [Some(PathBuf::from("/cg/a"))]
     );
     let again = acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(1));
     assert!(
@@ -182,14 +181,14 @@ fn the_taint_follows_the_condition_and_clears_with_it() {
         actions
             .iter()
             .filter_map(|a| match a {
-                Action::Taint { conditions } => Some(conditions.clone()),
+                Action::Status { conditions } => Some(conditions.clone()),
                 _ => None,
             })
             .collect()
     };
     let with = |conditions: Vec<NodeCondition>| Decision {
         conditions,
-        evict: None,
+        evictions: Vec::new(),
         ..decision(None)
     };
     let (mem, pid) = (NodeCondition::MemoryPressure, NodeCondition::PidPressure);
@@ -306,7 +305,7 @@ fn each_outcome_leads_where_the_kubelet_would_go() {
             None,
         ),
         (
-            "paced: nothing until the token",
+            "paced (only the plan paces; reported anyway): nothing until then",
             EvictionResult::RateLimited,
             Some(4),
             false,
@@ -326,7 +325,7 @@ fn each_outcome_leads_where_the_kubelet_would_go() {
         let mut acting = Acting::default();
         acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(0));
         acting.reported(&report("a", result, retry_after), &TIMING, s(1));
-        assert_eq!(acting.in_flight().is_some(), in_flight, "{what}");
+        assert_eq!(acting.has_in_flight(), in_flight, "{what}");
         let e = acting.eligibility(&Eligibility::default(), s(1));
         assert_eq!(e.not_evictable_now.get("uid-a").copied(), hold, "{what}");
         assert_eq!(acting.paced_until(s(1)), paced.map(|p| s(1 + p)), "{what}");
@@ -367,11 +366,14 @@ fn holds_end_when_they_say() {
     let exists = |p: &Path| p == Path::new("/cg/b");
     assert_eq!(
         acting.settle(s(62), &exists),
-        None,
+        [],
         "the cgroup is still there"
     );
-    let (done, gone) = acting.settle(s(63), &|_| false).expect("the cgroup went");
-    assert_eq!((done.pod_id.as_str(), gone), ("uid-b", true));
+    let ended = acting.settle(s(63), &|_| false);
+    let [(done, gone)] = ended.as_slice() else {
+        panic!("the cgroup went: {ended:?}")
+    };
+    assert_eq!((done.pod_id.as_str(), *gone), ("uid-b", true));
     assert!(
         acting
             .eligibility(&Eligibility::default(), s(63))
@@ -390,9 +392,10 @@ fn holds_end_when_they_say() {
 
     acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(70));
     acting.reported(&report("a", EvictionResult::DryRun, None), &TIMING, s(70));
-    assert_eq!(acting.settle(s(99), &|_| true), None);
-    assert!(
-        acting.settle(s(100), &|_| true).is_some(),
+    assert_eq!(acting.settle(s(99), &|_| true), []);
+    assert_eq!(
+        acting.settle(s(100), &|_| true).len(),
+        1,
         "the wait runs out"
     );
 }
@@ -421,7 +424,7 @@ fn no_evictable_pod_and_stale_data_are_noted() {
         evicts(&back.actions).is_empty(),
         "stale data is never acted on"
     );
-    assert!(acting.in_flight().is_none());
+    assert!(!acting.has_in_flight());
 }
 
 #[derive(Debug, Clone)]
@@ -472,7 +475,7 @@ proptest! {
         for step in steps {
             match step {
                 Step::Decide { pod, fresh } => {
-                    let was_in_flight = acting.in_flight().is_some();
+                    let was_in_flight = acting.has_in_flight();
                     let plan = acting.plan(&decision(pod.map(|i| names[i])), &pods, fresh, None, &cgroup, now);
                     let sent = evicts(&plan.actions);
                     prop_assert!(sent.len() <= 1);
@@ -496,7 +499,7 @@ proptest! {
             }
             prop_assert!(owed.len() <= 1);
             if !owed.is_empty() {
-                prop_assert!(acting.in_flight().is_some(), "an owed outcome keeps the eviction in flight");
+                prop_assert!(acting.has_in_flight(), "an owed outcome keeps the eviction in flight");
             }
         }
     }
@@ -521,7 +524,7 @@ fn the_taint_goes_after_the_transition_period_with_the_real_policy() {
     let mut acting = Acting::default();
     let taint = |actions: &[Action]| {
         actions.iter().find_map(|a| match a {
-            Action::Taint { conditions } => Some(conditions.clone()),
+            Action::Status { conditions } => Some(conditions.clone()),
             _ => None,
         })
     };
@@ -556,4 +559,120 @@ fn the_taint_goes_after_the_transition_period_with_the_real_policy() {
         let plan = acting.plan(&decision, &[], true, None, &cgroup, s(at));
         assert_eq!(taint(&plan.actions), want, "{what}");
     }
+}
+
+/// The pacing is the plan's: an eviction without a token is never handed over; the plan says
+/// until when, notes it once per wait, and a token refunded for a refusal goes to the next pod.
+#[test]
+fn the_plan_paces_and_never_hands_over_what_the_pacing_holds() {
+    let mut acting = Acting::default();
+    acting.set_pacing(
+        Some(Rates {
+            per_minute: 6,
+            burst: 1,
+        }),
+        s(0),
+    );
+    let decide = |acting: &mut Acting, name, at| {
+        acting.plan(&decision(Some(name)), &pods(), true, None, &cgroup, s(at))
+    };
+    let first = decide(&mut acting, "a", 0);
+    assert_eq!(evicts(&first.actions), ["a"]);
+    acting.reported(&report("a", EvictionResult::Evicted, None), &TIMING, s(0));
+    acting.settle(s(1), &|_| false);
+    let held = decide(&mut acting, "b", 1);
+    assert_eq!(evicts(&held.actions), Vec::<String>::new());
+    assert!(
+        held.notes
+            .iter()
+            .any(|n| matches!(n, Note::Paced { until, .. } if *until == s(10))),
+        "one token every 10 s: {:?}",
+        held.notes
+    );
+    assert_eq!(acting.paced_until(s(1)), Some(s(10)));
+    let again = decide(&mut acting, "b", 5);
+    assert!(
+        again.notes.iter().all(|n| !matches!(n, Note::Paced { .. })),
+        "noted once per wait: {:?}",
+        again.notes
+    );
+    assert_eq!(evicts(&decide(&mut acting, "b", 10).actions), ["b"]);
+    // Blocked by its budget: nothing was done, the token comes back for the next pod.
+    acting.reported(
+        &report("b", EvictionResult::BlockedByPdb, None),
+        &TIMING,
+        s(10),
+    );
+    assert_eq!(evicts(&decide(&mut acting, "a", 10).actions), ["a"]);
+    // New rates on reload hold from that moment: the next token comes at the new pace, within
+    // a second rather than ten (and no fresh burst is granted).
+    acting.reported(&report("a", EvictionResult::Failed, None), &TIMING, s(10));
+    assert_eq!(
+        evicts(&decide(&mut acting, "b", 11).actions),
+        Vec::<String>::new()
+    );
+    assert_eq!(acting.paced_until(s(11)), Some(s(20)));
+    acting.set_pacing(
+        Some(Rates {
+            per_minute: 60,
+            burst: 1,
+        }),
+        s(11),
+    );
+    assert_eq!(
+        evicts(&decide(&mut acting, "b", 11).actions),
+        Vec::<String>::new()
+    );
+    assert_eq!(evicts(&decide(&mut acting, "b", 12).actions), ["b"]);
+}
+
+/// Pods over local storage limits go together, as the kubelet evicts them in one synchronize:
+/// each takes a token, those without one wait, and no new decision acts until all settled.
+#[test]
+fn every_pod_over_a_local_storage_limit_goes_in_one_plan_as_the_pacing_allows() {
+    let limit = |name: &str| Eviction {
+        signal: node_agent_policy::EvictionSignal::Limit(node_agent_policy::StorageLimit::EmptyDir),
+        ..eviction(name)
+    };
+    let pods = vec![pod("a"), pod("b"), pod("c")];
+    let all = Decision {
+        evictions: vec![limit("a"), limit("b"), limit("c")],
+        ..decision(None)
+    };
+    let mut acting = Acting::default();
+    acting.set_pacing(
+        Some(Rates {
+            per_minute: 6,
+            burst: 2,
+        }),
+        s(0),
+    );
+    let first = acting.plan(&all, &pods, true, None, &cgroup, s(0));
+    assert_eq!(evicts(&first.actions), ["a", "b"], "as many as the burst");
+    assert!(first.notes.iter().any(|n| matches!(n, Note::Paced { .. })));
+    assert_eq!(acting.in_flight().count(), 2);
+    for name in ["a", "b"] {
+        acting.reported(&report(name, EvictionResult::Evicted, None), &TIMING, s(1));
+    }
+    let meanwhile = acting.plan(&all, &pods, true, None, &cgroup, s(20));
+    assert!(
+        evicts(&meanwhile.actions).is_empty(),
+        "nothing new while the first two are on their way"
+    );
+    assert_eq!(
+        acting.settle(s(21), &|_| false).len(),
+        2,
+        "both cgroups went"
+    );
+    // The policy now sees a and b terminating: only c is left over its limit.
+    let left = Decision {
+        evictions: vec![limit("c")],
+        ..decision(None)
+    };
+    let rest = acting.plan(&left, &pods, true, None, &cgroup, s(21));
+    assert_eq!(
+        evicts(&rest.actions),
+        ["c"],
+        "tokens back by now: the next decision acts"
+    );
 }

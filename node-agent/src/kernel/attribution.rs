@@ -5,7 +5,7 @@
 
 use node_agent_common::{DIRECTION_UP, OOM_CGROUP_LIMIT, OOM_SYSTEM};
 
-use super::{CgroupIndex, QosClass};
+use crate::cgroup::{CgroupIndex, QosClass};
 use crate::ebpf::{events::comm, KernelEvent};
 
 /// The cgroup an event concerns.
@@ -258,7 +258,7 @@ mod tests {
         let mut e = OomKillEvent::default();
         e.header.kind = KIND_OOM_KILL;
         e.header.ktime_ns = 42;
-        e.cgroup_id = super::super::cgroup_id(&container).unwrap();
+        e.cgroup_id = crate::cgroup::cgroup_id(&container).unwrap();
         e.constraint = OOM_CGROUP_LIMIT;
         e.anon_rss = 3;
         e.comm[..4].copy_from_slice(b"java");

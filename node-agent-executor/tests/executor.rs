@@ -1,17 +1,21 @@
 //! The one executor against the strict in-process HTTPS fake: each path of an eviction (and
-//! of events and the node condition), with the exact requests made.
+//! of events and the node condition), with the exact requests made; and that its lanes never
+//! hold one another up (a slow event sink, a runtime that never answers).
 
 use std::{
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
+use node_agent_executor::{
+    reclaim::{Reclaim, ReclaimResult, Runtime, RuntimeError},
+    Action, Evict, Executor, NodeEvent, Outcome, Report, Settings,
+};
 use node_agent_kube::{
     condition::CONDITION_TYPE,
     config::PdbPolicy,
     events::OomKill,
     evict::{self, EvictionResult},
-    executor::{self, Action, Evict, NodeEvent, Outcome, Report, Settings},
     fake::{Fake, Reply, Seen, TEST_BOUND},
 };
 use node_agent_policy::{
@@ -20,6 +24,18 @@ use node_agent_policy::{
 };
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
+
+/// The kinds of outcome, for assertions.
+fn kind(o: &Outcome) -> &'static str {
+    match o {
+        Outcome::Eviction(_) => "eviction",
+        Outcome::NodeEvent { .. } => "event",
+        Outcome::Status(_) => "status",
+        Outcome::Reclaim(_) => "reclaim",
+        Outcome::ImagesDetected(_) => "images",
+        Outcome::Refused(_) => "refused",
+    }
+}
 
 const NODE: &str = "worker-1";
 const POD_PATH: &str = "/api/v1/namespaces/shop/pods/web-7c9f8d6b5-x2x9q";
@@ -82,8 +98,6 @@ fn settings(fake: &Fake, pdb_policy: PdbPolicy, dry_run: bool) -> Settings {
         generation: 0,
         dry_run,
         pdb_policy,
-        evictions_per_minute: 600,
-        eviction_burst: 5,
         eligibility: Eligibility {
             own_pod: Some(("node-agent".into(), "node-agent-abcde".into())),
             exclusions: serde_yaml_ng::from_str("{namespaces: [kube-system]}").unwrap(),
@@ -95,16 +109,16 @@ fn settings(fake: &Fake, pdb_policy: PdbPolicy, dry_run: bool) -> Settings {
 }
 
 struct Running {
-    actions: mpsc::Sender<Action>,
-    outcomes: mpsc::Receiver<Outcome>,
+    executor: Executor,
+    outcomes: mpsc::UnboundedReceiver<Outcome>,
     settings: watch::Sender<Settings>,
 }
 
 fn start(settings: Settings) -> Running {
     let (tx, rx) = watch::channel(settings);
-    let (actions, outcomes, _task) = executor::spawn(rx, 8);
+    let (executor, outcomes) = Executor::spawn(rx);
     Running {
-        actions,
+        executor,
         outcomes,
         settings: tx,
     }
@@ -117,7 +131,7 @@ impl Running {
             pod,
             trigger_ktime_ns: Some(7),
         }));
-        self.actions.send(action).await.unwrap();
+        self.executor.submit(action);
         match self.outcomes.recv().await.unwrap() {
             Outcome::Eviction(report) => *report,
             other => panic!("expected an eviction report, got {other:?}"),
@@ -125,7 +139,7 @@ impl Running {
     }
 
     async fn act(&mut self, action: Action) -> Outcome {
-        self.actions.send(action).await.unwrap();
+        self.executor.submit(action);
         self.outcomes.recv().await.unwrap()
     }
 }
@@ -172,7 +186,8 @@ async fn an_eviction_posts_the_exact_body_then_the_decisions_event() {
         let mut ex = start(settings(&fake, PdbPolicy::Respect, false));
         let report = ex.evict(decision(false), pod()).await;
         assert_eq!(report.attempt.result, EvictionResult::Evicted);
-        assert_eq!((report.trigger_ktime_ns, report.event_error.as_deref()), (Some(7), None));
+        assert_eq!(report.trigger_ktime_ns, Some(7));
+        assert!(report.event_error.is_none(), "{:?}", report.event_error);
         assert_eq!(report.eviction, decision(false), "the decision travels back unchanged");
         let seen = fake.seen();
         assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
@@ -317,19 +332,16 @@ async fn dry_run_holds_from_the_moment_it_is_set_even_between_retries() {
         .await;
         let ex = start(settings(&fake, PdbPolicy::Override, false));
         let Running {
-            actions,
+            executor,
             mut outcomes,
             settings: tx,
         } = ex;
         *flip.lock().unwrap() = Some(tx);
-        actions
-            .send(Action::Evict(Box::new(Evict {
-                eviction: decision(true),
-                pod: pod(),
-                trigger_ktime_ns: None,
-            })))
-            .await
-            .unwrap();
+        executor.submit(Action::Evict(Box::new(Evict {
+            eviction: decision(true),
+            pod: pod(),
+            trigger_ktime_ns: None,
+        })));
         let Some(Outcome::Eviction(report)) = outcomes.recv().await else {
             panic!("no report")
         };
@@ -359,18 +371,17 @@ async fn dry_run_changes_nothing_evictions_events_or_the_condition() {
             .act(Action::NodeEvent(NodeEvent::ThresholdMet(Resource::Memory)))
             .await;
         assert!(
-            matches!(event, Outcome::NodeEvent { error: None, .. }),
+            matches!(event, Outcome::NodeEvent { result: Ok(()), .. }),
             "{event:?}"
         );
-        let condition = ex
-            .act(Action::Condition {
-                pressure: true,
+        let status = ex
+            .act(Action::Status {
                 conditions: vec![NodeCondition::MemoryPressure],
             })
             .await;
         assert!(
-            matches!(condition, Outcome::Condition { error: None, .. }),
-            "{condition:?}"
+            matches!(&status, Outcome::Status(r) if r.condition.is_ok() && matches!(r.taint, Ok(None))),
+            "{status:?}"
         );
         // The node is read (200, a real Node), so only the dry-run check keeps the PATCH away.
         assert_eq!(
@@ -441,47 +452,6 @@ async fn the_executor_refuses_what_must_not_be_evicted_before_any_request() {
 }
 
 #[tokio::test]
-async fn pacing_limits_attempts_and_gives_back_what_the_server_refused() {
-    bounded(async {
-        let fake = Fake::start(|s: &Seen, i| match s.method.as_str() {
-            "POST" if s.path.ends_with("/eviction") && i == 0 => Reply::pdb_blocked("web"),
-            _ => Reply::json(201, "{}"),
-        })
-        .await;
-        let mut s = settings(&fake, PdbPolicy::Respect, false);
-        (s.evictions_per_minute, s.eviction_burst) = (1, 1);
-        let mut ex = start(s);
-        assert_eq!(
-            ex.evict(decision(false), pod()).await.attempt.result,
-            EvictionResult::BlockedByPdb
-        );
-        let next = ex.evict(decision(false), pod()).await;
-        assert_eq!(
-            next.attempt.result,
-            EvictionResult::Evicted,
-            "the blocked attempt's token was given back"
-        );
-        let paced = ex.evict(decision(false), pod()).await;
-        assert_eq!(paced.attempt.result, EvictionResult::RateLimited);
-        let wait = paced
-            .attempt
-            .retry_after
-            .expect("says when the next token comes");
-        assert!(
-            wait > Duration::from_secs(50) && wait <= Duration::from_secs(60),
-            "{wait:?}"
-        );
-        let evictions = fake
-            .calls()
-            .iter()
-            .filter(|(_, p)| p.ends_with("/eviction"))
-            .count();
-        assert_eq!(evictions, 2, "nothing sent while paced");
-    })
-    .await;
-}
-
-#[tokio::test]
 async fn without_a_cluster_decisions_are_only_reported() {
     bounded(async {
         let fake = Fake::start(api(Reply::json(201, "{}"))).await;
@@ -496,7 +466,7 @@ async fn without_a_cluster_decisions_are_only_reported() {
         assert!(matches!(
             ex.act(Action::NodeEvent(NodeEvent::ThresholdMet(Resource::Memory)))
                 .await,
-            Outcome::NodeEvent { error: None, .. }
+            Outcome::NodeEvent { result: Ok(()), .. }
         ));
         assert!(fake.calls().is_empty());
     })
@@ -558,11 +528,12 @@ async fn a_failed_event_is_reported_and_never_stops_anything() {
         let mut ex = start(settings(&fake, PdbPolicy::Respect, false));
         let report = ex.evict(decision(false), pod()).await;
         assert_eq!(report.attempt.result, EvictionResult::Evicted);
-        assert!(report
-            .event_error
-            .as_deref()
-            .unwrap()
-            .contains("cannot create events"));
+        let error = report.event_error.expect("the event's failure is reported");
+        assert_eq!(error.code(), Some(403), "typed: {error}");
+        assert!(
+            error.to_string().contains("cannot create events"),
+            "{error}"
+        );
     })
     .await;
 }
@@ -586,23 +557,27 @@ async fn the_condition_reads_the_node_once_and_patches_in_order() {
         let mut ex = start(settings(&fake, PdbPolicy::Respect, false));
         for pressure in [true, false, true] {
             let conditions = if pressure { vec![NodeCondition::MemoryPressure, NodeCondition::PidPressure] } else { vec![] };
-            let outcome = ex.act(Action::Condition { pressure, conditions }).await;
-            assert!(matches!(outcome, Outcome::Condition { error: None, .. }), "{outcome:?}");
+            let outcome = ex.act(Action::Status { conditions }).await;
+            assert!(matches!(&outcome, Outcome::Status(r) if r.condition.is_ok() && r.pressure == pressure), "{outcome:?}");
         }
         let seen = fake.seen();
         assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
         let calls: Vec<_> = seen.iter().map(|s| (s.method.as_str(), s.path.as_str())).collect();
         let status = format!("/api/v1/nodes/{NODE}/status");
-        let get = format!("/api/v1/nodes/{NODE}");
-        assert_eq!(calls, [("GET", get.as_str()), ("PATCH", status.as_str()), ("PATCH", status.as_str()), ("PATCH", status.as_str())], "the node is read once");
-        let condition = |i: usize| seen[i].body["status"]["conditions"][0].clone();
+        let node = format!("/api/v1/nodes/{NODE}");
+        let (get, patch_status, patch_node) = (("GET", node.as_str()), ("PATCH", status.as_str()), ("PATCH", node.as_str()));
+        // The condition first, then the taint's own read-modify-write of the node; the
+        // condition reads the node only once, and the taint is patched only when it changes.
+        assert_eq!(calls, [get, patch_status, get, patch_node, patch_status, get, patch_status, get, patch_node]);
+        let seen: Vec<&Seen> = seen.iter().filter(|s| s.path == status).collect();
+        let condition = |i: usize| seen[i - 1].body["status"]["conditions"][0].clone();
         assert_eq!(condition(1)["status"], "True");
         assert_eq!(condition(1)["message"], "node-agent sees MemoryPressure, PIDPressure");
         assert_eq!(condition(1)["lastTransitionTime"], "2025-03-03T10:00:00Z", "kept across a restart");
         assert_eq!(condition(2)["status"], "False");
         assert_eq!(condition(3)["status"], "True");
         assert_ne!(condition(3)["lastTransitionTime"], "2025-03-03T10:00:00Z", "a flip moves it");
-        assert_eq!(seen[1].content_type.as_deref(), Some("application/strategic-merge-patch+json"));
+        assert_eq!(seen[0].content_type.as_deref(), Some("application/strategic-merge-patch+json"));
     })
     .await;
 }
@@ -634,6 +609,135 @@ async fn the_strict_fake_refuses_what_the_api_server_refuses() {
             assert_eq!(resp.status.as_u16(), code, "{what}: {}", resp.excerpt());
         }
         assert_eq!(fake.rejected().len(), 8);
+    })
+    .await;
+}
+
+fn kill(pid: u32) -> OomKill {
+    OomKill {
+        pid,
+        comm: "stress".into(),
+        pod: Some(("shop".into(), "web-7c9f8d6b5-x2x9q".into())),
+    }
+}
+
+/// An OOM storm against an API server that takes 50 ms per event: node events wait in their
+/// own lane, a burst past its backlog is refused at once (never waited for), and an eviction
+/// handed over after the storm is not queued behind it.
+#[tokio::test]
+async fn an_event_storm_against_a_slow_api_never_delays_an_eviction() {
+    bounded(async {
+        let fake = Fake::start(|s: &Seen, _| {
+            let mut reply = api(Reply::json(201, "{}"))(s, 0);
+            if s.path.contains("/namespaces/default/events") {
+                reply.delay = Duration::from_millis(50);
+            }
+            reply
+        })
+        .await;
+        let mut ex = start(settings(&fake, PdbPolicy::Respect, false));
+        const STORM: u32 = 100;
+        for pid in 0..STORM {
+            ex.executor
+                .submit(Action::NodeEvent(NodeEvent::OomKill(kill(pid))));
+        }
+        ex.executor.submit(Action::Evict(Box::new(Evict {
+            eviction: decision(true),
+            pod: pod(),
+            trigger_ktime_ns: None,
+        })));
+        // Everything reported up to the eviction's report.
+        let (mut refused, mut posted) = (0, 0);
+        loop {
+            match ex.outcomes.recv().await.unwrap() {
+                Outcome::Eviction(report) => {
+                    assert_eq!(report.attempt.result, EvictionResult::Evicted);
+                    break;
+                }
+                Outcome::Refused(r) => {
+                    assert_eq!((r.lane, r.action), ("event", "NodeAgentOOMKill"));
+                    refused += 1;
+                }
+                Outcome::NodeEvent { .. } => posted += 1,
+                other => panic!("unexpected {}", kind(&other)),
+            }
+        }
+        let backlog = node_agent_executor::EVENT_BACKLOG as u32;
+        assert!(
+            (STORM - backlog - 1..=STORM - backlog).contains(&refused),
+            "a burst past the backlog is refused, not held: {refused}"
+        );
+        assert!(
+            posted < 10,
+            "the eviction went out while the events were still being posted ({posted} done)"
+        );
+    })
+    .await;
+}
+
+/// A runtime socket that accepts and never answers: image detection and reclaim wait in the
+/// runtime lane (each call up to the CRI timeout), and an eviction goes out meanwhile.
+#[tokio::test]
+async fn a_runtime_that_never_answers_never_delays_an_eviction() {
+    bounded(async {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("cri.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let fake = Fake::start(api(Reply::json(201, "{}"))).await;
+        let runtime = Runtime {
+            settings: node_agent_cri::CriSettings {
+                endpoint: node_agent_cri::Endpoint::from_path(&socket),
+                timeout: Duration::from_secs(1),
+            },
+            gc: node_agent_cri::reclaim::GcPolicy::default(),
+        };
+        let mut ex = start(Settings {
+            runtime: Some(runtime),
+            ..settings(&fake, PdbPolicy::Respect, false)
+        });
+        ex.executor.submit(Action::DetectImages);
+        ex.executor.submit(Action::Reclaim(Box::new(Reclaim {
+            signal: Signal::NodeFsAvailable,
+            layout: node_agent_cri::reclaim::FsLayout::Shared,
+            pods: node_agent_cri::reclaim::PodStates::default(),
+        })));
+        let report = ex.evict(decision(true), pod()).await;
+        assert_eq!(
+            report.attempt.result,
+            EvictionResult::Evicted,
+            "the first outcome is the eviction's, with the runtime stuck"
+        );
+        let mut runtime_outcomes = Vec::new();
+        while runtime_outcomes.len() < 2 {
+            match ex.outcomes.recv().await.unwrap() {
+                Outcome::ImagesDetected(r) => {
+                    runtime_outcomes.push(format!("images: {}", r.expect_err("never answered")))
+                }
+                Outcome::Reclaim(o) => {
+                    assert_eq!(o.result, ReclaimResult::RuntimeUnavailable);
+                    assert!(
+                        matches!(o.error, Some(RuntimeError::Cri(_))),
+                        "typed: {:?}",
+                        o.error
+                    );
+                    runtime_outcomes.push(format!("reclaim: {}", o.summary()));
+                }
+                other => panic!("unexpected {}", kind(&other)),
+            }
+        }
+        assert!(
+            runtime_outcomes
+                .iter()
+                .all(|o| o.contains("no answer within 1s")),
+            "{runtime_outcomes:?}"
+        );
+        silent.abort();
     })
     .await;
 }

@@ -1,12 +1,14 @@
-//! The node's pressure taint through the one executor, against the strict fake holding a real
-//! Node (`NodeStore`: resourceVersion, 409 on a stale one): it comes with pressure, goes when
-//! the condition clears, leaves every other taint as it was, survives a concurrent change,
-//! never appears in dry run, and is removed when the config turns it off.
+//! The node's pressure taint through the one executor's status lane, against the strict fake
+//! holding a real Node (`NodeStore`: resourceVersion, 409 on a stale one): it comes with
+//! pressure, goes when the condition clears, leaves every other taint as it was, survives a
+//! concurrent change, never appears in dry run, and is removed when the config turns it off.
+//! (The lane writes the condition first; these tests look at the taint's requests, which go
+//! to the Node itself rather than its `/status`.)
 
 use std::sync::{Arc, Mutex};
 
+use node_agent_executor::{Action, Executor, Outcome, Settings};
 use node_agent_kube::{
-    executor::{self, Action, Outcome, Settings},
     fake::{Fake, NodeStore, Reply, Seen, TEST_BOUND},
     taint::{TaintChange, TAINT_KEY},
     transport::ApiRequest,
@@ -14,6 +16,12 @@ use node_agent_kube::{
 use node_agent_policy::{Eligibility, NodeCondition};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
+
+/// The taint's requests: reads and writes of the Node itself.
+fn node_calls(calls: Vec<(String, String)>) -> Vec<(String, String)> {
+    let path = format!("/api/v1/nodes/{NODE}");
+    calls.into_iter().filter(|(_, p)| *p == path).collect()
+}
 
 const NODE: &str = "worker-1";
 
@@ -42,8 +50,8 @@ fn node(taints: Value) -> NodeStore {
 
 struct Running {
     fake: Fake,
-    actions: mpsc::Sender<Action>,
-    outcomes: mpsc::Receiver<Outcome>,
+    executor: Executor,
+    outcomes: mpsc::UnboundedReceiver<Outcome>,
     settings: watch::Sender<Settings>,
 }
 
@@ -51,9 +59,14 @@ async fn start(store: &NodeStore, taint: bool, dry_run: bool) -> Running {
     let fake = Fake::start({
         let store = store.clone();
         move |s: &Seen, _| {
-            store
-                .answer(s)
-                .unwrap_or_else(|| Reply::status(404, "NotFound", "not found"))
+            store.answer(s).unwrap_or_else(|| {
+                // The condition's patch of the Node's status.
+                if s.method == "PATCH" && s.path == format!("/api/v1/nodes/{NODE}/status") {
+                    Reply::json(200, store.node().to_string())
+                } else {
+                    Reply::status(404, "NotFound", "not found")
+                }
+            })
         }
     })
     .await;
@@ -62,17 +75,15 @@ async fn start(store: &NodeStore, taint: bool, dry_run: bool) -> Running {
         generation: 0,
         dry_run,
         pdb_policy: node_agent_kube::config::PdbPolicy::Respect,
-        evictions_per_minute: 6,
-        eviction_burst: 1,
         eligibility: Eligibility::default(),
         taint,
         runtime: None,
     };
     let (tx, rx) = watch::channel(settings);
-    let (actions, outcomes, _task) = executor::spawn(rx, 8);
+    let (executor, outcomes) = Executor::spawn(rx);
     Running {
         fake,
-        actions,
+        executor,
         outcomes,
         settings: tx,
     }
@@ -83,18 +94,20 @@ impl Running {
         &mut self,
         conditions: Vec<NodeCondition>,
     ) -> Result<Option<TaintChange>, String> {
-        self.actions
-            .send(Action::Taint { conditions })
-            .await
-            .unwrap();
+        self.executor.submit(Action::Status { conditions });
         match self.outcomes.recv().await.unwrap() {
-            Outcome::Taint { result, .. } => result,
-            other => panic!("not a taint outcome: {other:?}"),
+            Outcome::Status(report) => {
+                assert!(report.condition.is_ok(), "{:?}", report.condition);
+                report.taint.map_err(|e| e.to_string())
+            }
+            other => panic!("not a status outcome: {other:?}"),
         }
     }
 
+    /// The taint's calls (the condition's go to the Node's `/status`, apart from its one read
+    /// of the Node at the first report).
     fn calls(&self) -> Vec<(String, String)> {
-        self.fake.calls()
+        node_calls(self.fake.calls())
     }
 }
 
@@ -150,14 +163,14 @@ async fn the_taint_comes_with_pressure_and_goes_with_the_condition_others_untouc
         after["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"].clone();
         assert_eq!(after, before);
         // Each change: a read, then a merge patch conditional on the version read.
+        let path = format!("/api/v1/nodes/{NODE}");
         let patches: Vec<Seen> = ex
             .fake
             .seen()
             .into_iter()
-            .filter(|s| s.method == "PATCH")
+            .filter(|s| s.method == "PATCH" && s.path == path)
             .collect();
         assert_eq!(patches.len(), 3);
-        let path = format!("/api/v1/nodes/{NODE}");
         for p in &patches {
             assert_eq!(p.path, path);
             assert_eq!(
@@ -179,7 +192,12 @@ async fn the_taint_comes_with_pressure_and_goes_with_the_condition_others_untouc
         }
         assert_eq!(patches[0].body["metadata"]["resourceVersion"], "100");
         let gets = ex.calls().iter().filter(|(m, _)| m == "GET").count();
-        assert_eq!(gets, 4, "one read per action: {:?}", ex.calls());
+        assert_eq!(
+            gets,
+            1 + 4,
+            "the condition's first read, then one per taint action: {:?}",
+            ex.calls()
+        );
     })
     .await;
 }
@@ -251,7 +269,12 @@ async fn dry_run_never_taints_and_sends_nothing() {
             ex.taint(vec![NodeCondition::MemoryPressure]).await,
             Ok(None)
         );
-        assert!(ex.calls().is_empty(), "{:?}", ex.calls());
+        assert_eq!(
+            ex.calls(),
+            [("GET".to_string(), format!("/api/v1/nodes/{NODE}"))],
+            "only the condition's first read of the node"
+        );
+        assert!(ex.fake.calls().iter().all(|(m, _)| m == "GET"));
         // Dry run set by a reload holds for the next action.
         ex.settings.send_modify(|s| s.dry_run = false);
         assert_eq!(

@@ -1,8 +1,9 @@
-//! Pacing evictions: a token bucket capping evictions per minute. (The wait after each
-//! eviction until the pod's cgroup is gone, as the kubelet waits for pod cleanup, is the
-//! daemon's: it watches the cgroup.)
+//! Pacing evictions: a token bucket capping evictions per minute, part of the plan, so the plan
+//! never hands over an eviction that the pacing would hold. (The wait after each eviction until
+//! the pod's cgroup is gone, as the kubelet waits for pod cleanup, is the plan's in-flight
+//! rule.) Time is the plan's `now`: a duration since a fixed start.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Capacity `burst`, refilled at `per_minute` tokens a minute. Pure: time comes in as `now`.
 #[derive(Debug, Clone, PartialEq)]
@@ -10,12 +11,12 @@ pub struct TokenBucket {
     burst: f64,
     per_second: f64,
     tokens: f64,
-    last: Instant,
+    last: Duration,
 }
 
 impl TokenBucket {
     /// A full bucket at `now`.
-    pub fn new(per_minute: u32, burst: u32, now: Instant) -> Self {
+    pub fn new(per_minute: u32, burst: u32, now: Duration) -> Self {
         let burst = f64::from(burst.max(1));
         Self {
             burst,
@@ -25,15 +26,15 @@ impl TokenBucket {
         }
     }
 
-    fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+    fn refill(&mut self, now: Duration) {
+        let elapsed = now.saturating_sub(self.last).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
         self.last = self.last.max(now);
     }
 
     /// New rates from a reload; the tokens held stay (up to the new burst), so a reload neither
     /// grants a fresh burst nor takes one away.
-    pub fn reconfigure(&mut self, per_minute: u32, burst: u32, now: Instant) {
+    pub fn reconfigure(&mut self, per_minute: u32, burst: u32, now: Duration) {
         self.refill(now);
         self.burst = f64::from(burst.max(1));
         self.per_second = f64::from(per_minute) / 60.0;
@@ -41,13 +42,13 @@ impl TokenBucket {
     }
 
     /// Gives back a token taken for a request that changed nothing (the server refused it).
-    pub fn refund(&mut self, now: Instant) {
+    pub fn refund(&mut self, now: Duration) {
         self.refill(now);
         self.tokens = (self.tokens + 1.0).min(self.burst);
     }
 
     /// Takes a token, or says how long until one is available.
-    pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
+    pub fn try_take(&mut self, now: Duration) -> Result<(), Duration> {
         self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
@@ -68,7 +69,7 @@ mod tests {
 
     #[test]
     fn bucket_allows_burst_then_paces() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(1000);
         let s = Duration::from_secs;
         let mut b = TokenBucket::new(6, 2, t0);
         // (time since t0, expected result)
@@ -94,7 +95,7 @@ mod tests {
 
     #[test]
     fn time_going_backwards_adds_no_tokens() {
-        let t0 = Instant::now() + Duration::from_secs(100);
+        let t0 = Duration::from_secs(100);
         let mut b = TokenBucket::new(60, 1, t0);
         assert!(b.try_take(t0).is_ok());
         assert!(b.try_take(t0 - Duration::from_secs(50)).is_err());
@@ -102,7 +103,7 @@ mod tests {
 
     #[test]
     fn refunds_and_new_rates_keep_what_is_held() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(1000);
         let s = Duration::from_secs;
         let mut b = TokenBucket::new(6, 1, t0);
         assert!(b.try_take(t0).is_ok());

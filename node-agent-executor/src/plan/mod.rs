@@ -1,17 +1,29 @@
-//! From a decision to actions, as data: what the loop remembers about acting (the eviction in
-//! flight, pods not evictable now, pacing, what was last reported) and the pure functions that
-//! turn a decision, and each outcome the executor reports, into the next actions.
+//! The acting plan, pure: from a decision to actions, as data, and what the plan remembers
+//! about acting (the evictions in flight, pods not evictable now, the pacing, what was last
+//! reported); each outcome the executor reports comes back through [`Acting::reported`] and
+//! [`Acting::reclaimed`]. Time is always the caller's `now`.
 //!
 //! Node-level reclaim goes before an eviction for a disk signal, as the kubelet's
 //! `reclaimNodeLevelResources` does: when the signal being reclaimed has node-level reclaim
 //! functions (by filesystem layout), the plan hands a [`Reclaim`] action to the executor and
-//! holds every eviction until its outcome is back and the loop has observed the node again;
-//! from then on, until `interval` has passed, the pods are ranked and evicted as before. So at
-//! most one reclaim runs per `interval` (the kubelet: once per synchronize).
+//! holds every eviction for a disk signal until its outcome is back and the loop has observed
+//! the node again; from then on, until `interval` has passed, the pods are ranked and evicted as
+//! before. So at most one reclaim runs per `interval` (the kubelet: once per synchronize). An
+//! eviction for memory or PIDs never waits for the runtime: a hung runtime must not delay it
+//! (the kubelet would not be reclaiming disk while memory is the signal to reclaim either).
 //!
-//! At most one eviction is in flight: from the moment it is handed to the executor until its
-//! outcome says nothing is going (refused, blocked, failed, paced), or until the pod's cgroup
-//! is gone (the kubelet's wait for pod cleanup) or `eviction_wait_timeout` passed.
+//! Evictions leave one decision at a time (one pod for a threshold, every pod over a local
+//! storage limit at once): from the moment they are handed to the executor until each outcome
+//! says nothing is going (refused, blocked, failed), or until each pod's cgroup is gone (the
+//! kubelet's wait for pod cleanup) or `eviction_wait_timeout` passed. Each one takes a token of
+//! the pacing ([`pacing::TokenBucket`]); without one the plan holds the eviction and says until
+//! when ([`Acting::paced_until`]), so the executor never refuses one.
+
+mod pacing;
+#[cfg(test)]
+mod reclaim_tests;
+#[cfg(test)]
+mod tests;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
@@ -24,16 +36,21 @@ use node_agent_kube::{
     config::{KubeConfig, NodeOomEvents},
     events::OomKill,
     evict::EvictionResult,
-    executor::{Action, Evict, NodeEvent, Report},
-    reclaim::Reclaim,
 };
 use node_agent_policy::{
-    Decision, Eligibility, NodeCondition, NotEvictableNow, PassedOver, PodInfo, Signal,
-    StorageLimit,
+    Decision, Eligibility, EvictionSignal, NodeCondition, NotEvictableNow, PassedOver, PodInfo,
+    Signal, StorageLimit,
+};
+
+pub use pacing::TokenBucket;
+
+use crate::{
+    action::{Action, Evict, NodeEvent, Report},
+    reclaim::Reclaim,
 };
 
 /// The actions for a kernel OOM kill: a node event under the agent's own reason, naming the
-/// process and its pod, unless `kubernetes.node_oom_events: off` leaves kills to
+/// process and its pod, unless `kubernetes.nodeOOMEvents: off` leaves kills to
 /// node-problem-detector. (Standalone, the executor only logs it.)
 pub fn oom_kill_actions(kube: Option<&KubeConfig>, kill: OomKill) -> Vec<Action> {
     match kube.map_or(NodeOomEvents::Own, |k| k.node_oom_events) {
@@ -54,10 +71,11 @@ pub struct Timing {
     pub failed: Duration,
 }
 
-/// The eviction in flight.
+/// An eviction in flight.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InFlight {
     pub pod_id: String,
+    pub signal: EvictionSignal,
     pub since: Duration,
     /// The pod's cgroup, to see it go.
     pub cgroup: Option<PathBuf>,
@@ -88,6 +106,13 @@ struct Hold {
     until: Option<Duration>,
 }
 
+/// Evictions per minute and the burst allowed (`evictionsPerMinute`, `evictionBurst`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rates {
+    pub per_minute: u32,
+    pub burst: u32,
+}
+
 /// Something for the loop to log or count.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Note {
@@ -106,6 +131,11 @@ pub enum Note {
     EvictablePodAgain,
     /// A decision to evict was not acted on: the pod data is stale (every time).
     Stale,
+    /// A decision to evict is held by the pacing until `until` (once per wait).
+    Paced {
+        signal: EvictionSignal,
+        until: Duration,
+    },
     /// The pods over a local storage limit that may not be evicted (critical, excluded, not
     /// evictable now) changed; empty when none is left.
     OverLimitKept(Vec<(PassedOver, StorageLimit)>),
@@ -120,9 +150,15 @@ pub struct Plan {
 
 #[derive(Debug, Default)]
 pub struct Acting {
-    in_flight: Option<InFlight>,
+    /// By pod id.
+    in_flight: BTreeMap<String, InFlight>,
     holds: BTreeMap<String, Hold>,
+    /// `None`: no pacing (tests, and `simulate`).
+    bucket: Option<TokenBucket>,
+    /// When the pacing allows the next eviction, while it does not now.
     paced_until: Option<Duration>,
+    /// When the API server (shedding load) allows the next eviction, while it does not now.
+    server_until: Option<Duration>,
     last_met: BTreeSet<Signal>,
     last_conditions: Option<Vec<NodeCondition>>,
     no_evictable: Option<Signal>,
@@ -137,13 +173,22 @@ impl Acting {
         &self.over_limit_kept
     }
 
-    pub fn in_flight(&self) -> Option<&InFlight> {
-        self.in_flight.as_ref()
+    /// The evictions in flight, by pod id.
+    pub fn in_flight(&self) -> impl Iterator<Item = &InFlight> {
+        self.in_flight.values()
+    }
+
+    pub fn has_in_flight(&self) -> bool {
+        !self.in_flight.is_empty()
     }
 
     /// When the pacing (or the API server) allows the next attempt, if it does not now.
     pub fn paced_until(&self, now: Duration) -> Option<Duration> {
-        self.paced_until.filter(|t| *t > now)
+        [self.paced_until, self.server_until]
+            .into_iter()
+            .flatten()
+            .filter(|t| *t > now)
+            .max()
     }
 
     /// `base` (own pod, exclusions) with the pods not evictable at `now`.
@@ -175,14 +220,17 @@ impl Acting {
         // follow it.
         if let Some(reclaim) = self.node_reclaim(decision, pods, fresh, now) {
             plan.actions.push(reclaim);
-        } else if self.reclaim.in_flight.is_some() {
-            // Nothing is evicted until the reclaim's outcome is back and the node observed again.
-        } else if let Some(evict) =
-            self.eviction(decision, pods, fresh, trigger_ktime_ns, cgroup_of, now)
+        } else if self.reclaim.in_flight.is_some()
+            && decision
+                .reclaim
+                .is_some_and(|s| !s.is_memory() && s != Signal::PidAvailable)
         {
-            plan.actions.push(evict);
-        } else if decision.evict.is_some() && !fresh {
+            // Nothing is evicted for a disk signal until the reclaim's outcome is back and the
+            // node observed again.
+        } else if !decision.evictions.is_empty() && !fresh {
             plan.notes.push(Note::Stale);
+        } else {
+            self.evictions(decision, pods, trigger_ktime_ns, cgroup_of, now, &mut plan);
         }
         let met: BTreeSet<Signal> = decision.thresholds_met.iter().map(|t| t.signal).collect();
         let mut resources = BTreeSet::new();
@@ -201,14 +249,11 @@ impl Acting {
             });
         }
         if conditions_changed {
-            plan.actions.push(Action::Condition {
-                pressure: !decision.conditions.is_empty(),
-                conditions: decision.conditions.clone(),
-            });
-            // The taint follows the condition: on while it is True, off when it clears (after
-            // the transition period, as the policy decides it). Whether taints are wanted at
-            // all is the executor's setting, so a reload applies it with the next report.
-            plan.actions.push(Action::Taint {
+            // The condition, and the taint that follows it: on while it is True, off when it
+            // clears (after the transition period, as the policy decides it). Whether taints
+            // are wanted at all is the executor's setting, so a reload applies it with the
+            // next report.
+            plan.actions.push(Action::Status {
                 conditions: decision.conditions.clone(),
             });
             self.last_conditions = Some(decision.conditions.clone());
@@ -240,6 +285,22 @@ impl Acting {
             node_reclaim,
             ..Self::default()
         }
+    }
+
+    /// Sets (or, `None`, turns off) the pacing; from config, at start and on reload. The tokens
+    /// held stay (up to the new burst): a reload neither grants a fresh burst nor takes one
+    /// away.
+    pub fn set_pacing(&mut self, rates: Option<Rates>, now: Duration) {
+        self.bucket = match (self.bucket.take(), rates) {
+            (_, None) => None,
+            (None, Some(r)) => Some(TokenBucket::new(r.per_minute, r.burst, now)),
+            (Some(mut b), Some(r)) => {
+                b.reconfigure(r.per_minute, r.burst, now);
+                Some(b)
+            }
+        };
+        // Asked anew at the next decision, at the new rates.
+        self.paced_until = None;
     }
 
     /// Sets (or, `None`, turns off) node-level reclaim; from config, at start and on reload.
@@ -293,34 +354,56 @@ impl Acting {
         };
     }
 
-    /// The eviction to hand over, if the decision has one and nothing holds it back (stale
-    /// data, one in flight, pacing).
-    fn eviction(
+    /// The evictions to hand over, if the decision has any and nothing holds them back (a
+    /// decision's evictions still in flight, the pacing). Each takes a pacing token: of several
+    /// (pods over local storage limits), those without one wait for a later decision.
+    fn evictions(
         &mut self,
         decision: &Decision,
         pods: &[PodInfo],
-        fresh: bool,
         trigger_ktime_ns: Option<u64>,
         cgroup_of: &dyn Fn(&PodInfo) -> Option<PathBuf>,
         now: Duration,
-    ) -> Option<Action> {
-        let eviction = decision.evict.as_ref().filter(|_| fresh)?;
-        if self.in_flight.is_some() || self.paced_until(now).is_some() {
-            return None;
+        plan: &mut Plan,
+    ) {
+        if decision.evictions.is_empty()
+            || !self.in_flight.is_empty()
+            || self.paced_until(now).is_some()
+        {
+            return;
         }
-        let id = eviction.pod_id();
-        let pod = pods.iter().find(|p| p.id() == id)?;
-        self.in_flight = Some(InFlight {
-            pod_id: id,
-            since: now,
-            cgroup: cgroup_of(pod),
-            going_until: None,
-        });
-        Some(Action::Evict(Box::new(Evict {
-            eviction: eviction.clone(),
-            pod: pod.clone(),
-            trigger_ktime_ns,
-        })))
+        for eviction in &decision.evictions {
+            let id = eviction.pod_id();
+            let Some(pod) = pods.iter().find(|p| p.id() == id) else {
+                continue;
+            };
+            if let Some(bucket) = &mut self.bucket {
+                if let Err(wait) = bucket.try_take(now) {
+                    let until = now.saturating_add(wait);
+                    self.paced_until = Some(until);
+                    plan.notes.push(Note::Paced {
+                        signal: eviction.signal,
+                        until,
+                    });
+                    return;
+                }
+            }
+            self.in_flight.insert(
+                id.clone(),
+                InFlight {
+                    pod_id: id,
+                    signal: eviction.signal,
+                    since: now,
+                    cgroup: cgroup_of(pod),
+                    going_until: None,
+                },
+            );
+            plan.actions.push(Action::Evict(Box::new(Evict {
+                eviction: eviction.clone(),
+                pod: pod.clone(),
+                trigger_ktime_ns,
+            })));
+        }
     }
 
     /// What the executor reported about an eviction.
@@ -328,69 +411,82 @@ impl Acting {
         let id = report.eviction.pod_id();
         let attempt = &report.attempt;
         let hold = |reason, until| Hold { reason, until };
-        let is_ours = self.in_flight.as_ref().is_some_and(|f| f.pod_id == id);
+        if attempt.result.nothing_done() {
+            // The server said plainly nothing was done: the pacing token goes back.
+            if let Some(bucket) = &mut self.bucket {
+                bucket.refund(now);
+            }
+        }
         match attempt.result {
             EvictionResult::Evicted | EvictionResult::PdbOverridden | EvictionResult::DryRun => {
                 if attempt.result != EvictionResult::DryRun {
                     self.holds
-                        .insert(id, hold(NotEvictableNow::Terminating, None));
+                        .insert(id.clone(), hold(NotEvictableNow::Terminating, None));
                 }
-                if let Some(f) = self.in_flight.as_mut().filter(|_| is_ours) {
+                if let Some(f) = self.in_flight.get_mut(&id) {
                     f.going_until = Some(now + timing.wait_timeout);
                 }
                 return;
             }
+            // Only the plan paces; an executor never reports this, but were one to, it is
+            // waited out like the server's own pacing.
             EvictionResult::RateLimited => {
-                self.paced_until = Some(now + attempt.retry_after.unwrap_or(timing.failed));
+                self.server_until = Some(now + attempt.retry_after.unwrap_or(timing.failed));
             }
             EvictionResult::ApiRateLimited => {
-                self.paced_until =
+                self.server_until =
                     Some(now + attempt.retry_after.unwrap_or(Duration::from_secs(1)));
             }
             EvictionResult::AlreadyGone => {
                 self.holds
-                    .insert(id, hold(NotEvictableNow::Terminating, None));
+                    .insert(id.clone(), hold(NotEvictableNow::Terminating, None));
             }
             EvictionResult::BlockedByPdb => {
                 let wait = timing
                     .pass_over
                     .max(attempt.retry_after.unwrap_or_default());
                 self.holds.insert(
-                    id,
+                    id.clone(),
                     hold(NotEvictableNow::BlockedByDisruptionBudget, Some(now + wait)),
                 );
             }
             EvictionResult::Refused => {
                 self.holds.insert(
-                    id,
+                    id.clone(),
                     hold(NotEvictableNow::Refused, Some(now + timing.pass_over)),
                 );
             }
             EvictionResult::Failed => {
-                self.holds
-                    .insert(id, hold(NotEvictableNow::Failed, Some(now + timing.failed)));
+                self.holds.insert(
+                    id.clone(),
+                    hold(NotEvictableNow::Failed, Some(now + timing.failed)),
+                );
             }
         }
-        if is_ours {
-            self.in_flight = None;
-        }
+        self.in_flight.remove(&id);
     }
 
-    /// Ends the eviction in flight once its pod's cgroup is gone (or the wait ran out); drops
-    /// expired holds. Returns the eviction that ended, and whether its cgroup went.
+    /// Ends each eviction in flight whose pod's cgroup is gone (or whose wait ran out); drops
+    /// expired holds. Returns the evictions that ended, and whether each one's cgroup went.
     pub fn settle(
         &mut self,
         now: Duration,
         exists: &dyn Fn(&Path) -> bool,
-    ) -> Option<(InFlight, bool)> {
+    ) -> Vec<(InFlight, bool)> {
         self.holds.retain(|_, h| h.until.is_none_or(|u| now < u));
-        let f = self.in_flight.as_ref()?;
-        let until = f.going_until?;
-        let gone = f.cgroup.as_deref().is_some_and(|c| !exists(c));
-        if gone || now >= until {
-            return self.in_flight.take().map(|f| (f, gone));
-        }
-        None
+        let mut ended = Vec::new();
+        self.in_flight.retain(|_, f| {
+            let Some(until) = f.going_until else {
+                return true;
+            };
+            let gone = f.cgroup.as_deref().is_some_and(|c| !exists(c));
+            if gone || now >= until {
+                ended.push((f.clone(), gone));
+                return false;
+            }
+            true
+        });
+        ended
     }
 
     /// Forgets holds "while listed" of pods the pod source no longer lists.
@@ -399,10 +495,8 @@ impl Acting {
             .retain(|id, h| h.until.is_some() || listed.contains(id));
     }
 
-    /// After a config reload: the pacing is the executor's again, and what was reported is
-    /// reported anew under the new settings.
+    /// After a config reload: what was reported is reported anew under the new settings.
     pub fn reset_reported(&mut self) {
-        self.paced_until = None;
         self.last_conditions = None;
         self.last_met.clear();
     }

@@ -10,7 +10,7 @@ use std::{collections::HashSet, path::PathBuf, time::Duration};
 
 use node_agent_common::MAX_TRACKED_CGROUPS;
 
-use super::{CgroupIndex, IndexError, RescanSchedule};
+use crate::cgroup::{CgroupIndex, IndexError, RescanSchedule};
 use crate::ebpf::{ControlError, KernelPrograms};
 
 /// What the tracker asks of the kernel programs ([`KernelPrograms`] in the agent; a recorder
@@ -251,7 +251,7 @@ mod tests {
     }
 
     fn id(p: &std::path::Path) -> u64 {
-        super::super::cgroup_id(p).unwrap()
+        crate::cgroup::cgroup_id(p).unwrap()
     }
 
     #[test]

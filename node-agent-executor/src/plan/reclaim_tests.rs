@@ -1,16 +1,17 @@
 //! Node-level reclaim in the acting plan: which decisions reclaim before evicting (disk
 //! signals with reclaim functions for the layout, a runtime configured), that nothing is
-//! evicted while a reclaim is out, and that reclaims are paced.
+//! evicted for a disk signal while a reclaim is out (memory and PIDs never wait for the
+//! runtime), and that reclaims are paced.
 
 use std::{path::PathBuf, time::Duration};
 
 use node_agent_cri::reclaim::{FsLayout, PodPhase};
-use node_agent_kube::executor::Action;
 use node_agent_policy::{
     Decision, Eviction, Format, MetThreshold, NodeCondition, PodInfo, Quantity, Signal,
 };
 
-use super::acting::{Acting, NodeReclaim};
+use super::{Acting, NodeReclaim};
+use crate::action::Action;
 
 const INTERVAL: Duration = Duration::from_secs(10);
 
@@ -48,7 +49,7 @@ fn decision(signal: Signal, past_grace: bool) -> Decision {
         }],
         conditions: vec![signal.node_condition()],
         reclaim: past_grace.then_some(signal),
-        evict: past_grace.then(|| Eviction {
+        evictions: Vec::from_iter(past_grace.then(|| Eviction {
             namespace: "shop".into(),
             name: "a".into(),
             uid: Some("uid-a".into()),
@@ -60,7 +61,7 @@ fn decision(signal: Signal, past_grace: bool) -> Decision {
             offending_containers: vec![],
             threshold_quantity: Quantity::from_int(100, Format::BinarySi),
             available: Quantity::from_int(10, Format::BinarySi),
-        }),
+        })),
         passed_over: Vec::new(),
         over_limit_passed_over: Vec::new(),
     }
@@ -207,24 +208,30 @@ fn nothing_is_evicted_until_the_reclaim_is_back_then_reclaims_are_paced() {
 }
 
 #[test]
-fn a_memory_decision_meanwhile_does_not_evict_during_a_reclaim() {
-    // The kubelet reclaims, observes, then ranks: one pass at a time, whatever the signal.
-    let mut a = acting(Some(FsLayout::Shared));
-    let disk = decision(Signal::NodeFsAvailable, true);
-    let memory = decision(Signal::MemoryAvailable, true);
-    assert_eq!(
-        first(&a.plan(&disk, &pods(), true, None, &cgroup, s(0)).actions),
-        "reclaim nodefs.available"
-    );
-    assert_eq!(
-        first(&a.plan(&memory, &pods(), true, None, &cgroup, s(1)).actions),
-        "none"
-    );
-    a.reclaimed(s(2));
-    assert_eq!(
-        first(&a.plan(&memory, &pods(), true, None, &cgroup, s(2)).actions),
-        "evict a"
-    );
+fn memory_and_pids_evict_at_once_while_a_disk_reclaim_runs() {
+    // The kubelet would be reclaiming memory, not disk, once memory is the signal to reclaim;
+    // a runtime that does not answer must never hold a memory eviction back.
+    for signal in [Signal::MemoryAvailable, Signal::PidAvailable] {
+        let mut a = acting(Some(FsLayout::Shared));
+        let disk = decision(Signal::NodeFsAvailable, true);
+        assert_eq!(
+            first(&a.plan(&disk, &pods(), true, None, &cgroup, s(0)).actions),
+            "reclaim nodefs.available"
+        );
+        assert_eq!(
+            first(
+                &a.plan(&decision(signal, true), &pods(), true, None, &cgroup, s(1))
+                    .actions
+            ),
+            "evict a",
+            "{signal}"
+        );
+        assert_eq!(
+            first(&a.plan(&disk, &pods(), true, None, &cgroup, s(2)).actions),
+            "none",
+            "{signal}: the disk signal still waits for its reclaim"
+        );
+    }
 }
 
 #[test]
@@ -277,7 +284,7 @@ fn the_pressure_event_and_condition_still_go_with_the_reclaim() {
         .actions
         .iter()
         .any(|a| matches!(a, Action::NodeEvent(_))));
-    assert!(plan.actions.iter().any(|a| matches!(a, Action::Condition { conditions, .. } if conditions == &[NodeCondition::DiskPressure])));
+    assert!(plan.actions.iter().any(|a| matches!(a, Action::Status { conditions } if conditions == &[NodeCondition::DiskPressure])));
 }
 
 #[test]

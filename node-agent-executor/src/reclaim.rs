@@ -1,13 +1,15 @@
-//! Node-level reclaim, the executor's part: the kubelet deletes dead containers and unused
-//! images through the container runtime before it evicts for disk pressure
-//! (`reclaimNodeLevelResources`); the loop decides when ([`Reclaim`] as an action), this
+//! Node-level reclaim, the executor's runtime sink: the kubelet deletes dead containers and
+//! unused images through the container runtime before it evicts for disk pressure
+//! (`reclaimNodeLevelResources`); the plan decides when ([`Reclaim`] as an action), this
 //! module lists the runtime, builds the pure [`ReclaimPlan`], carries it out step by step (or,
 //! in dry run, only reports it) and returns a [`ReclaimOutcome`] for the loop, which observes
-//! the filesystem again before anything is evicted.
+//! the filesystem again before anything is evicted for that signal. This is the one runner of
+//! a reclaim plan.
 //!
-//! The runtime is reached only from the one executor task: a lazily connected CRI client, kept
-//! until the `cri:` settings change, and the kubelet's image history (`imageRecords`), updated
-//! by [`Action::DetectImages`](crate::executor::Action::DetectImages) and at each reclaim.
+//! The runtime is reached only from the executor's runtime lane: a lazily connected CRI
+//! client, kept until the `cri:` settings change, and the kubelet's image history
+//! (`imageRecords`), updated by [`Action::DetectImages`](crate::Action::DetectImages) and at
+//! each reclaim.
 
 use std::time::SystemTime;
 
@@ -17,17 +19,40 @@ use node_agent_cri::{
         human_bytes, FsLayout, GcPolicy, ImageHistory, PlanInput, PodStates, ReclaimPlan,
         ReclaimReport, Step, StepResult, Target,
     },
-    CriClient, CriSettings,
+    CriClient, CriError, CriSettings,
 };
+use node_agent_kube::{api::ApiError, events};
 use node_agent_policy::Signal;
 
-use crate::events;
+use crate::lanes::Refused;
+
+/// Why the runtime was not asked, or did not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("no container runtime configured")]
+    NotConfigured,
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error(transparent)]
+    Busy(Refused),
+}
 
 /// The container runtime node-level reclaim goes through (`cri:`), and its GC settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Runtime {
     pub settings: CriSettings,
     pub gc: GcPolicy,
+}
+
+/// What image detection found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detected {
+    /// How many images the runtime has.
+    pub images: usize,
+    /// Where it keeps images (`ImageFsInfo`'s first image filesystem), if it says.
+    pub image_fs: Option<String>,
+    /// Where it keeps writable layers (its first container filesystem), if it says.
+    pub container_fs: Option<String>,
 }
 
 /// Carry out node-level reclaim for a met threshold of `signal`.
@@ -85,7 +110,7 @@ impl std::str::FromStr for ReclaimResult {
 }
 
 /// What the executor reports about one reclaim.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ReclaimOutcome {
     pub signal: Signal,
     pub result: ReclaimResult,
@@ -94,9 +119,9 @@ pub struct ReclaimOutcome {
     /// The steps carried out (empty in dry run).
     pub report: ReclaimReport,
     /// Why the runtime could not be listed.
-    pub error: Option<String>,
+    pub error: Option<RuntimeError>,
     /// The node event could not be posted.
-    pub event_error: Option<String>,
+    pub event_error: Option<ApiError>,
     pub at: SystemTime,
 }
 
@@ -111,6 +136,19 @@ pub struct Tally {
 }
 
 impl ReclaimOutcome {
+    /// Nothing was done: the runtime could not be asked.
+    pub fn unavailable(signal: Signal, error: RuntimeError) -> Self {
+        Self {
+            signal,
+            result: ReclaimResult::RuntimeUnavailable,
+            plan: None,
+            report: ReclaimReport::default(),
+            error: Some(error),
+            event_error: None,
+            at: SystemTime::now(),
+        }
+    }
+
     /// Bytes the removed objects were expected to free (the runtime's sizes); in dry run, what
     /// the whole plan would free.
     pub fn expected_bytes(&self) -> u64 {
@@ -145,7 +183,7 @@ impl ReclaimOutcome {
 
     /// The first failure, for logs and the event.
     pub fn first_failure(&self) -> Option<String> {
-        self.error.clone().or_else(|| {
+        self.error.as_ref().map(ToString::to_string).or_else(|| {
             self.report.outcomes.iter().find_map(|o| match &o.result {
                 StepResult::Failed { error } => Some(error.clone()),
                 _ => None,
@@ -161,7 +199,9 @@ impl ReclaimOutcome {
         match self.result {
             ReclaimResult::RuntimeUnavailable => format!(
                 "node-level reclaim for {signal} not done: the container runtime is unavailable ({})",
-                self.error.as_deref().unwrap_or("unknown error")
+                self.error
+                    .as_ref()
+                    .map_or_else(|| "unknown error".to_string(), ToString::to_string)
             ),
             ReclaimResult::NothingToReclaim => {
                 format!("node-level reclaim for {signal}: no dead container or unused image to remove")
@@ -210,16 +250,26 @@ impl NodeReclaimer {
         }
     }
 
-    /// The kubelet's periodic `detectImages`: images first seen, images in use now. Returns
-    /// how many images the runtime has.
-    pub(crate) async fn detect(&mut self, runtime: &Runtime) -> Result<usize, String> {
+    /// The kubelet's periodic `detectImages`: images first seen, images in use now; and where
+    /// the runtime keeps images and writable layers (`ImageFsInfo`), from which the daemon
+    /// decides the filesystem layout as the kubelet does.
+    pub(crate) async fn detect(&mut self, runtime: &Runtime) -> Result<Detected, RuntimeError> {
         let client = self.client(&runtime.settings);
-        let (images, containers) =
-            tokio::try_join!(client.list_images(), client.list_containers(None))
-                .map_err(|e| e.to_string())?;
+        let (images, containers, fs) = tokio::try_join!(
+            client.list_images(),
+            client.list_containers(None),
+            client.image_fs_info()
+        )?;
         self.history
             .detect(&images, &containers, jiff::Timestamp::now());
-        Ok(images.len())
+        let first = |list: &[node_agent_cri::model::FilesystemUsage]| {
+            list.first().map(|f| f.mountpoint.clone())
+        };
+        Ok(Detected {
+            images: images.len(),
+            image_fs: first(&fs.image_filesystems),
+            container_fs: first(&fs.container_filesystems),
+        })
     }
 
     /// Lists the runtime, plans, and carries the plan out unless `dry_run()` says otherwise
@@ -243,7 +293,7 @@ impl NodeReclaimer {
         let listing = match client.listing().await {
             Ok(l) => l,
             Err(e) => {
-                outcome.error = Some(e.to_string());
+                outcome.error = Some(e.into());
                 return outcome;
             }
         };
@@ -388,6 +438,14 @@ mod tests {
         }
     }
 
+    fn cri_error(call: &'static str, problem: &str) -> RuntimeError {
+        RuntimeError::Cri(CriError::BadResponse {
+            call,
+            endpoint: node_agent_cri::config::Endpoint::parse("unix:///x").unwrap(),
+            problem: problem.into(),
+        })
+    }
+
     fn outcome(result: ReclaimResult, steps: Vec<Outcome>) -> ReclaimOutcome {
         ReclaimOutcome {
             signal: Signal::NodeFsAvailable,
@@ -395,7 +453,7 @@ mod tests {
             plan: (result != ReclaimResult::RuntimeUnavailable).then(plan),
             report: ReclaimReport { outcomes: steps },
             error: (result == ReclaimResult::RuntimeUnavailable)
-                .then(|| "CRI ListContainers at unix:///x failed (Unavailable)".into()),
+                .then(|| cri_error("ListContainers", "failed (Unavailable)")),
             event_error: None,
             at: SystemTime::UNIX_EPOCH,
         }
@@ -449,7 +507,7 @@ mod tests {
              outcome(ReclaimResult::NothingToReclaim, vec![]), None, "no dead container or unused image", 0),
             ("runtime unavailable: a warning naming the runtime's error",
              outcome(ReclaimResult::RuntimeUnavailable, vec![]), Some(("Warning", "FreeDiskSpaceFailed")),
-             "the container runtime is unavailable (CRI ListContainers at unix:///x failed", 0),
+             "the container runtime is unavailable (CRI ListContainers at unix:///x: unexpected answer: failed (Unavailable)", 0),
         ];
         for (behaviour, o, event, summary, bytes) in cases {
             assert!(
@@ -500,7 +558,7 @@ mod tests {
     #[test]
     fn a_long_error_is_cut_to_the_events_note_limit() {
         let mut o = outcome(ReclaimResult::RuntimeUnavailable, vec![]);
-        o.error = Some("é".repeat(2000));
+        o.error = Some(cri_error("ListImages", &"é".repeat(2000)));
         let e = build_reclaim_event("n", &o, SystemTime::UNIX_EPOCH).unwrap();
         let note = e.note.unwrap();
         assert!(note.len() <= 1024 && note.ends_with('…'), "{}", note.len());
