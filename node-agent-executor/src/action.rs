@@ -91,6 +91,8 @@ pub struct Report {
 #[derive(Debug)]
 pub struct StatusReport {
     pub pressure: bool,
+    /// The writes of an agent that stops (condition `Unknown`, taint removed).
+    pub stopped: bool,
     pub condition: Result<(), ApiError>,
     /// `Ok(None)`: nothing was sent (dry run, standalone, taints off and none to remove).
     pub taint: Result<Option<TaintChange>, TaintError>,

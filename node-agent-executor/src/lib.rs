@@ -24,4 +24,4 @@ mod run;
 
 pub use action::{Action, Evict, NodeEvent, Outcome, Report, StatusReport};
 pub use lanes::{Refused, LANES};
-pub use run::{Executor, Settings, EVENT_BACKLOG};
+pub use run::{Executor, Settings, CONDITION_HEARTBEAT, EVENT_BACKLOG, STOPPED_REASON};

@@ -16,11 +16,11 @@
 //! Settings come through a `watch` channel and are read again before every request, so a
 //! reload to dry run holds from that moment, between the retries of a request too.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use node_agent_kube::{
     api::{ApiError, Context},
-    condition::NodeConditionReporter,
+    condition::{ConditionStatus, NodeConditionReporter},
     config::PdbPolicy,
     events,
     evict::{self, Attempt, EvictionResult},
@@ -46,6 +46,23 @@ const EVICTION_BACKLOG: usize = 64;
 pub const EVENT_BACKLOG: usize = 64;
 /// Runtime jobs queued at most: the plan's one reclaim and one image detection.
 const RUNTIME_BACKLOG: usize = 2;
+/// The node condition is written again this often with the same status, so its
+/// `lastHeartbeatTime` says the agent still watches (a heartbeat older than a few periods: the
+/// agent is gone).
+pub const CONDITION_HEARTBEAT: Duration = Duration::from_secs(60);
+/// The reason and message of the condition an agent leaves when it stops.
+pub const STOPPED_REASON: &str = "AgentStopped";
+const STOPPED_MESSAGE: &str =
+    "node-agent stopped: nobody watches this node for pressure on its behalf (its taint removed)";
+
+/// What the status lane is asked to make true on the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Wish {
+    /// The condition (and the taint that follows it) for these conditions.
+    Conditions(Vec<NodeCondition>),
+    /// The agent stops: its condition `Unknown`, its taint removed.
+    Stopped,
+}
 
 /// What the executor acts with; replaced whole by a reload.
 #[derive(Debug, Clone)]
@@ -64,6 +81,8 @@ pub struct Settings {
     pub taint: bool,
     /// The container runtime node-level reclaim goes through; `None`: no reclaim.
     pub runtime: Option<Runtime>,
+    /// How often the condition is written again unchanged ([`CONDITION_HEARTBEAT`]).
+    pub heartbeat: Duration,
 }
 
 enum RuntimeJob {
@@ -75,7 +94,7 @@ enum RuntimeJob {
 pub struct Executor {
     evictions: mpsc::Sender<Evict>,
     events: mpsc::Sender<NodeEvent>,
-    status: watch::Sender<Option<Vec<NodeCondition>>>,
+    status: watch::Sender<Option<Wish>>,
     runtime: mpsc::Sender<RuntimeJob>,
     /// For what `submit` itself reports (a full lane).
     outcomes: mpsc::UnboundedSender<Outcome>,
@@ -146,7 +165,7 @@ impl Executor {
                 Err(e) => Outcome::Refused(refused("event", EVENT_BACKLOG, into_inner(e).reason())),
             },
             Action::Status { conditions } => {
-                self.status.send_replace(Some(conditions));
+                self.status.send_replace(Some(Wish::Conditions(conditions)));
                 return;
             }
             Action::Reclaim(job) => {
@@ -170,6 +189,33 @@ impl Executor {
         };
         // The loop holds the receiver for as long as it holds this handle.
         let _ = self.outcomes.send(outcome);
+    }
+}
+
+impl Executor {
+    /// The agent stops: its condition set to `Unknown` and its taint removed (nothing in dry
+    /// run or standalone), waited for at most `deadline`. Returns what the writes did, or
+    /// `None` when the deadline passed first (the API server slow or gone); the outcomes that
+    /// arrive meanwhile are dropped.
+    pub async fn stop(
+        &self,
+        outcomes: &mut mpsc::UnboundedReceiver<Outcome>,
+        deadline: Duration,
+    ) -> Option<StatusReport> {
+        self.status.send_replace(Some(Wish::Stopped));
+        tokio::time::timeout(deadline, async {
+            while let Some(outcome) = outcomes.recv().await {
+                if let Outcome::Status(report) = outcome {
+                    if report.stopped {
+                        return Some(*report);
+                    }
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
     }
 }
 
@@ -286,31 +332,87 @@ async fn node_event(settings: &Settings, event: &NodeEvent) -> Result<(), ApiErr
 }
 
 /// Writes the latest wished-for status; a wish that arrives while one is being written is
-/// written next, the ones in between never.
+/// written next, the ones in between never. The condition is written again every
+/// `Settings::heartbeat` (not in dry run), so its heartbeat tells that the agent still
+/// watches.
 async fn status_lane(
     settings_rx: watch::Receiver<Settings>,
-    mut wishes: watch::Receiver<Option<Vec<NodeCondition>>>,
+    mut wishes: watch::Receiver<Option<Wish>>,
     outcomes: mpsc::UnboundedSender<Outcome>,
 ) {
     let mut reporter = NodeConditionReporter::new();
     let mut generation = settings_rx.borrow().generation;
-    while wishes.changed().await.is_ok() {
-        let Some(conditions) = wishes.borrow_and_update().clone() else {
-            continue;
+    let mut every = settings_rx.borrow().heartbeat;
+    let mut heartbeat = tokio::time::interval(every);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    heartbeat.reset();
+    let mut last: Option<Vec<NodeCondition>> = None;
+    loop {
+        let (wish, beat) = tokio::select! {
+            changed = wishes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                (wishes.borrow_and_update().clone(), false)
+            }
+            _ = heartbeat.tick() => (last.clone().map(Wish::Conditions), true),
         };
+        let Some(wish) = wish else { continue };
         let settings = settings_rx.borrow().clone();
+        if settings.heartbeat != every {
+            every = settings.heartbeat;
+            heartbeat = tokio::time::interval(every);
+            heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            heartbeat.reset();
+        }
+        if beat && settings.dry_run {
+            continue;
+        }
         if settings.generation != generation {
             generation = settings.generation;
             reporter.reset();
         }
-        let pressure = !conditions.is_empty();
-        let condition = write_condition(&settings, &mut reporter, &conditions).await;
-        let want = taint::wanted(&conditions).filter(|_| settings.taint);
-        let taint = write_taint(&settings_rx, &settings, want.as_ref()).await;
-        let report = StatusReport {
-            pressure,
-            condition,
-            taint,
+        let report = match &wish {
+            Wish::Conditions(conditions) => {
+                last = Some(conditions.clone());
+                let condition = write_condition(&settings, &mut reporter, conditions).await;
+                // A heartbeat rewrites the condition only; the taint follows changes.
+                let taint = if beat {
+                    Ok(None)
+                } else {
+                    let want = taint::wanted(conditions).filter(|_| settings.taint);
+                    write_taint(&settings_rx, &settings, want.as_ref()).await
+                };
+                StatusReport {
+                    pressure: !conditions.is_empty(),
+                    stopped: false,
+                    condition,
+                    taint,
+                }
+            }
+            Wish::Stopped => {
+                let condition = match settings.cluster.as_ref() {
+                    Some(ctx) => reporter
+                        .report(
+                            ctx,
+                            ConditionStatus::Unknown,
+                            STOPPED_REASON,
+                            STOPPED_MESSAGE,
+                            SystemTime::now(),
+                            settings.dry_run,
+                        )
+                        .await
+                        .map(drop),
+                    None => Ok(()),
+                };
+                let taint = write_taint(&settings_rx, &settings, None).await;
+                StatusReport {
+                    pressure: false,
+                    stopped: true,
+                    condition,
+                    taint,
+                }
+            }
         };
         if outcomes.send(Outcome::Status(Box::new(report))).is_err() {
             return;
@@ -327,10 +429,15 @@ async fn write_condition(
         return Ok(());
     };
     let names: Vec<&str> = conditions.iter().map(|c| c.as_str()).collect();
-    let (reason, message) = if conditions.is_empty() {
-        ("NoPressure", "node-agent sees no pressure".to_string())
+    let (status, reason, message) = if conditions.is_empty() {
+        (
+            ConditionStatus::False,
+            "NoPressure",
+            "node-agent sees no pressure".to_string(),
+        )
     } else {
         (
+            ConditionStatus::True,
             "PressureDetected",
             format!("node-agent sees {}", names.join(", ")),
         )
@@ -338,7 +445,7 @@ async fn write_condition(
     reporter
         .report(
             ctx,
-            !conditions.is_empty(),
+            status,
             reason,
             &message,
             SystemTime::now(),

@@ -105,6 +105,7 @@ fn settings(fake: &Fake, pdb_policy: PdbPolicy, dry_run: bool) -> Settings {
         },
         taint: true,
         runtime: None,
+        heartbeat: node_agent_executor::CONDITION_HEARTBEAT,
     }
 }
 

@@ -78,6 +78,7 @@ async fn start(store: &NodeStore, taint: bool, dry_run: bool) -> Running {
         eligibility: Eligibility::default(),
         taint,
         runtime: None,
+        heartbeat: node_agent_executor::CONDITION_HEARTBEAT,
     };
     let (tx, rx) = watch::channel(settings);
     let (executor, outcomes) = Executor::spawn(rx);
@@ -353,6 +354,100 @@ async fn the_strict_fake_refuses_malformed_node_patches() {
         // A well-formed taint patch goes through to the responder.
         let ok = patch(merge, json!({"metadata": {"resourceVersion": "7"}, "spec": {"taints": [{"key": TAINT_KEY, "effect": "NoSchedule", "value": "MemoryPressure"}]}}));
         assert_eq!(transport.send(&ok).await.unwrap().status.as_u16(), 200);
+    })
+    .await;
+}
+
+/// The condition's status in the last patch of the Node's status.
+fn last_condition(fake: &Fake) -> Value {
+    let status = format!("/api/v1/nodes/{NODE}/status");
+    let seen = fake.seen();
+    let patch = seen
+        .iter()
+        .rev()
+        .find(|s| s.method == "PATCH" && s.path == status)
+        .expect("a condition was written");
+    patch.body["status"]["conditions"][0].clone()
+}
+
+/// An agent that stops leaves the node as it found it: its taint removed, its condition
+/// `Unknown` saying it stopped (a pod scheduler and an operator both see nobody watches). In dry
+/// run it writes nothing, as always.
+#[tokio::test]
+async fn a_stopping_agent_removes_its_taint_and_marks_its_condition_unknown() {
+    bounded(async {
+        let store = node(others());
+        let mut ex = start(&store, true, false).await;
+        ex.taint(vec![NodeCondition::MemoryPressure]).await.unwrap();
+        assert_eq!(
+            store.node()["spec"]["taints"],
+            with(others(), ours("MemoryPressure"))
+        );
+        let report = ex
+            .executor
+            .stop(&mut ex.outcomes, std::time::Duration::from_secs(5))
+            .await
+            .expect("written within the deadline");
+        assert!(report.stopped && report.condition.is_ok(), "{report:?}");
+        assert!(
+            matches!(report.taint, Ok(Some(TaintChange::Removed))),
+            "{report:?}"
+        );
+        assert_eq!(
+            store.node()["spec"]["taints"],
+            others(),
+            "the others' taints stay"
+        );
+        let condition = last_condition(&ex.fake);
+        assert_eq!(
+            (condition["status"].as_str(), condition["reason"].as_str()),
+            (Some("Unknown"), Some(node_agent_executor::STOPPED_REASON))
+        );
+
+        // Dry run: nothing written on the way out either.
+        let store = node(with(others(), ours("MemoryPressure")));
+        let mut ex = start(&store, true, true).await;
+        let report = ex
+            .executor
+            .stop(&mut ex.outcomes, std::time::Duration::from_secs(5))
+            .await
+            .expect("answered at once");
+        assert!(matches!(report.taint, Ok(None)), "{report:?}");
+        assert!(
+            ex.fake.calls().iter().all(|(m, _)| m == "GET"),
+            "{:?}",
+            ex.fake.calls()
+        );
+    })
+    .await;
+}
+
+/// The condition is written again, unchanged but for its heartbeat, every heartbeat period: a
+/// heartbeat that stops moving means the agent is gone.
+#[tokio::test]
+async fn the_condition_heartbeat_moves_while_the_agent_runs() {
+    bounded(async {
+        let store = node(others());
+        let mut ex = start(&store, true, false).await;
+        ex.settings
+            .send_modify(|s| s.heartbeat = std::time::Duration::from_millis(1100));
+        ex.taint(vec![]).await.unwrap();
+        let first = last_condition(&ex.fake);
+        // The next outcome is the heartbeat's: the condition only.
+        let Some(Outcome::Status(beat)) = ex.outcomes.recv().await else {
+            panic!("a heartbeat")
+        };
+        assert!(
+            beat.condition.is_ok() && matches!(beat.taint, Ok(None)),
+            "{beat:?}"
+        );
+        let second = last_condition(&ex.fake);
+        assert_eq!(first["status"], second["status"]);
+        assert_eq!(first["lastTransitionTime"], second["lastTransitionTime"]);
+        assert_ne!(
+            first["lastHeartbeatTime"], second["lastHeartbeatTime"],
+            "the heartbeat moved (RFC 3339 seconds: the period is over a second)"
+        );
     })
     .await;
 }

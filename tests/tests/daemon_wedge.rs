@@ -212,3 +212,48 @@ fn the_hung_filesystem_hangs_statfs_until_dropped() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// What the agent leaves on its node: a taint left by an agent that died under pressure goes at
+/// the next start (no pressure now); on SIGTERM under pressure the taint goes and the agent's
+/// condition says `Unknown`, `AgentStopped`, within the 2 s of its exit.
+#[test]
+fn the_node_is_left_as_found_at_start_and_on_sigterm() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("wedge-taint", &pods(), MEM_HELPER)?;
+    let theirs = serde_json::json!({"key": "dedicated", "value": "e2e", "effect": "NoSchedule"});
+    let ours = serde_json::json!({"key": "node-agent.io/pressure", "value": "MemoryPressure", "effect": "NoSchedule"});
+    w.cluster()
+        .node
+        .change(|n| n["spec"]["taints"] = serde_json::json!([theirs.clone(), ours.clone()]));
+    let daemon = w.start("", "")?;
+    let taints = || w.cluster().node.node()["spec"]["taints"].clone();
+    wait_until(wait(), "the leftover taint removed", || {
+        taints() == serde_json::json!([theirs.clone()])
+    })?;
+    let _held = pressure(&w)?;
+    wait_until(wait(), "the pressure taint", || {
+        taints() == serde_json::json!([theirs.clone(), ours.clone()])
+    })?;
+    daemon.stop()?;
+    assert_eq!(
+        taints(),
+        serde_json::json!([theirs.clone()]),
+        "the agent's taint went with it"
+    );
+    let status_path = format!("/api/v1/nodes/{}/status", node_agent_tests::cluster::NODE);
+    let last = w
+        .fake
+        .seen()
+        .into_iter()
+        .rev()
+        .find(|s| s.method == "PATCH" && s.path == status_path)
+        .expect("the condition was written");
+    let condition = &last.body["status"]["conditions"][0];
+    assert_eq!(
+        (condition["status"].as_str(), condition["reason"].as_str()),
+        (Some("Unknown"), Some("AgentStopped")),
+        "{condition}"
+    );
+    w.assert_nothing_refused();
+    Ok(())
+}

@@ -109,6 +109,12 @@ impl Acts {
         }
     }
 
+    /// The agent stops: its condition `Unknown` and its taint removed, waited for at most
+    /// `deadline` (see [`Executor::stop`]).
+    pub async fn stop(&mut self, deadline: Duration) -> Option<node_agent_executor::StatusReport> {
+        self.executor.stop(&mut self.outcomes, deadline).await
+    }
+
     /// What the plan holds for the loop: its actions handed over, its notes returned.
     pub fn carry_out(&self, plan: Plan) -> Vec<node_agent_executor::plan::Note> {
         self.submit(plan.actions);
@@ -162,5 +168,6 @@ fn executor_settings(
         eligibility: base_eligibility(config, overrides),
         taint: config.kubernetes.as_ref().is_some_and(|k| k.taint),
         runtime: config.runtime.clone(),
+        heartbeat: node_agent_executor::CONDITION_HEARTBEAT,
     }
 }

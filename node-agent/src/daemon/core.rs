@@ -37,6 +37,9 @@ use crate::{
 /// How often ring-buffer losses, cgroup rescans, runtime detection and local storage limits
 /// are looked at.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
+/// How long a stopping agent waits for its condition and taint to be written: short enough
+/// that SIGTERM still ends it within 2 s, whatever the API server does.
+const STOP_DEADLINE: Duration = Duration::from_millis(1500);
 
 /// The config in force and where it comes from.
 pub struct Config {
@@ -180,6 +183,14 @@ impl Daemon {
                 },
                 _ = signals.term.recv() => break,
                 _ = tokio::signal::ctrl_c() => break,
+            }
+        }
+        if self.kube.is_some() {
+            tracing::info!("shutting down: the agent's condition to Unknown, its taint removed");
+            match self.acts.stop(STOP_DEADLINE).await {
+                Some(report) => self.report.side_effect(&Outcome::Status(Box::new(report))),
+                None => tracing::warn!(deadline = ?STOP_DEADLINE,
+                    "the node's condition and taint were not written in time: the taint stays until the next start removes it (or remove it by hand)"),
             }
         }
         tracing::info!("shutting down: detaching kernel programs");
