@@ -55,11 +55,18 @@ impl Default for CriConfig {
     }
 }
 
+/// The longest `cri.timeout` taken: the kubelet's `--runtime-request-timeout` default. A call
+/// runs on the executor's runtime lane, never in the way of a memory eviction, but a disk
+/// eviction waits for the reclaim before it.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// A refused `cri:` setting; the message names the field and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CriConfigError {
     #[error("cri.timeout: must be longer than 0 (a Go duration such as 10s)")]
     TimeoutNotPositive,
+    #[error("cri.timeout: {0:?} is longer than {MAX_TIMEOUT:?}, the kubelet's own runtime request timeout: a longer one would hold a disk eviction back that long behind a runtime that does not answer")]
+    TimeoutTooLong(Duration),
     #[error("cri.keepImages: an empty name is not an image reference")]
     KeepImageEmpty,
 }
@@ -135,6 +142,9 @@ impl CriConfig {
         if self.timeout.is_zero() {
             return Err(CriConfigError::TimeoutNotPositive);
         }
+        if self.timeout.get() > MAX_TIMEOUT {
+            return Err(CriConfigError::TimeoutTooLong(self.timeout.get()));
+        }
         Ok(CriSettings {
             endpoint: self.endpoint.clone(),
             timeout: self.timeout.get(),
@@ -199,6 +209,8 @@ mod tests {
             ("an empty unix path is refused", "{endpoint: 'unix://'}", Err("cri.endpoint: \"unix://\"")),
             ("a timeout without unit is refused", "{timeout: 10}", Err("cri.timeout: 10 has no unit; expected a Go duration such as 10s")),
             ("a zero timeout is refused", "{timeout: 0s}", Err("cri.timeout: must be longer than 0")),
+            ("a timeout past the kubelet's is refused", "{timeout: 10m}", Err("cri.timeout: 600s is longer than 120s")),
+            ("the kubelet's own timeout is taken", "{timeout: 2m}", Ok(("/run/containerd/containerd.sock", Duration::from_secs(120)))),
             ("a negative timeout is refused", "{timeout: -1s}", Err("cri.timeout: \"-1s\" is not a Go duration such as 30s, 1m30s or 100ms: must not be negative")),
             ("an unknown field is refused", "{endpoint_path: x}", Err("cri.endpoint_path: unknown field `endpoint_path`")),
         ];
