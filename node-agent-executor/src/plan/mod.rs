@@ -75,6 +75,8 @@ pub struct Timing {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InFlight {
     pub pod_id: String,
+    /// `namespace/name`, as it is shown.
+    pub pod: String,
     pub signal: EvictionSignal,
     pub since: Duration,
     /// The pod's cgroup, to see it go.
@@ -392,6 +394,7 @@ impl Acting {
                 id.clone(),
                 InFlight {
                     pod_id: id,
+                    pod: format!("{}/{}", eviction.namespace, eviction.name),
                     signal: eviction.signal,
                     since: now,
                     cgroup: cgroup_of(pod),

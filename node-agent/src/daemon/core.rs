@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use node_agent_executor::{plan::oom_kill_actions, Outcome};
+use node_agent_executor::{plan::oom_kill_actions, Action, Outcome};
 use node_agent_kube::{api::Counters, events::OomKill};
 use node_agent_policy::{evaluate_among, PodInfo, PolicyState};
 
@@ -22,6 +22,7 @@ use super::{
     kubelet,
     node::{Filesystems, Node, NodeReading},
     pods::{self, SnapshotNames},
+    recent::Acted,
     reload::{remap_state, unchangeable, Candidate, ConfigWatcher},
     report::Reporter,
 };
@@ -32,6 +33,7 @@ use crate::{
         Attributed, NoNames, Records,
     },
     telemetry::Trigger,
+    trace::SawBefore,
 };
 
 /// How often ring-buffer losses, cgroup rescans, runtime detection and local storage limits
@@ -218,7 +220,23 @@ impl Daemon {
         }
         let mut first = None;
         for event in &batch.events {
-            self.report.kernel_event(event);
+            let saw_before = match &event.what {
+                Happened::OomKill(kill) => Some(self.saw_before(event.ktime_ns, kill)),
+                Happened::MemoryThreshold {
+                    cgroup,
+                    direction: Direction::Up,
+                    ..
+                } => {
+                    if let Some(path) = &cgroup.path {
+                        self.report
+                            .recent
+                            .line_crossed(event.ktime_ns, path.clone());
+                    }
+                    None
+                }
+                _ => None,
+            };
+            self.report.kernel_event(event, saw_before);
             if let Some(trigger) = self.on_kernel_event(event) {
                 first.get_or_insert((trigger, event.ktime_ns));
             }
@@ -226,6 +244,14 @@ impl Daemon {
         if let Some((trigger, ktime_ns)) = first {
             self.evaluate(trigger, Some(ktime_ns));
         }
+    }
+
+    /// What the agent saw and did in the minute before an OOM kill.
+    fn saw_before(&self, ktime_ns: u64, kill: &crate::kernel::attribution::OomKill) -> SawBefore {
+        let in_flight = self.acts.plan.in_flight().map(|f| f.pod.clone()).collect();
+        self.report
+            .recent
+            .before(ktime_ns, kill.victim.path.as_deref(), in_flight)
     }
 
     /// What a kernel event asks for: an evaluation (and for an OOM kill, its node event).
@@ -324,6 +350,7 @@ impl Daemon {
             .plan
             .plan(&decision, &ranked, fresh, ktime_ns, &cgroup_of, now);
         // The executor gets its work first; reporting and re-arming follow, off its path.
+        self.remember(&decision, &plan.actions);
         let notes = self.acts.carry_out(plan);
         self.report.notes(notes, fresh);
         let config = &self.config.current;
@@ -335,6 +362,33 @@ impl Daemon {
         self.clock.polling = !decision.thresholds_met.is_empty()
             || self.kernel.triggers.memory_fired()
             || self.kernel.blind_to_memory();
+    }
+
+    /// What an OOM kill later is told came before it: the evictions handed over, a memory
+    /// threshold met while its grace period runs.
+    fn remember(&mut self, decision: &node_agent_policy::Decision, actions: &[Action]) {
+        let now = crate::sys::monotonic_ns();
+        for action in actions {
+            if let Action::Evict(e) = action {
+                let e = &e.eviction;
+                self.report.recent.acted(
+                    now,
+                    Acted::Evicting {
+                        pod: format!("{}/{}", e.namespace, e.name),
+                        signal: e.signal.as_str().to_string(),
+                    },
+                );
+            }
+        }
+        let in_grace = decision
+            .thresholds_met
+            .iter()
+            .find(|t| t.signal.is_memory() && !t.grace_period_passed);
+        if let (Some(t), None) = (in_grace, decision.reclaim) {
+            self.report
+                .recent
+                .acted(now, Acted::InGrace { signal: t.signal });
+        }
     }
 
     /// Records what the executor reports, and decides again when the next step may go now.
@@ -402,6 +456,7 @@ impl Daemon {
     /// Every second: losses, rescans, the runtime's images when due, local storage limits.
     fn housekeeping(&mut self) {
         self.kernel.housekeeping(&self.report);
+        self.report.recent.expire(crate::sys::monotonic_ns());
         self.acts
             .detect_images_if_due(&self.config.current, self.now(), false);
         if self.local_storage_due() {

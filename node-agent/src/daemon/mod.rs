@@ -27,6 +27,7 @@ mod live;
 mod node;
 mod pods;
 mod probe;
+mod recent;
 mod reload;
 mod report;
 mod triggers;

@@ -14,12 +14,13 @@ use node_agent_policy::{Decision, EvictionConfig, NodeCondition, Signal};
 use super::{
     live::Live,
     node::{NodeReading, Source},
+    recent::{Acted, Recent},
 };
 use crate::{
     error_chain,
     kernel::Attributed,
     telemetry::{Health, KubeOperation, Metrics},
-    trace::Record,
+    trace::{Record, SawBefore},
 };
 
 /// The telemetry, and what was last said, so each change is said once.
@@ -35,6 +36,8 @@ pub struct Reporter {
     runtime_error: Option<String>,
     /// A lane of the executor refused actions (said once per episode).
     refusing: bool,
+    /// What was seen and done lately, for what an OOM kill is told came before it.
+    pub recent: Recent,
 }
 
 impl Reporter {
@@ -47,12 +50,16 @@ impl Reporter {
             stale: false,
             runtime_error: None,
             refusing: false,
+            recent: Recent::default(),
         }
     }
 
-    /// A kernel event: counted and published.
-    pub fn kernel_event(&self, event: &Attributed) {
-        let record = Record::event(event, crate::sys::ktime_rfc3339(event.ktime_ns));
+    /// A kernel event: counted and published; an OOM kill with what the agent saw before it.
+    pub fn kernel_event(&self, event: &Attributed, saw_before: Option<SawBefore>) {
+        let mut record = Record::event(event, crate::sys::ktime_rfc3339(event.ktime_ns));
+        if let Some(saw) = saw_before {
+            record = record.with_saw_before(saw);
+        }
         self.metrics.kernel_event(record.kind());
         self.live.publish(&record);
     }
@@ -112,15 +119,22 @@ impl Reporter {
     pub fn notes(&mut self, notes: Vec<Note>, fresh: bool) {
         let metrics = &self.metrics;
         let mut stale = false;
+        let now = crate::sys::monotonic_ns();
         for note in notes {
             match note {
                 Note::Pressure { met, conditions } => {
+                    for signal in met.iter().filter(|s| s.is_memory()) {
+                        self.recent.threshold_met(now, *signal);
+                    }
                     tracing::info!(thresholds_met = ?met, conditions = ?conditions, "pressure changed");
                 }
                 Note::NoEvictablePod {
                     signal,
                     passed_over,
                 } => {
+                    if signal.is_memory() {
+                        self.recent.acted(now, Acted::NothingEvictable { signal });
+                    }
                     metrics.set_no_evictable_pod(Some(signal));
                     let passed: Vec<String> = passed_over
                         .iter()
@@ -171,8 +185,16 @@ impl Reporter {
     }
 
     /// An eviction's outcome: counted, logged and published.
-    pub fn eviction(&self, report: &Report) {
+    pub fn eviction(&mut self, report: &Report) {
         let result = report.attempt.result;
+        let e = &report.eviction;
+        self.recent.acted(
+            crate::sys::monotonic_ns(),
+            Acted::Outcome {
+                pod: format!("{}/{}", e.namespace, e.name),
+                result,
+            },
+        );
         self.metrics.eviction(report.eviction.signal, result);
         if let Some(error) = &report.event_error {
             self.metrics.kube_error(KubeOperation::PodEvent);

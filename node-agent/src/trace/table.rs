@@ -29,13 +29,14 @@ impl Record {
                 file_rss_bytes,
                 shmem_rss_bytes,
                 oom_score_adj,
+                saw_before,
                 ..
             } => (
                 time,
                 cgroup.label(),
                 pid.to_string(),
                 format!(
-                    "{comm} killed ({}); rss anon {} file {} shmem {}; adj {oom_score_adj}",
+                    "{comm} killed ({}); rss anon {} file {} shmem {}; adj {oom_score_adj}{}",
                     match constraint {
                         OomConstraint::CgroupLimit => "cgroup limit",
                         OomConstraint::System => "system",
@@ -43,7 +44,10 @@ impl Record {
                     },
                     bytes(*anon_rss_bytes),
                     bytes(*file_rss_bytes),
-                    bytes(*shmem_rss_bytes)
+                    bytes(*shmem_rss_bytes),
+                    saw_before
+                        .as_ref()
+                        .map_or(String::new(), |s| format!("; {s}")),
                 ),
             ),
             Record::MemoryThreshold {
