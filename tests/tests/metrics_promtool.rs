@@ -73,8 +73,8 @@ fn populated() -> std::sync::Arc<Metrics> {
     m.set_memory_mechanism(MemoryMechanism::CounterSampler);
     m.set_condition("MemoryPressure", true);
     m.eviction(Signal::MemoryAvailable.into(), EvictionResult::Evicted);
-    m.oom_kill("default");
-    m.oom_kill("");
+    m.oom_kill("default", "app", "cgroup_limit", true);
+    m.oom_kill("", "", "node", false);
     m.kernel_event("memory_threshold");
     m.ring_lost(3);
     m.decode_error();

@@ -29,7 +29,7 @@ use super::{
 use crate::{
     error_chain,
     kernel::{
-        attribution::{Direction, Happened},
+        attribution::{Constraint, Direction, Happened},
         Attributed, NoNames, Records,
     },
     telemetry::Trigger,
@@ -236,8 +236,9 @@ impl Daemon {
                 }
                 _ => None,
             };
+            let foreseen = saw_before.as_ref().is_some_and(|s| s.pressure.is_some());
             self.report.kernel_event(event, saw_before);
-            if let Some(trigger) = self.on_kernel_event(event) {
+            if let Some(trigger) = self.on_kernel_event(event, foreseen) {
                 first.get_or_insert((trigger, event.ktime_ns));
             }
         }
@@ -255,7 +256,7 @@ impl Daemon {
     }
 
     /// What a kernel event asks for: an evaluation (and for an OOM kill, its node event).
-    fn on_kernel_event(&mut self, event: &Attributed) -> Option<Trigger> {
+    fn on_kernel_event(&mut self, event: &Attributed, foreseen: bool) -> Option<Trigger> {
         match &event.what {
             Happened::MemoryThreshold {
                 cgroup, direction, ..
@@ -271,9 +272,23 @@ impl Daemon {
                     .victim
                     .pod_name()
                     .map(|(ns, name)| (ns.to_string(), name.to_string()));
-                self.report
-                    .metrics
-                    .oom_kill(pod.as_ref().map_or("", |(ns, _)| ns.as_str()));
+                let reason = match kill.constraint {
+                    Constraint::CgroupLimit => "cgroup_limit",
+                    Constraint::System => "node",
+                    Constraint::Unknown => "unknown",
+                };
+                let container = kill
+                    .victim
+                    .pod
+                    .as_ref()
+                    .and_then(|p| p.container.as_deref())
+                    .unwrap_or("");
+                self.report.metrics.oom_kill(
+                    pod.as_ref().map_or("", |(ns, _)| ns.as_str()),
+                    container,
+                    reason,
+                    foreseen,
+                );
                 let kill = OomKill {
                     pid: kill.pid,
                     comm: kill.comm.clone(),

@@ -55,6 +55,9 @@ pub const KERNEL_EVENT_KINDS: [&str; 4] = [
     "fork_storm",
 ];
 
+/// What ran out at an OOM kill: a cgroup's limit, the whole node, or the kernel did not say.
+pub const OOM_REASONS: [&str; 3] = ["cgroup_limit", "node", "unknown"];
+
 /// `eviction_signal`: the kubelet's own label name for its signal names.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SignalLabels {
@@ -90,8 +93,15 @@ struct EvictionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct NamespaceLabels {
+struct OomLabels {
     namespace: String,
+    container: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OomReasonLabels {
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -149,7 +159,8 @@ pub struct Metrics {
     threshold_met: Family<ThresholdLabels, Gauge>,
     node_condition: Family<ConditionLabels, Gauge>,
     evictions: Family<EvictionLabels, Counter>,
-    oom_kills: Family<NamespaceLabels, Counter>,
+    oom_kills: Family<OomLabels, Counter>,
+    oom_kills_foreseen: Family<OomReasonLabels, Counter>,
     kernel_events: Family<KindLabels, Counter>,
     ringbuf_lost_events: Counter,
     ringbuf_decode_errors: Counter,
@@ -186,6 +197,7 @@ impl Metrics {
             node_condition: Family::default(),
             evictions: Family::default(),
             oom_kills: Family::default(),
+            oom_kills_foreseen: Family::default(),
             kernel_events: Family::default(),
             ringbuf_lost_events: Counter::default(),
             ringbuf_decode_errors: Counter::default(),
@@ -260,6 +272,10 @@ impl Metrics {
                 operation: operation.as_str(),
             });
         }
+        for reason in OOM_REASONS {
+            self.oom_kills_foreseen
+                .get_or_create_owned(&OomReasonLabels { reason });
+        }
         for lane in node_agent_executor::LANES {
             self.executor_refused
                 .get_or_create_owned(&LaneLabels { lane });
@@ -324,8 +340,13 @@ impl Metrics {
         );
         r.register(
             "oom_kills",
-            "Kernel OOM kills by pod namespace (none for cgroups outside pods)",
+            "Kernel OOM kills by pod namespace and container (none for cgroups outside pods) and whether a cgroup limit or the whole node ran out",
             self.oom_kills.clone(),
+        );
+        r.register(
+            "oom_kills_foreseen",
+            "Kernel OOM kills preceded within a minute by memory pressure the agent saw, by what ran out",
+            self.oom_kills_foreseen.clone(),
         );
         r.register(
             "kernel_events",

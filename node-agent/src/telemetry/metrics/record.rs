@@ -81,18 +81,30 @@ impl Metrics {
             .inc();
     }
 
-    /// Counter `node_agent_oom_kills_total{namespace}` (`""` → `"none"` for non-pod cgroups).
-    pub fn oom_kill(&self, namespace: &str) {
-        let namespace = if namespace.is_empty() {
-            "none"
-        } else {
-            namespace
+    /// Counter `node_agent_oom_kills_total{namespace,container,reason}` (`none` for what is
+    /// not a pod's, or a container the agent cannot name); with `foreseen`, also
+    /// `node_agent_oom_kills_foreseen_total{reason}`. No pod names or UIDs: the labels are as
+    /// many as the namespaces and container names on the node.
+    pub fn oom_kill(&self, namespace: &str, container: &str, reason: &'static str, foreseen: bool) {
+        let or_none = |s: &str| {
+            if s.is_empty() {
+                "none".to_owned()
+            } else {
+                s.to_owned()
+            }
         };
         self.oom_kills
-            .get_or_create(&NamespaceLabels {
-                namespace: namespace.to_owned(),
+            .get_or_create(&OomLabels {
+                namespace: or_none(namespace),
+                container: or_none(container),
+                reason,
             })
             .inc();
+        if foreseen {
+            self.oom_kills_foreseen
+                .get_or_create(&OomReasonLabels { reason })
+                .inc();
+        }
     }
 
     /// Counter `node_agent_kernel_events_total{kind}`.

@@ -89,11 +89,17 @@ fn each_recorder_writes_its_sample() {
          |m| { m.eviction(Signal::MemoryAvailable.into(), EvictionResult::DryRun); m.eviction(Signal::MemoryAvailable.into(), EvictionResult::DryRun); m.eviction(Signal::MemoryAvailable.into(), EvictionResult::Failed) },
          "node_agent_evictions_total{eviction_signal=\"memory.available\",result=\"dry_run\"} 2"),
         ("an OOM kill counts by namespace",
-         |m| m.oom_kill("default"),
-         "node_agent_oom_kills_total{namespace=\"default\"} 1"),
+         |m| m.oom_kill("default", "app", "cgroup_limit", false),
+         "node_agent_oom_kills_total{namespace=\"default\",container=\"app\",reason=\"cgroup_limit\"} 1"),
+        ("a kill the agent saw coming is counted apart",
+         |m| m.oom_kill("default", "app", "node", true),
+         "node_agent_oom_kills_foreseen_total{reason=\"node\"} 1"),
+        ("foreseen kills start at zero",
+         |_| {},
+         "node_agent_oom_kills_foreseen_total{reason=\"cgroup_limit\"} 0"),
         ("an OOM kill outside pods counts as namespace none",
-         |m| m.oom_kill(""),
-         "node_agent_oom_kills_total{namespace=\"none\"} 1"),
+         |m| m.oom_kill("", "", "unknown", false),
+         "node_agent_oom_kills_total{namespace=\"none\",container=\"none\",reason=\"unknown\"} 1"),
         ("kernel events count by kind",
          |m| m.kernel_event("fork_storm"),
          "node_agent_kernel_events_total{kind=\"fork_storm\"} 1"),
@@ -196,7 +202,7 @@ fn populated() -> Arc<Metrics> {
     metrics.set_threshold_met(Signal::MemoryAvailable, true, false);
     metrics.set_condition("MemoryPressure", false);
     metrics.eviction(Signal::MemoryAvailable.into(), EvictionResult::Evicted);
-    metrics.oom_kill("");
+    metrics.oom_kill("", "", "node", true);
     metrics.kernel_event("oom_kill");
     metrics.decision_latency(Trigger::MemoryThreshold, 0.001);
     metrics.decision_latency(Trigger::MemoryThreshold, f64::NAN);
@@ -244,7 +250,7 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 23] = [
+const COUNTERS: [&str; 24] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
@@ -262,6 +268,7 @@ const COUNTERS: [&str; 23] = [
     "node_agent_memory_sampler_ticks",
     "node_agent_no_evictable_pod_events",
     "node_agent_oom_kills",
+    "node_agent_oom_kills_foreseen",
     "node_agent_ringbuf_decode_errors",
     "node_agent_ringbuf_lost_events",
     "node_agent_ringbuf_sent_events",
@@ -428,11 +435,11 @@ fn invalid_decision_latencies_are_counted_not_observed() {
 #[test]
 fn label_values_are_escaped() {
     let metrics = Metrics::new();
-    metrics.oom_kill("odd\"namespace\\with\nnewline, évitée");
+    metrics.oom_kill("odd\"namespace\\with\nnewline, évitée", "c", "node", false);
     let text = metrics.encode();
     assert!(
         lines(&text).contains(
-            &r#"node_agent_oom_kills_total{namespace="odd\"namespace\\with\nnewline, évitée"} 1"#
+            &r#"node_agent_oom_kills_total{namespace="odd\"namespace\\with\nnewline, évitée",container="c",reason="node"} 1"#
         ),
         "{text}"
     );
