@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use node_agent_kube::{
     api::ApiError,
-    events::{self, OomKill},
+    events::{self, OomCause, OomKill, PodOomKill},
     evict::Attempt,
     taint::{TaintChange, TaintError},
 };
@@ -21,6 +21,8 @@ use crate::{
 pub enum Action {
     Evict(Box<Evict>),
     NodeEvent(NodeEvent),
+    /// A kernel OOM kill in a pod, as an event on the pod (or one more in its series).
+    PodOomEvent(Box<PodOomEvent>),
     /// The agent's node condition and the node's pressure taint for these conditions (none:
     /// no pressure). Only the latest status matters: one not yet written is replaced.
     Status {
@@ -32,6 +34,47 @@ pub enum Action {
     /// Note which images the runtime has and which are in use (the kubelet's periodic
     /// `detectImages`), so reclaim knows their age.
     DetectImages,
+    /// Ask the runtime whose container this is (an OOM kill in a pod the pod source has not
+    /// listed yet).
+    Identify(Box<Unnamed>),
+}
+
+/// An OOM kill in a container the agent cannot name yet: its cgroup gave the pod's UID and the
+/// container's id, the runtime's labels give the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unnamed {
+    pub container_id: String,
+    pub pod_uid: String,
+    pub pid: u32,
+    pub comm: String,
+    pub cause: OomCause,
+    pub saw_before: String,
+}
+
+/// Whose container it is, as the runtime's labels say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub container: String,
+}
+
+impl Unnamed {
+    /// The kill, named.
+    pub fn named(self, who: Identity) -> PodOomKill {
+        PodOomKill {
+            namespace: who.namespace,
+            name: who.name,
+            uid: who.uid,
+            container: Some(who.container),
+            pid: self.pid,
+            comm: self.comm,
+            cause: self.cause,
+            saw_before: self.saw_before,
+            named_late: true,
+        }
+    }
 }
 
 /// The policy's decision, the pod it is about, and the kernel timestamp of what triggered it.
@@ -40,6 +83,22 @@ pub struct Evict {
     pub eviction: Eviction,
     pub pod: PodInfo,
     pub trigger_ktime_ns: Option<u64>,
+}
+
+/// The pod's OOM event: posted for the first kill of a series, its count written after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodOomEvent {
+    New {
+        kill: PodOomKill,
+        /// The first kill's time: the event's time and, with the pod's name, its name.
+        at: SystemTime,
+    },
+    Series {
+        namespace: String,
+        name: String,
+        count: u32,
+        last_observed: SystemTime,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +126,8 @@ pub enum Outcome {
         reason: &'static str,
         result: Result<(), ApiError>,
     },
+    /// A pod's OOM event posted, or its series written.
+    PodOomEvent(Result<(), ApiError>),
     Status(Box<StatusReport>),
     Reclaim(Box<ReclaimOutcome>),
     /// Images detected (how many, and where the runtime keeps them), or why the runtime could
@@ -74,6 +135,11 @@ pub enum Outcome {
     ImagesDetected(Result<Detected, RuntimeError>),
     /// An action no lane took.
     Refused(Refused),
+    /// Whose container an OOM kill was in, or why the runtime could not say.
+    Identified {
+        kill: Box<Unnamed>,
+        who: Result<Identity, RuntimeError>,
+    },
 }
 
 /// The outcome of one eviction decision.

@@ -35,6 +35,8 @@ pub enum RuntimeError {
     Cri(#[from] CriError),
     #[error(transparent)]
     Busy(Refused),
+    #[error("the container runtime lists no container {0}")]
+    NoSuchContainer(String),
 }
 
 /// The container runtime node-level reclaim goes through (`cri:`), and its GC settings.
@@ -269,6 +271,26 @@ impl NodeReclaimer {
             images: images.len(),
             image_fs: first(&fs.image_filesystems),
             container_fs: first(&fs.container_filesystems),
+        })
+    }
+
+    /// Whose container `id` is, from the labels the kubelet gave it.
+    pub(crate) async fn identify(
+        &mut self,
+        runtime: &Runtime,
+        id: &str,
+    ) -> Result<crate::action::Identity, RuntimeError> {
+        let client = self.client(&runtime.settings);
+        let containers = client.list_containers(None).await?;
+        let c = containers
+            .into_iter()
+            .find(|c| c.id == id)
+            .ok_or_else(|| RuntimeError::NoSuchContainer(id.to_string()))?;
+        Ok(crate::action::Identity {
+            namespace: c.pod.namespace,
+            name: c.pod.name,
+            uid: c.pod.uid,
+            container: c.name,
         })
     }
 

@@ -33,7 +33,7 @@ use tokio::{
 };
 
 use crate::{
-    action::{Action, Evict, NodeEvent, Outcome, Report, StatusReport},
+    action::{Action, Evict, NodeEvent, Outcome, PodOomEvent, Report, StatusReport, Unnamed},
     lanes::Refused,
     reclaim::{self, NodeReclaimer, Reclaim, ReclaimOutcome, Runtime, RuntimeError},
 };
@@ -85,15 +85,22 @@ pub struct Settings {
     pub heartbeat: Duration,
 }
 
+/// What the events lane posts.
+enum EventJob {
+    Node(NodeEvent),
+    PodOom(Box<PodOomEvent>),
+}
+
 enum RuntimeJob {
     Reclaim(Box<Reclaim>),
     DetectImages,
+    Identify(Box<Unnamed>),
 }
 
 /// The handle the loop acts through; dropping it stops every lane.
 pub struct Executor {
     evictions: mpsc::Sender<Evict>,
-    events: mpsc::Sender<NodeEvent>,
+    events: mpsc::Sender<EventJob>,
     status: watch::Sender<Option<Wish>>,
     runtime: mpsc::Sender<RuntimeJob>,
     /// For what `submit` itself reports (a full lane).
@@ -160,9 +167,19 @@ impl Executor {
                     )))
                 }
             },
-            Action::NodeEvent(event) => match self.events.try_send(event) {
+            Action::NodeEvent(event) => match self.events.try_send(EventJob::Node(event)) {
                 Ok(()) => return,
-                Err(e) => Outcome::Refused(refused("event", EVENT_BACKLOG, into_inner(e).reason())),
+                Err(e) => {
+                    let action = match into_inner(e) {
+                        EventJob::Node(event) => event.reason(),
+                        EventJob::PodOom(_) => events::OOM_KILL_REASON,
+                    };
+                    Outcome::Refused(refused("event", EVENT_BACKLOG, action))
+                }
+            },
+            Action::PodOomEvent(event) => match self.events.try_send(EventJob::PodOom(event)) {
+                Ok(()) => return,
+                Err(_) => Outcome::Refused(refused("event", EVENT_BACKLOG, "pod OOM event")),
             },
             Action::Status { conditions } => {
                 self.status.send_replace(Some(Wish::Conditions(conditions)));
@@ -178,6 +195,20 @@ impl Executor {
                     ))),
                 }
             }
+            Action::Identify(kill) => match self.runtime.try_send(RuntimeJob::Identify(kill)) {
+                Ok(()) => return,
+                Err(e) => match into_inner(e) {
+                    RuntimeJob::Identify(kill) => Outcome::Identified {
+                        kill,
+                        who: Err(RuntimeError::Busy(refused(
+                            "runtime",
+                            RUNTIME_BACKLOG,
+                            "container lookup",
+                        ))),
+                    },
+                    RuntimeJob::Reclaim(_) | RuntimeJob::DetectImages => return,
+                },
+            },
             Action::DetectImages => match self.runtime.try_send(RuntimeJob::DetectImages) {
                 Ok(()) => return,
                 Err(_) => Outcome::ImagesDetected(Err(RuntimeError::Busy(refused(
@@ -297,18 +328,49 @@ async fn evict_one(settings_rx: &watch::Receiver<Settings>, action: Evict) -> Re
 
 async fn event_lane(
     settings: watch::Receiver<Settings>,
-    mut events: mpsc::Receiver<NodeEvent>,
+    mut events: mpsc::Receiver<EventJob>,
     outcomes: mpsc::UnboundedSender<Outcome>,
 ) {
-    while let Some(event) = events.recv().await {
-        let reason = event.reason();
+    while let Some(job) = events.recv().await {
         let current = settings.borrow().clone();
-        let result = node_event(&current, &event).await;
-        if outcomes
-            .send(Outcome::NodeEvent { reason, result })
-            .is_err()
-        {
+        let outcome = match job {
+            EventJob::Node(event) => {
+                let reason = event.reason();
+                let result = node_event(&current, &event).await;
+                Outcome::NodeEvent { reason, result }
+            }
+            EventJob::PodOom(event) => Outcome::PodOomEvent(pod_oom_event(&current, &event).await),
+        };
+        if outcomes.send(outcome).is_err() {
             return;
+        }
+    }
+}
+
+async fn pod_oom_event(settings: &Settings, event: &PodOomEvent) -> Result<(), ApiError> {
+    let Some(ctx) = settings.cluster.as_ref() else {
+        return Ok(());
+    };
+    match event {
+        PodOomEvent::New { kill, at } => {
+            let built = events::build_pod_oom_kill(&ctx.node, kill, *at);
+            if settings.dry_run {
+                tracing::info!(pod = %format!("{}/{}", kill.namespace, kill.name), note = ?built.note,
+                    "dry run: the pod's OOM event not posted");
+                return Ok(());
+            }
+            events::post(ctx, &built).await
+        }
+        PodOomEvent::Series {
+            namespace,
+            name,
+            count,
+            last_observed,
+        } => {
+            if settings.dry_run {
+                return Ok(());
+            }
+            events::patch_series(ctx, namespace, name, *count, *last_observed).await
         }
     }
 }
@@ -502,6 +564,13 @@ async fn runtime_lane(
                 Some(runtime) => reclaimer.detect(runtime).await,
                 None => Err(RuntimeError::NotConfigured),
             }),
+            RuntimeJob::Identify(kill) => {
+                let who = match &settings.runtime {
+                    Some(runtime) => reclaimer.identify(runtime, &kill.container_id).await,
+                    None => Err(RuntimeError::NotConfigured),
+                };
+                Outcome::Identified { kill, who }
+            }
         };
         if outcomes.send(outcome).is_err() {
             return;

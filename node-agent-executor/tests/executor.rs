@@ -30,6 +30,8 @@ fn kind(o: &Outcome) -> &'static str {
     match o {
         Outcome::Eviction(_) => "eviction",
         Outcome::NodeEvent { .. } => "event",
+        Outcome::PodOomEvent(_) => "pod event",
+        Outcome::Identified { .. } => "identified",
         Outcome::Status(_) => "status",
         Outcome::Reclaim(_) => "reclaim",
         Outcome::ImagesDetected(_) => "images",

@@ -19,6 +19,7 @@
 //! the pacing ([`pacing::TokenBucket`]); without one the plan holds the eviction and says until
 //! when ([`Acting::paced_until`]), so the executor never refuses one.
 
+mod oom;
 mod pacing;
 #[cfg(test)]
 mod reclaim_tests;
@@ -42,6 +43,7 @@ use node_agent_policy::{
     Signal, StorageLimit,
 };
 
+pub use oom::{OomSeries, FLUSH_EVERY, SERIES_WINDOW};
 pub use pacing::TokenBucket;
 
 use crate::{
@@ -167,6 +169,8 @@ pub struct Acting {
     over_limit_kept: Vec<(PassedOver, StorageLimit)>,
     node_reclaim: Option<NodeReclaim>,
     reclaim: ReclaimState,
+    /// OOM kills in pods, by series.
+    oom: OomSeries,
 }
 
 impl Acting {
@@ -287,6 +291,21 @@ impl Acting {
             node_reclaim,
             ..Self::default()
         }
+    }
+
+    /// A kernel OOM kill in a pod: its pod event, or nothing while it joins a series.
+    pub fn pod_oom_kill(
+        &mut self,
+        kill: node_agent_kube::events::PodOomKill,
+        now: Duration,
+        wall: std::time::SystemTime,
+    ) -> Option<Action> {
+        self.oom.kill(kill, now, wall)
+    }
+
+    /// The OOM series whose count is due to be written.
+    pub fn flush_oom(&mut self, now: Duration) -> Vec<Action> {
+        self.oom.flush(now)
     }
 
     /// Sets (or, `None`, turns off) the pacing; from config, at start and on reload. The tokens

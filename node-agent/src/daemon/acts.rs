@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use node_agent_executor::{
     plan::{Acting, NodeReclaim, Plan, Rates, Timing},
-    Action, Executor, Outcome, Settings,
+    Action, Executor, Outcome, Settings, Unnamed,
 };
 use node_agent_kube::config::PdbPolicy;
 use node_agent_policy::Eligibility;
@@ -30,7 +32,12 @@ pub struct Acts {
     pub timing: Timing,
     /// When the runtime was last asked (the kubelet's `detectImages`); `None`: ask now.
     images_asked_at: Option<Duration>,
+    /// OOM kills waiting for the runtime to name their container, by container id.
+    identifying: BTreeMap<String, Vec<Unnamed>>,
 }
+
+/// Containers being named by the runtime at once, and kills held for each.
+const MAX_IDENTIFYING: usize = 64;
 
 impl Acts {
     pub fn start(
@@ -51,7 +58,34 @@ impl Acts {
             plan,
             timing: timing(config),
             images_asked_at: None,
+            identifying: BTreeMap::new(),
         }
+    }
+
+    /// An OOM kill in a container the pod source has not named: the runtime is asked once per
+    /// container; kills meanwhile wait for its answer (a bounded few; beyond, they are dropped
+    /// and said so, the series still counts the ones kept).
+    pub fn identify(&mut self, kill: Unnamed) {
+        let id = kill.container_id.clone();
+        if let Some(waiting) = self.identifying.get_mut(&id) {
+            if waiting.len() < MAX_IDENTIFYING {
+                waiting.push(kill);
+            } else {
+                tracing::warn!(container = %id, "OOM kills waiting for the runtime to name their container: one dropped");
+            }
+            return;
+        }
+        if self.identifying.len() >= MAX_IDENTIFYING {
+            tracing::warn!(container = %id, "too many containers waiting to be named by the runtime: an OOM kill dropped");
+            return;
+        }
+        self.identifying.insert(id, Vec::new());
+        self.executor.submit(Action::Identify(Box::new(kill)));
+    }
+
+    /// The runtime answered for this container: the kills that waited for it.
+    pub fn identified(&mut self, container_id: &str) -> Vec<Unnamed> {
+        self.identifying.remove(container_id).unwrap_or_default()
     }
 
     /// Hands the plan's actions over (in order; never waits).

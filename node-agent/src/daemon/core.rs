@@ -8,8 +8,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use node_agent_executor::{plan::oom_kill_actions, Action, Outcome};
-use node_agent_kube::{api::Counters, events::OomKill};
+use std::time::SystemTime;
+
+use node_agent_executor::{plan::oom_kill_actions, Action, Outcome, Unnamed};
+use node_agent_kube::{
+    api::Counters,
+    events::{OomCause, OomKill, PodOomKill},
+};
 use node_agent_policy::{evaluate_among, PodInfo, PolicyState};
 
 use super::{
@@ -236,9 +241,8 @@ impl Daemon {
                 }
                 _ => None,
             };
-            let foreseen = saw_before.as_ref().is_some_and(|s| s.pressure.is_some());
-            self.report.kernel_event(event, saw_before);
-            if let Some(trigger) = self.on_kernel_event(event, foreseen) {
+            self.report.kernel_event(event, saw_before.clone());
+            if let Some(trigger) = self.on_kernel_event(event, saw_before.as_ref()) {
                 first.get_or_insert((trigger, event.ktime_ns));
             }
         }
@@ -255,8 +259,9 @@ impl Daemon {
             .before(ktime_ns, kill.victim.path.as_deref(), in_flight)
     }
 
-    /// What a kernel event asks for: an evaluation (and for an OOM kill, its node event).
-    fn on_kernel_event(&mut self, event: &Attributed, foreseen: bool) -> Option<Trigger> {
+    /// What a kernel event asks for: an evaluation (and for an OOM kill, its event: on the pod
+    /// when the process was a pod's, on the node otherwise).
+    fn on_kernel_event(&mut self, event: &Attributed, saw: Option<&SawBefore>) -> Option<Trigger> {
         match &event.what {
             Happened::MemoryThreshold {
                 cgroup, direction, ..
@@ -268,37 +273,105 @@ impl Daemon {
             }
             Happened::PidThreshold { .. } => Some(Trigger::PidThreshold),
             Happened::OomKill(kill) => {
-                let pod = kill
-                    .victim
-                    .pod_name()
-                    .map(|(ns, name)| (ns.to_string(), name.to_string()));
-                let reason = match kill.constraint {
-                    Constraint::CgroupLimit => "cgroup_limit",
-                    Constraint::System => "node",
-                    Constraint::Unknown => "unknown",
-                };
-                let container = kill
-                    .victim
-                    .pod
-                    .as_ref()
-                    .and_then(|p| p.container.as_deref())
-                    .unwrap_or("");
+                let cause = self.oom_cause(kill);
+                let victim = kill.victim.pod.as_ref();
                 self.report.metrics.oom_kill(
-                    pod.as_ref().map_or("", |(ns, _)| ns.as_str()),
-                    container,
-                    reason,
-                    foreseen,
+                    victim.and_then(|p| p.namespace.as_deref()).unwrap_or(""),
+                    victim.and_then(|p| p.container.as_deref()).unwrap_or(""),
+                    cause.label(),
+                    saw.is_some_and(|s| s.pressure.is_some()),
                 );
-                let kill = OomKill {
-                    pid: kill.pid,
-                    comm: kill.comm.clone(),
-                    pod,
+                let saw_before = saw.map(ToString::to_string).unwrap_or_default();
+                let actions = match victim {
+                    Some(pod) => match (&pod.namespace, &pod.name) {
+                        (Some(namespace), Some(name)) => {
+                            let kill = PodOomKill {
+                                namespace: namespace.clone(),
+                                name: name.clone(),
+                                uid: pod.uid.clone(),
+                                container: pod.container.clone(),
+                                pid: kill.pid,
+                                comm: kill.comm.clone(),
+                                cause,
+                                saw_before,
+                                named_late: false,
+                            };
+                            self.acts
+                                .plan
+                                .pod_oom_kill(kill, self.now(), SystemTime::now())
+                                .into_iter()
+                                .collect()
+                        }
+                        // The pod source has not listed it yet: the runtime names it.
+                        _ => match &pod.container_id {
+                            Some(id) => {
+                                self.acts.identify(Unnamed {
+                                    container_id: id.clone(),
+                                    pod_uid: pod.uid.clone(),
+                                    pid: kill.pid,
+                                    comm: kill.comm.clone(),
+                                    cause,
+                                    saw_before,
+                                });
+                                Vec::new()
+                            }
+                            None => oom_kill_actions(
+                                self.config.current.kubernetes.as_ref(),
+                                OomKill {
+                                    pid: kill.pid,
+                                    comm: kill.comm.clone(),
+                                    pod: None,
+                                },
+                            ),
+                        },
+                    },
+                    None => oom_kill_actions(
+                        self.config.current.kubernetes.as_ref(),
+                        OomKill {
+                            pid: kill.pid,
+                            comm: kill.comm.clone(),
+                            pod: None,
+                        },
+                    ),
                 };
-                let kube = self.config.current.kubernetes.as_ref();
-                self.acts.submit(oom_kill_actions(kube, kill));
+                self.acts.submit(actions);
                 Some(Trigger::OomKill)
             }
             Happened::ForkStorm { .. } => None,
+        }
+    }
+
+    /// What ran out: a cgroup's limit (the container's or the pod's, with the memory in use
+    /// against it, read now from the cgroup the kernel named), the whole node, or not known.
+    fn oom_cause(&self, kill: &crate::kernel::attribution::OomKill) -> OomCause {
+        match kill.constraint {
+            Constraint::System => OomCause::Node,
+            Constraint::Unknown => OomCause::Unknown,
+            Constraint::CgroupLimit => {
+                let limit = kill.limit.as_ref().unwrap_or(&kill.victim);
+                let of = match &limit.pod {
+                    Some(p) if p.container_id.is_some() => "container",
+                    Some(_) => "pod",
+                    None => "cgroup",
+                };
+                let reading = limit.path.as_ref().and_then(|path| {
+                    let dir = self
+                        .node
+                        .layout
+                        .memory
+                        .mount()
+                        .join(path.trim_start_matches('/'));
+                    crate::cgroup::paths::read_memory(&dir, self.node.layout.version()).ok()
+                });
+                OomCause::Limit {
+                    of,
+                    usage_bytes: reading.map(|r| r.usage),
+                    limit_bytes: reading.and_then(|r| match r.limit {
+                        crate::cgroup::paths::Limit::At(b) => Some(b),
+                        crate::cgroup::paths::Limit::Unlimited => None,
+                    }),
+                }
+            }
         }
     }
 
@@ -459,8 +532,43 @@ impl Daemon {
                 self.node.fs.runtime_unavailable(why.clone());
                 self.report.runtime(Some(why));
             }
+            Outcome::Identified { kill, who } => {
+                let waiting = self.acts.identified(&kill.container_id);
+                let kills = std::iter::once(*kill).chain(waiting);
+                let mut actions = Vec::new();
+                match who {
+                    Ok(who) => {
+                        for kill in kills {
+                            let named = kill.named(who.clone());
+                            actions.extend(self.acts.plan.pod_oom_kill(
+                                named,
+                                now,
+                                SystemTime::now(),
+                            ));
+                        }
+                    }
+                    Err(error) => {
+                        // Nobody can name it: the node's event says what is known.
+                        tracing::warn!(error = %error_chain(&error), "the runtime could not name an OOM-killed container: reported on the node");
+                        for kill in kills {
+                            actions.extend(oom_kill_actions(
+                                self.config.current.kubernetes.as_ref(),
+                                OomKill {
+                                    pid: kill.pid,
+                                    comm: kill.comm,
+                                    pod: Some((
+                                        "(unknown)".into(),
+                                        format!("uid {}", kill.pod_uid),
+                                    )),
+                                },
+                            ));
+                        }
+                    }
+                }
+                self.acts.submit(actions);
+            }
             other => {
-                if matches!(other, Outcome::NodeEvent { .. }) {
+                if matches!(other, Outcome::NodeEvent { .. } | Outcome::PodOomEvent(_)) {
                     self.report.lanes_clear();
                 }
                 self.report.side_effect(&other);
@@ -471,6 +579,8 @@ impl Daemon {
     /// Every second: losses, rescans, the runtime's images when due, local storage limits.
     fn housekeeping(&mut self) {
         self.kernel.housekeeping(&self.report);
+        let series = self.acts.plan.flush_oom(self.now());
+        self.acts.submit(series);
         self.report.recent.expire(crate::sys::monotonic_ns());
         self.acts
             .detect_images_if_due(&self.config.current, self.now(), false);

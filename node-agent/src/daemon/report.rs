@@ -226,6 +226,10 @@ impl Reporter {
                 metrics.kube_error(op);
                 tracing::warn!(reason, error = %error_chain(error), "node event not recorded");
             }
+            Outcome::PodOomEvent(Err(error)) => {
+                metrics.kube_error(KubeOperation::PodOomEvent);
+                tracing::warn!(error = %error_chain(error), "the pod's OOM event not recorded");
+            }
             Outcome::Status(report) => self.status(report),
             Outcome::Refused(refused) => self.refused(refused),
             _ => {}

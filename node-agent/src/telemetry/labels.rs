@@ -81,12 +81,14 @@ pub enum KubeOperation {
     ReclaimEvent,
     /// The node event `EvictionThresholdMet`.
     ThresholdMetEvent,
-    /// The node event for a kernel OOM kill.
+    /// The node event for a kernel OOM kill outside pods.
     OomKillEvent,
+    /// The pod event (or its series) for a kernel OOM kill in a pod.
+    PodOomEvent,
 }
 
 impl KubeOperation {
-    pub const ALL: [KubeOperation; 8] = [
+    pub const ALL: [KubeOperation; 9] = [
         KubeOperation::KubeletPods,
         KubeOperation::NodeAllocatable,
         KubeOperation::PodEvent,
@@ -95,6 +97,7 @@ impl KubeOperation {
         KubeOperation::ReclaimEvent,
         KubeOperation::ThresholdMetEvent,
         KubeOperation::OomKillEvent,
+        KubeOperation::PodOomEvent,
     ];
 
     /// The label value; node events keep their event reason as their name.
@@ -108,6 +111,7 @@ impl KubeOperation {
             KubeOperation::ReclaimEvent => "reclaim event",
             KubeOperation::ThresholdMetEvent => "EvictionThresholdMet",
             KubeOperation::OomKillEvent => node_agent_kube::events::OOM_KILL_REASON,
+            KubeOperation::PodOomEvent => "pod oom event",
         }
     }
 }
