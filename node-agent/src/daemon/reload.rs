@@ -124,6 +124,7 @@ impl Daemon {
                     new.settings.pod_refresh_interval,
                     self.kube_counters.clone(),
                     metrics.clone(),
+                    self.telemetry.health.clone(),
                 ) {
                     Ok(c) => Some(c),
                     Err(e) => {

@@ -156,6 +156,7 @@ impl Daemon {
                 config.settings.pod_refresh_interval,
                 kube_counters.clone(),
                 metrics.clone(),
+                health.clone(),
             )?),
             None => None,
         };
