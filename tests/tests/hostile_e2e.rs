@@ -403,6 +403,113 @@ fn an_api_server_that_refuses_the_agents_reads_is_named_on_readyz_until_it_grant
     daemon.stop()
 }
 
+/// A stats entry for `pod` as the kubelet writes it, `edit` applied.
+fn stats_entry(pod: &PodSpec, edit: impl FnOnce(&mut serde_json::Value)) -> serde_json::Value {
+    let mut entry = json!({"podRef": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
+        "memory": {"workingSetBytes": 1048576},
+        "ephemeral-storage": {"usedBytes": 4096, "inodesUsed": 4},
+        "containers": [{"name": "app", "memory": {"workingSetBytes": 1048576}}]});
+    edit(&mut entry);
+    entry
+}
+
+#[test]
+fn one_bad_record_never_blinds_the_agent_nor_shifts_the_eviction_to_an_innocent_pod(
+) -> anyhow::Result<()> {
+    require_root();
+    let [hog, calm] = pods();
+    let hostile = PodSpec {
+        name: "hog?dryRun=All&x=".into(),
+        ..hog.clone()
+    };
+    let bad_request = PodSpec {
+        memory_request: "lots".into(),
+        ..hog.clone()
+    };
+    // (probe, the pods, their stats entries, the pod that must go, what the log must name)
+    type Row = (
+        &'static str,
+        [PodSpec; 2],
+        Vec<serde_json::Value>,
+        PodSpec,
+        (&'static str, &'static str),
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "a stats entry with usedBytes -1 beside the others",
+            [hog.clone(), calm.clone()],
+            vec![
+                stats_entry(&hog, |_| {}),
+                stats_entry(&calm, |e| e["ephemeral-storage"]["usedBytes"] = json!(-1)),
+            ],
+            hog.clone(),
+            ("shop/calm", "stats_unreadable"),
+        ),
+        (
+            "a stats entry with workingSetBytes 1e30",
+            [hog.clone(), calm.clone()],
+            vec![
+                stats_entry(&hog, |_| {}),
+                stats_entry(&calm, |e| e["memory"]["workingSetBytes"] = json!(1e30)),
+            ],
+            hog.clone(),
+            ("shop/calm", "stats_unreadable"),
+        ),
+        (
+            "the top pod's memory request is not a quantity",
+            [bad_request.clone(), calm.clone()],
+            Vec::new(),
+            bad_request,
+            ("shop/hog", "field_invalid"),
+        ),
+        (
+            "a kubelet names the top pod hog?dryRun=All&x=",
+            [hostile.clone(), calm.clone()],
+            Vec::new(),
+            hostile,
+            ("", ""),
+        ),
+    ];
+    for (probe, pods, stats, goes, (pod, problem)) in rows {
+        let w = World::new("e2e-records", &pods, MEM_HELPER)?;
+        w.cluster().node.change(|n| {
+            n["status"]["allocatable"] = json!({"cpu": "2", "memory": "1Gi", "pods": "110"});
+        });
+        w.cluster().summary_pods = stats;
+        let mut daemon = w.start("", "")?;
+        let _calm = w.load(&pods[1].name, 120)?;
+        let _hog = w.load(&pods[0].name, 100)?;
+        wait_until(wait(), "the eviction request", || !w.evictions().is_empty())?;
+        let encoded = format!(
+            "/api/v1/namespaces/{}/pods/{}/eviction",
+            goes.namespace,
+            node_agent_kube::transport::encode(&goes.name)
+        );
+        assert_eq!(w.evictions(), [(encoded, 201)], "{probe}");
+        if !problem.is_empty() {
+            let needle = format!("problem=\"{problem}\"");
+            let said = daemon.wait_log(&needle, wait())?;
+            assert!(
+                said.contains(&format!("pod={pod}")),
+                "{probe}: names the pod: {said}"
+            );
+            assert_eq!(
+                daemon.log_count(&needle),
+                1,
+                "{probe}: one line for the record, not one per refresh"
+            );
+        }
+        assert!(
+            readyz(&daemon).starts_with("HTTP/1.1 200"),
+            "{probe}: {}",
+            readyz(&daemon)
+        );
+        w.assert_nothing_refused();
+        daemon.stop()?;
+    }
+    Ok(())
+}
+
 /// LIST and WATCH requests of the node's pods so far.
 fn pod_requests(w: &World) -> usize {
     w.fake
