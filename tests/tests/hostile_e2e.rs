@@ -329,10 +329,15 @@ fn a_kubelet_certificate_the_agent_cannot_verify_is_named_on_readyz_and_logged_o
         1,
     );
     let mut daemon = start(&w, &wrong, None)?;
+    let started = Instant::now();
     wait_until(wait(), "/readyz to name the pod source", || {
         let r = readyz(&daemon);
         r.starts_with("HTTP/1.1 503") && r.contains("pods: cannot be read") && r.contains("TLS")
     })?;
+    eprintln!(
+        "wrong kubelet CA: /readyz 503 naming it {:.1?} after start",
+        started.elapsed()
+    );
     let ready = readyz(&daemon);
     assert!(
         ready.contains("kubelet: GET /pods"),
@@ -357,9 +362,14 @@ fn a_kubelet_certificate_the_agent_cannot_verify_is_named_on_readyz_and_logged_o
     std::fs::write(&w.config, &right)?;
     daemon.process.signal(libc::SIGHUP);
     daemon.wait_log("config reloaded", wait())?;
+    let reloaded = Instant::now();
     wait_until(wait(), "/readyz 200", || {
         readyz(&daemon).starts_with("HTTP/1.1 200")
     })?;
+    eprintln!(
+        "right kubelet CA by reload: /readyz 200 {:.1?} later",
+        reloaded.elapsed()
+    );
     assert_eq!(source_ready(&daemon, "pods"), Some(1.0));
     w.assert_nothing_refused();
     daemon.stop()
@@ -380,6 +390,7 @@ fn an_api_server_that_refuses_the_agents_reads_is_named_on_readyz_until_it_grant
         })
     });
     let daemon = w.start("", "")?;
+    let started = Instant::now();
     wait_until(wait(), "/readyz to name the cluster connection", || {
         let r = readyz(&daemon);
         r.starts_with("HTTP/1.1 503")
@@ -392,7 +403,12 @@ fn an_api_server_that_refuses_the_agents_reads_is_named_on_readyz_until_it_grant
         Some(1.0),
         "the kubelet answers"
     );
+    eprintln!(
+        "RBAC refusing node reads: /readyz 503 naming it {:.1?} after start",
+        started.elapsed()
+    );
     w.cluster().hook = None;
+    let granted = Instant::now();
     // (The Node's allocatable memory, refused too, is read again at the next resync: the
     // allocatable signal may stay unknown until then.)
     wait_until(
@@ -400,6 +416,10 @@ fn an_api_server_that_refuses_the_agents_reads_is_named_on_readyz_until_it_grant
         "the cluster connection ready once the reads are granted",
         || source_ready(&daemon, "cluster") == Some(1.0) && !readyz(&daemon).contains("cluster: "),
     )?;
+    eprintln!(
+        "RBAC granted again: the cluster connection ready {:.1?} later",
+        granted.elapsed()
+    );
     daemon.stop()
 }
 
