@@ -34,7 +34,8 @@ use std::{
 
 use http::{header, Method, Request, StatusCode};
 use http_body_util::BodyExt as _;
-use kube::client::Body;
+use hyper_util::client::legacy::connect::HttpConnector;
+use kube::client::{Body, ConfigExt as _};
 
 /// The most a pod list (`GET /pods`, or a list of the API server) may weigh: see the module.
 pub const POD_LIST_CAP: usize = 32 << 20;
@@ -306,15 +307,27 @@ impl Transport {
         if let Some(path) = &endpoint.ca_file {
             config.root_cert = Some(read_ca(name, path)?);
         }
-        config.connect_timeout = Some(endpoint.timeout);
-        config.read_timeout = None; // a watch stays open; `send` bounds every plain request
-        config.write_timeout = Some(endpoint.timeout);
-        // Retries belong to this crate's policy, so that every request made is one we chose.
-        config.default_retry = false;
-        let client = kube::Client::try_from(config).map_err(|source| TransportError::Client {
-            endpoint: name,
-            source: Box::new(source),
-        })?;
+        // The stack kube documents for a custom client (`Client::new`): its TLS connector and
+        // base URI, and nothing else. Not `Client::try_from`: its TraceLayer logs an ERROR
+        // line for every failed request (a wrong CA: one per request, every refresh), and
+        // its retries and timeouts are this crate's to choose. Every request is bounded by
+        // `send`'s or `open`'s timeout; a watch by its own deadlines.
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(endpoint.timeout));
+        let https = config
+            .rustls_https_connector_with_connector(http)
+            .map_err(|source| TransportError::Client {
+                endpoint: name,
+                source: Box::new(source),
+            })?;
+        let service = tower::ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .service(
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build::<_, Body>(https),
+            );
+        let client = kube::Client::new(service, config.default_namespace);
         Ok(Self {
             endpoint,
             client,

@@ -350,12 +350,21 @@ fn a_kubelet_certificate_the_agent_cannot_verify_is_named_on_readyz_and_logged_o
         "the API server's CA is right"
     );
     // Ten seconds of refreshes every 200 ms, each failing the handshake.
+    let loud = |d: &mut Daemon| d.log_count(" WARN ") + d.log_count(" ERROR ");
+    let before = loud(&mut daemon);
     std::thread::sleep(Duration::from_secs(10));
     let tls_lines = daemon.log_count("TLS handshake failed");
-    eprintln!("wrong kubelet CA: {tls_lines} log lines naming the TLS failure in 10 s");
+    let louder = loud(&mut daemon) - before;
+    eprintln!(
+        "wrong kubelet CA: {tls_lines} log line(s) naming the TLS failure, {louder} warnings or errors in the last 10 s"
+    );
     assert_eq!(
         tls_lines, 1,
         "one line for the transition, not one per request"
+    );
+    assert_eq!(
+        louder, 0,
+        "nothing else speaks up per request (no client library's ERROR line either)"
     );
 
     // The right CA by reload: ready again, said once.
