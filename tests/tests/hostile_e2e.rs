@@ -249,11 +249,36 @@ fn under_the_daemonsets_memory_limit_the_agent_survives_every_hostile_answer_and
         };
         let mut daemon = start(&w, &config, Some(cgroup.path()))?;
         let started = Instant::now();
+        // Let it meet the answer again and again (a pod refresh every 200 ms, a backing-off
+        // watch), then measure: survival first, what it says after.
+        std::thread::sleep(Duration::from_secs(6));
+        let pid = daemon.process.child.id();
+        let resident = resident_peak(pid).unwrap_or(0);
+        let (peak, kills) = peak_and_oom_kills(cgroup.path())?;
+        eprintln!(
+            "{probe}: {:.1?} under a {:.0} MiB limit; resident peak {:.1} MiB, cgroup peak {:.1} MiB, OOM kills {kills}",
+            started.elapsed(),
+            limit as f64 / MIB,
+            resident as f64 / MIB,
+            peak as f64 / MIB
+        );
+        assert_eq!(
+            kills, 0,
+            "{probe}: nothing OOM-killed in the agent's cgroup"
+        );
+        assert!(
+            daemon.process.child.try_wait()?.is_none(),
+            "{probe}: the agent is still running"
+        );
+        assert!(peak < limit, "{probe}: peak {peak} within {limit}");
+        assert!(
+            daemon.get("/healthz")?.starts_with("HTTP/1.1 200"),
+            "{probe}: alive"
+        );
         if says == "ready" {
             wait_until(wait() * 3, "the pod source ready", || {
                 source_ready(&daemon, "pods") == Some(1.0)
             })?;
-            eprintln!("{probe}: ready after {:.1?}", started.elapsed());
         } else if says == "backing off" {
             let said = daemon.wait_log("backing off", wait())?;
             assert!(
@@ -274,32 +299,6 @@ fn under_the_daemonsets_memory_limit_the_agent_survives_every_hostile_answer_and
             })?;
             assert_eq!(source_ready(&daemon, "pods"), Some(0.0), "{probe}");
         }
-        // Let it meet the answer again and again (a pod refresh every 200 ms, a backing-off
-        // watch), then measure.
-        std::thread::sleep(Duration::from_secs(5));
-        let pid = daemon.process.child.id();
-        let resident = resident_peak(pid)?;
-        let (peak, kills) = peak_and_oom_kills(cgroup.path())?;
-        eprintln!(
-            "{probe}: survived {:.1?} under a {:.0} MiB limit; resident peak {:.1} MiB, cgroup peak {:.1} MiB, OOM kills {kills}",
-            started.elapsed(),
-            limit as f64 / MIB,
-            resident as f64 / MIB,
-            peak as f64 / MIB
-        );
-        assert!(
-            daemon.process.child.try_wait()?.is_none(),
-            "{probe}: the agent is still running"
-        );
-        assert_eq!(
-            kills, 0,
-            "{probe}: nothing OOM-killed in the agent's cgroup"
-        );
-        assert!(peak < limit, "{probe}: peak {peak} within {limit}");
-        assert!(
-            daemon.get("/healthz")?.starts_with("HTTP/1.1 200"),
-            "{probe}: alive"
-        );
         let (transition, lines) = match says {
             "backing off" => ("backing off", daemon.log_count("backing off")),
             "ready" => ("source not ready", daemon.log_count("source not ready") + 1),
