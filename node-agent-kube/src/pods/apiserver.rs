@@ -337,11 +337,8 @@ impl ApiServerPodSource {
         let mut line_started: Option<Instant> = None;
         let mut last_line = Instant::now();
         let mut lines = 0;
-        let relist = |reason, lines| {
-            tracing::debug!(
-                reason = reason_str(reason),
-                "pod watch ended; listing again"
-            );
+        let relist = |reason: RelistReason, lines| {
+            tracing::debug!(reason = reason.as_str(), "pod watch ended; listing again");
             Ok(WatchEnd::Relist { reason, lines })
         };
         loop {
@@ -525,7 +522,7 @@ impl ApiServerPodSource {
                 .store(pause.as_millis() as u64, Ordering::Relaxed);
             let why = match &outcome {
                 Err(e) => e.to_string(),
-                Ok(Some(WatchEnd::Relist { reason, .. })) => reason_str(*reason).to_string(),
+                Ok(Some(WatchEnd::Relist { reason, .. })) => reason.as_str().to_string(),
                 Ok(_) => "the watch ended at once without an event".to_string(),
             };
             if fruitless == 1 {
@@ -538,10 +535,6 @@ impl ApiServerPodSource {
             tokio::time::sleep(pause).await;
         }
     }
-}
-
-fn reason_str(reason: RelistReason) -> &'static str {
-    reason.as_str()
 }
 
 /// What one line did.
