@@ -18,7 +18,7 @@ use crate::{
         self, image_service_client::ImageServiceClient,
         runtime_service_client::RuntimeServiceClient,
     },
-    reclaim::{Listing, ReclaimPlan, ReclaimReport, Step},
+    reclaim::Listing,
 };
 
 /// The most one CRI answer may weigh: the kubelet's own limit (`maxMsgSize`), since a node's
@@ -266,20 +266,6 @@ impl CriClient {
             images,
             stats: stats.into_iter().map(|s| (s.id.clone(), s)).collect(),
         })
-    }
-
-    /// Carries a plan out, one runtime call per step, and reports each outcome. For an executor
-    /// that has nothing else to do per step; one that does drives [`ReclaimPlan::run`] itself.
-    pub async fn carry_out(&self, plan: &ReclaimPlan) -> ReclaimReport {
-        let mut run = plan.run();
-        while let Some(step) = run.next_step() {
-            let result = match step {
-                Step::RemoveContainer(c) => self.remove_container(&c.id).await,
-                Step::RemoveImage(i) => self.remove_image(&i.id).await,
-            };
-            run.record(result);
-        }
-        run.finish()
     }
 }
 

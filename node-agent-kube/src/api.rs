@@ -298,8 +298,8 @@ impl From<&RetryConfig> for Backoff {
     fn from(c: &RetryConfig) -> Self {
         Self {
             attempts: c.attempts,
-            initial: Duration::from_millis(c.initial_backoff_millis),
-            max: Duration::from_millis(c.max_backoff_millis),
+            initial: c.initial_backoff.get(),
+            max: c.max_backoff.get(),
         }
     }
 }

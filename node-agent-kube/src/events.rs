@@ -72,7 +72,7 @@ fn node_ref(node: &str) -> ObjectReference {
 }
 
 /// An event about the node, to be given its reason and note (node-level reclaim).
-pub(crate) fn node_event(node: &str, now: SystemTime) -> Event {
+pub fn node_event(node: &str, now: SystemTime) -> Event {
     base(NODE_EVENT_NAMESPACE, node, node, now, node_ref(node))
 }
 

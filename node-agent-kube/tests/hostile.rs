@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use node_agent_kube::{
     allocatable,
     api::{ApiError, Context},
-    condition::NodeConditionReporter,
+    condition::{ConditionStatus, NodeConditionReporter},
     config::PdbPolicy,
     events,
     evict::{self, EvictionResult},
@@ -133,7 +133,14 @@ async fn every_name_in_every_url_stays_a_name() {
         let want = taint::wanted(&[NodeCondition::MemoryPressure]);
         taint::apply(&ctx, want.as_ref(), &never).await.unwrap();
         NodeConditionReporter::new()
-            .report(&ctx, true, "MemoryPressure", "m", SystemTime::now(), false)
+            .report(
+                &ctx,
+                ConditionStatus::True,
+                "MemoryPressure",
+                "m",
+                SystemTime::now(),
+                false,
+            )
             .await
             .unwrap();
         ApiServerPodSource::new(ctx.clone()).relist().await.unwrap();

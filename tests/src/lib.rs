@@ -114,7 +114,7 @@ impl TestCgroup {
         Ok(dir)
     }
 
-    /// The path below the hierarchy's root, as `agent.node_cgroup` wants it.
+    /// The path below the hierarchy's root, as `nodeCgroup` wants it.
     pub fn cgroup_path(&self) -> String {
         format!(
             "/{}",
@@ -428,6 +428,21 @@ impl AgentProcess {
         // SAFETY: signals the process we started.
         unsafe { libc::kill(self.child.id() as i32, sig) };
     }
+
+    /// Waits at most `limit` for the process to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "the agent did not exit within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 impl Drop for AgentProcess {
@@ -502,6 +517,8 @@ pub fn runtime() -> tokio::runtime::Runtime {
 pub mod cluster;
 /// A real containerd for the CRI tests, started and removed by the test.
 pub mod containerd;
+/// A FUSE filesystem whose `statfs` never answers (a hung filesystem).
+pub mod fuse;
 /// OCI image tars written by the tests.
 pub mod oci;
 /// The DaemonSet's pod template as CRI requests.

@@ -80,7 +80,7 @@ pub fn assess_pods(
     }
     if snapshot.listed == 0 {
         return SourceState::Unusable(
-            "it lists no pods, not even the agent's own: is kubernetes.node_name this node?".into(),
+            "it lists no pods, not even the agent's own: is kubernetes.nodeName this node?".into(),
         );
     }
     let left_out = snapshot

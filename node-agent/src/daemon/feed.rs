@@ -76,9 +76,9 @@ pub fn same_connection(a: &KubeConfig, b: &KubeConfig) -> bool {
         && a.kubelet == b.kubelet
         && a.api_server == b.api_server
         && a.token_path == b.token_path
-        && a.request_timeout_seconds == b.request_timeout_seconds
+        && a.request_timeout == b.request_timeout
         && a.retry == b.retry
-        && a.staleness_bound_seconds == b.staleness_bound_seconds
+        && a.staleness_bound == b.staleness_bound
 }
 
 /// Where a source's state goes: the gauge, `/readyz`, and the log on transitions.
@@ -163,7 +163,7 @@ impl Cluster {
                                 None
                             }
                             Err(e) => {
-                                metrics.kube_error("kubelet pods");
+                                metrics.kube_error(crate::telemetry::KubeOperation::KubeletPods);
                                 Some(e.to_string())
                             }
                         };

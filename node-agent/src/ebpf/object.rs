@@ -80,7 +80,7 @@ pub enum MemoryMechanism {
     /// iterator (6.1+); used where fexit cannot attach.
     CounterSampler,
     /// Neither: memory thresholds are not evaluated by the kernel programs; the daemon
-    /// re-reads cgroupfs every `pressure_poll_interval` instead.
+    /// re-reads cgroupfs every `pressurePollInterval` instead.
     Unavailable,
 }
 

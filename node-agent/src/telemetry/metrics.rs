@@ -17,6 +17,8 @@ use kernel::{KernelCounters, KernelStats};
 use kube::KubeCounters;
 use node_agent_kube::{api::Counters, evict::EvictionResult};
 use node_agent_policy::{Signal, StorageLimit};
+
+use super::labels::{KubeOperation, Trigger};
 use process::ProcessCollector;
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -46,22 +48,6 @@ pub const OBSERVED_SIGNALS: [Signal; 7] = [
     Signal::PidAvailable,
 ];
 
-/// What triggers an evaluation (the daemon's `Trigger` names): their counters exist from the
-/// start.
-pub const TRIGGERS: [&str; 11] = [
-    "start",
-    "memory_threshold",
-    "pid_threshold",
-    "oom_kill",
-    "eviction_outcome",
-    "reclaim_outcome",
-    "pacing",
-    "pressure_poll",
-    "resync",
-    "reload",
-    "local_storage",
-];
-
 /// The kinds of kernel events counted in `node_agent_kernel_events_total`.
 pub const KERNEL_EVENT_KINDS: [&str; 4] = [
     "oom_kill",
@@ -69,9 +55,6 @@ pub const KERNEL_EVENT_KINDS: [&str; 4] = [
     "pid_threshold",
     "fork_storm",
 ];
-
-/// The Kubernetes operations whose failures are counted under a fixed name.
-const KUBE_OPERATIONS: [&str; 3] = ["kubelet pods", "pod event", "node condition"];
 
 /// `eviction_signal`: the kubelet's own label name for its signal names.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -119,7 +102,7 @@ struct KindLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TriggerLabels {
-    trigger: String,
+    trigger: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -138,8 +121,13 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneLabels {
+    lane: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabels {
-    operation: String,
+    operation: &'static str,
 }
 
 type LatencyFamily = Family<TriggerLabels, Histogram, fn() -> Histogram>;
@@ -181,6 +169,7 @@ pub struct Metrics {
     kube_counters: Arc<OnceLock<Arc<Counters>>>,
     kernel_stats: Arc<KernelStats>,
     telemetry_connections_closed: Family<ReasonLabels, Counter>,
+    executor_refused: Family<LaneLabels, Counter>,
     /// Node-level reclaim's families, in their own module.
     reclaim: reclaim::ReclaimMetrics,
     /// The sources' readiness and the listener's accept errors, in their own module.
@@ -218,6 +207,7 @@ impl Metrics {
             kube_counters: Arc::default(),
             kernel_stats: Arc::default(),
             telemetry_connections_closed: Family::default(),
+            executor_refused: Family::default(),
             reclaim: reclaim::ReclaimMetrics::default(),
             sources: sources::SourceMetrics::default(),
         };
@@ -254,9 +244,9 @@ impl Metrics {
             self.signal_unknown
                 .get_or_create_owned(&SignalLabels { eviction_signal });
         }
-        for trigger in TRIGGERS {
+        for trigger in Trigger::ALL {
             let labels = TriggerLabels {
-                trigger: trigger.to_owned(),
+                trigger: trigger.as_str(),
             };
             self.evaluations.get_or_create_owned(&labels);
             self.decision_latency_invalid.get_or_create_owned(&labels);
@@ -269,10 +259,14 @@ impl Metrics {
         self.stale_data.get_or_create_owned(&SourceLabels {
             source: "pods".to_owned(),
         });
-        for operation in KUBE_OPERATIONS {
+        for operation in KubeOperation::ALL {
             self.kube_errors.get_or_create_owned(&OperationLabels {
-                operation: operation.to_owned(),
+                operation: operation.as_str(),
             });
+        }
+        for lane in node_agent_executor::LANES {
+            self.executor_refused
+                .get_or_create_owned(&LaneLabels { lane });
         }
         for reason in ["client_limit", "capacity", "idle"] {
             self.telemetry_connections_closed
@@ -418,6 +412,11 @@ impl Metrics {
             "telemetry_connections_closed",
             "Connections to this listener closed by the agent, by reason (client_limit, capacity, idle)",
             self.telemetry_connections_closed.clone(),
+        );
+        r.register(
+            "executor_refused",
+            "Actions the executor did not take because their lane was full (a burst of node events), by lane",
+            self.executor_refused.clone(),
         );
         r.register_collector(Box::new(KubeCounters(self.kube_counters.clone())));
         r.register_collector(Box::new(KernelCounters(self.kernel_stats.clone())));

@@ -5,16 +5,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use node_agent_kube::{
-    evict::EvictionResult,
-    executor::Report,
+use node_agent_executor::{
     reclaim::{ReclaimOutcome, ReclaimResult},
+    Report,
 };
+use node_agent_kube::evict::EvictionResult;
 use node_agent_policy::{EvictionSignal, Signal};
 
-use crate::cgroup::{
-    attribution::{Attributed, Constraint, Direction, Happened, Subject},
-    QosClass,
+use crate::{
+    cgroup::QosClass,
+    kernel::attribution::{Attributed, Constraint, Direction, Happened, Subject},
 };
 
 /// The cgroup an event concerns.
@@ -154,7 +154,7 @@ mod by_name {
         }
     }
 
-    impl Named for node_agent_kube::reclaim::ReclaimResult {
+    impl Named for node_agent_executor::reclaim::ReclaimResult {
         fn name(&self) -> &'static str {
             self.as_str()
         }

@@ -1,7 +1,7 @@
 //! The table rendering of records: one row per record, for people, within [`ROW_WIDTH`]
 //! characters, in human units. JSON Lines (`--output json`) keep every field and raw figures.
 
-use node_agent_kube::reclaim::ReclaimResult;
+use node_agent_executor::reclaim::ReclaimResult;
 use node_agent_policy::Resource;
 
 use super::record::{Crossing, OomConstraint, Record};
@@ -263,19 +263,15 @@ mod tests {
     use node_agent_common::{
         ForkStormEvent, MemoryThresholdEvent, DIRECTION_UP, KIND_MEMORY_THRESHOLD,
     };
-    use node_agent_kube::{
-        evict::{Attempt, EvictionResult},
-        executor::Report,
-    };
+    use node_agent_executor::Report;
+    use node_agent_kube::evict::{Attempt, EvictionResult};
     use node_agent_policy::{Format, Quantity, Resource, Signal};
 
     use super::*;
     use crate::{
-        cgroup::{
-            attribution::{attribute, NoNames},
-            CgroupIndex,
-        },
+        cgroup::CgroupIndex,
         ebpf::KernelEvent,
+        kernel::attribution::{attribute, NoNames},
     };
 
     #[test]

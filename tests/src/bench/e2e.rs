@@ -38,7 +38,7 @@ const SECTION: &str = "latency";
 const NODE: &str = "bench-node";
 const NAMESPACE: &str = "bench";
 const MIB: u64 = 1 << 20;
-/// `agent.memory_capacity: 1Gi` and `memory.available<824Mi`: the threshold is met once the
+/// `memoryCapacity: 1Gi` and `memory.available<824Mi`: the threshold is met once the
 /// node's working set passes 200 MiB.
 const LINE_WORKING_SET: u64 = 200 * MIB;
 /// The ramping pod holds this much before its ramp, and ramps this far past the line.
@@ -537,12 +537,14 @@ fn config_text(fake: &Fake, node: &BenchCgroup, socket: &Path, port: u16) -> Str
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     format!(
-        "eviction:\n  evictionHard: {{memory.available: 824Mi}}\n\
-         kubernetes:\n  pod_source: kubelet\n  node_name: {NODE}\n  kubelet: {{url: '{url}', ca_file: '{ca}'}}\n  \
-         api_server: {{url: '{url}', ca_file: '{ca}'}}\n  token_path: '{token}'\n  \
-         evictions_per_minute: 600\n  eviction_burst: 10\n  eviction_wait_timeout_seconds: 10\n\
-         agent:\n  listen: '127.0.0.1:{port}'\n  trace_socket: '{socket}'\n  node_cgroup: '/{node_cgroup}'\n  \
-         memory_capacity: 1Gi\n  resync_interval: 60s\n  pod_refresh_interval: 500ms\n  fork_limit: 0\n",
+        "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
+         eviction:\n  evictionHard: {{memory.available: 824Mi}}\n\
+         kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  podRefreshInterval: 500ms\n  \
+         kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
+         apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n  \
+         evictionsPerMinute: 600\n  evictionBurst: 10\n  evictionWaitTimeout: 10s\n\
+         listen: '127.0.0.1:{port}'\ntraceSocket: '{socket}'\nnodeCgroup: '/{node_cgroup}'\n\
+         memoryCapacity: 1Gi\nresyncInterval: 60s\nforkLimit: 0\n",
         url = fake.url(),
         ca = fake.pki.ca_file.display(),
         token = fake.token_file.display(),

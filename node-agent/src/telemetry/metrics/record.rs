@@ -137,9 +137,9 @@ impl Metrics {
     /// triggering event → decision, buckets [`DECISION_LATENCY_BUCKETS`]. A negative or
     /// non-finite value (a clock mix-up upstream) would corrupt the sum for good, so it is
     /// counted in `node_agent_decision_latency_invalid_total{trigger}` instead.
-    pub fn decision_latency(&self, trigger: &str, seconds: f64) {
+    pub fn decision_latency(&self, trigger: Trigger, seconds: f64) {
         let labels = TriggerLabels {
-            trigger: trigger.to_owned(),
+            trigger: trigger.as_str(),
         };
         if seconds.is_finite() && seconds >= 0.0 {
             self.decision_latency
@@ -151,10 +151,10 @@ impl Metrics {
     }
 
     /// Counter `node_agent_evaluations_total{trigger}`.
-    pub fn evaluation(&self, trigger: &str) {
+    pub fn evaluation(&self, trigger: Trigger) {
         self.evaluations
             .get_or_create(&TriggerLabels {
-                trigger: trigger.to_owned(),
+                trigger: trigger.as_str(),
             })
             .inc();
     }
@@ -214,11 +214,18 @@ impl Metrics {
     }
 
     /// Counter `node_agent_kube_errors_total{operation}`.
-    pub fn kube_error(&self, operation: &str) {
+    pub fn kube_error(&self, operation: KubeOperation) {
         self.kube_errors
             .get_or_create(&OperationLabels {
-                operation: operation.to_owned(),
+                operation: operation.as_str(),
             })
+            .inc();
+    }
+
+    /// Counter `node_agent_executor_refused_total{lane}`.
+    pub fn executor_refused(&self, lane: &'static str) {
+        self.executor_refused
+            .get_or_create(&LaneLabels { lane })
             .inc();
     }
 }
