@@ -744,3 +744,88 @@ async fn a_runtime_that_never_answers_never_delays_an_eviction() {
     })
     .await;
 }
+
+/// An OOM storm in one container of a pod: one Warning event on the pod, as `kubectl describe
+/// pod` lists it, then its count written into the event's `series`, every request as strict as
+/// the API server; dry run posts nothing.
+#[tokio::test]
+async fn a_pod_oom_storm_is_one_event_on_the_pod_counted_in_its_series() {
+    bounded(async {
+        use node_agent_executor::plan::Acting;
+        use node_agent_kube::events::{OomCause, PodOomKill};
+        const KILLS: u32 = 50;
+        let fake = Fake::start(api(Reply::json(201, "{}"))).await;
+        let mut ex = start(settings(&fake, PdbPolicy::Respect, false));
+        let kill = PodOomKill {
+            namespace: "shop".into(),
+            name: "web-7c9f8d6b5-x2x9q".into(),
+            uid: UID.into(),
+            container: Some("nginx".into()),
+            pid: 4242,
+            comm: "nginx".into(),
+            cause: OomCause::Limit {
+                of: "container",
+                usage_bytes: Some(512 << 20),
+                limit_bytes: Some(512 << 20),
+            },
+            saw_before: "node-agent saw memory pressure (memory.available threshold met) 1.8s before".into(),
+            named_late: false,
+        };
+        let mut plan = Acting::default();
+        let wall = SystemTime::now();
+        let mut actions = Vec::new();
+        for i in 0..KILLS {
+            actions.extend(plan.pod_oom_kill(kill.clone(), Duration::from_millis(u64::from(i)), wall));
+        }
+        actions.extend(plan.flush_oom(Duration::from_secs(3)));
+        assert_eq!(actions.len(), 2, "one event, one series update: {actions:?}");
+        for a in actions {
+            ex.executor.submit(a);
+        }
+        for _ in 0..2 {
+            let outcome = ex.outcomes.recv().await.unwrap();
+            assert!(matches!(outcome, Outcome::PodOomEvent(Ok(()))), "{outcome:?}");
+        }
+        assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+        let seen = fake.seen();
+        let (post, patch) = (&seen[0], &seen[1]);
+        assert_eq!(
+            (post.method.as_str(), post.path.as_str()),
+            ("POST", "/apis/events.k8s.io/v1/namespaces/shop/events")
+        );
+        let e = &post.body;
+        assert_eq!(
+            e["regarding"],
+            json!({"apiVersion": "v1", "kind": "Pod", "namespace": "shop", "name": "web-7c9f8d6b5-x2x9q", "uid": UID, "fieldPath": "spec.containers{nginx}"})
+        );
+        assert_eq!(e["related"]["kind"], "Node");
+        assert_eq!(e["related"]["name"], NODE);
+        assert_eq!(
+            (e["type"].as_str(), e["reason"].as_str(), e["action"].as_str()),
+            (Some("Warning"), Some("NodeAgentOOMKill"), Some("OOMKilling"))
+        );
+        assert_eq!(e["reportingController"], "node-agent.io/node-agent");
+        assert_eq!(
+            e["note"],
+            "Out of memory: killed process 4242 (nginx) in container nginx: 512Mi in use of the container's 512Mi limit. node-agent saw memory pressure (memory.available threshold met) 1.8s before"
+        );
+        assert!(e.get("series").is_none(), "the first occurrence has no series");
+        let name = e["metadata"]["name"].as_str().unwrap();
+        assert_eq!(
+            (patch.method.as_str(), patch.path.clone()),
+            ("PATCH", format!("/apis/events.k8s.io/v1/namespaces/shop/events/{name}"))
+        );
+        assert_eq!(patch.body["series"]["count"], KILLS);
+        assert_eq!(patch.content_type.as_deref(), Some("application/merge-patch+json"));
+
+        // Dry run: nothing posted.
+        let quiet = Fake::start(api(Reply::json(201, "{}"))).await;
+        let mut ex = start(settings(&quiet, PdbPolicy::Respect, true));
+        let mut plan = Acting::default();
+        ex.executor
+            .submit(plan.pod_oom_kill(kill, Duration::ZERO, wall).expect("a new event"));
+        assert!(matches!(ex.outcomes.recv().await.unwrap(), Outcome::PodOomEvent(Ok(()))));
+        assert!(quiet.calls().is_empty(), "{:?}", quiet.calls());
+    })
+    .await;
+}

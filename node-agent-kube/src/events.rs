@@ -274,7 +274,11 @@ pub async fn patch_series(
     }});
     let req = ApiRequest::with_json(
         Method::PATCH,
-        format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events/{name}"),
+        format!(
+            "{}/{}",
+            crate::api::events_path(namespace),
+            crate::transport::encode(name)
+        ),
         "application/merge-patch+json",
         &body,
     );

@@ -40,6 +40,11 @@ const ROUTES: &[(&str, &str, Kind)] = &[
         "/apis/events.k8s.io/v1/namespaces/*/events",
         Kind::Event,
     ),
+    (
+        "PATCH",
+        "/apis/events.k8s.io/v1/namespaces/*/events/*",
+        Kind::EventSeries,
+    ),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +56,7 @@ enum Kind {
     Delete,
     Eviction,
     Event,
+    EventSeries,
 }
 
 fn matches(pattern: &str, path: &str) -> Option<Vec<String>> {
@@ -179,7 +185,10 @@ pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply
     }
     let content_type = req.content_type.as_deref().unwrap_or("");
     let media = content_type.split(';').next().unwrap_or("").trim();
-    let patch = matches!(kind, Kind::Node | Kind::NodeStatus | Kind::PodStatus);
+    let patch = matches!(
+        kind,
+        Kind::Node | Kind::NodeStatus | Kind::PodStatus | Kind::EventSeries
+    );
     if (patch && !PATCH_TYPES.contains(&media)) || (!patch && media != "application/json") {
         return Err(Reply::status(
             415,
@@ -193,6 +202,7 @@ pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply
         Kind::Eviction => eviction(&body, &wild[0], &wild[1]),
         Kind::Delete => delete_options(&body),
         Kind::Event => event(&body, &wild[0]),
+        Kind::EventSeries => event_series(&body, media, &wild[1]),
         Kind::Node => super::taints::node_patch(&body, media, &wild[0]),
         Kind::NodeStatus => node_status(&body, media),
         Kind::PodStatus => pod_status(&body, media),
@@ -292,11 +302,66 @@ fn event(body: &Value, namespace: &str) -> Result<(), Reply> {
     {
         causes.push(("regarding", "Required value"));
     }
+    // A namespaced object's events live in its namespace.
+    if body["regarding"]["kind"] == "Pod"
+        && (body["regarding"]["namespace"].as_str() != Some(namespace)
+            || body["regarding"]["uid"].as_str().unwrap_or("").is_empty())
+    {
+        causes.push((
+            "regarding.namespace",
+            "a pod's event is in the pod's namespace and names its UID",
+        ));
+    }
+    if let Some(related) = body.get("related") {
+        if related["kind"].as_str().unwrap_or("").is_empty()
+            || related["name"].as_str().unwrap_or("").is_empty()
+        {
+            causes.push(("related", "kind and name are required"));
+        }
+    }
+    if body.get("series").is_some() {
+        causes.push((
+            "series",
+            "a new event has no series: its repeats are counted by updating it",
+        ));
+    }
     if causes.is_empty() {
         Ok(())
     } else {
         Err(invalid("Event", name, &causes))
     }
+}
+
+/// An event's repeats counted: a merge patch of `series` only, with a count of at least 2 (the
+/// event itself is the first) and the last time it was seen.
+fn event_series(body: &Value, media: &str, name: &str) -> Result<(), Reply> {
+    if media != "application/merge-patch+json" {
+        return Err(Reply::status(
+            415,
+            "UnsupportedMediaType",
+            "an event's series is written with a merge patch",
+        ));
+    }
+    let keys: Vec<&String> = body
+        .as_object()
+        .map(|o| o.keys().collect())
+        .unwrap_or_default();
+    let count = body.pointer("/series/count").and_then(Value::as_i64);
+    let last = body
+        .pointer("/series/lastObservedTime")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if keys != ["series"] || count.is_none_or(|c| c < 2) || last.is_empty() {
+        return Err(invalid(
+            "Event",
+            name,
+            &[(
+                "series",
+                "count (at least 2) and lastObservedTime, and nothing else",
+            )],
+        ));
+    }
+    Ok(())
 }
 
 pub(super) fn merge_patch_object(body: &Value, media: &str) -> Result<(), Reply> {
