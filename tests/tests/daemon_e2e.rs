@@ -11,7 +11,7 @@ use std::{
 use node_agent_kube::fake::Reply;
 use node_agent_tests::{
     cluster::{attach_trace, free_port, monotonic_ns, next_record, wait_until, Daemon, PodSpec},
-    move_into, require_root, scaled, set_memory_limit, time_scale,
+    move_into, require_root, scaled, time_scale,
     world::{eviction_after_kubepods_crossing, wait, World},
     AgentProcess, Helper, TestCgroup,
 };
@@ -414,43 +414,6 @@ fn an_exclusion_added_by_reload_is_never_evicted() -> anyhow::Result<()> {
         "{:?}",
         w.evictions()
     );
-    w.assert_nothing_refused();
-    daemon.stop()
-}
-
-#[test]
-fn an_oom_kill_in_a_pod_is_reported_on_the_node_under_the_agents_own_reason() -> anyhow::Result<()>
-{
-    require_root();
-    let w = World::new("e2e-oom", &[hog(), calm()], MEM_HELPER)?;
-    // The pod's own limit: the OOM killer acts inside the pod, not the agent.
-    let pod_dir = w.dir_of("hog").parent().unwrap().to_path_buf();
-    set_memory_limit(&pod_dir, 32 << 20)?;
-    let daemon = w.start("", "")?;
-    let mut helper = Helper::spawn(MEM_HELPER, &["oom".into()])?;
-    move_into(w.dir_of("hog"), helper.pid())?;
-    helper.go()?;
-    helper.wait_killed(scaled(Duration::from_secs(20)))?;
-    wait_until(wait(), "the NodeAgentOOMKill event", || {
-        w.cluster()
-            .answered
-            .iter()
-            .any(|a| a.body["reason"] == "NodeAgentOOMKill")
-    })?;
-    let event = w
-        .cluster()
-        .answered
-        .iter()
-        .find(|a| a.body["reason"] == "NodeAgentOOMKill")
-        .cloned()
-        .unwrap();
-    let note = event.body["note"].as_str().unwrap_or_default().to_string();
-    assert!(
-        note.contains("mem-helper"),
-        "names the killed process: {note}"
-    );
-    assert!(note.contains("in pod shop/hog"), "names the pod: {note}");
-    assert_eq!(event.body["regarding"]["kind"], "Node");
     w.assert_nothing_refused();
     daemon.stop()
 }

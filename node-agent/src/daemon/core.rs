@@ -4,11 +4,10 @@
 //! to the executor never waits, files are read off the loop).
 
 use std::{
+    path::Path,
     sync::Arc,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
-
-use std::time::SystemTime;
 
 use node_agent_executor::{plan::oom_kill_actions, Action, Outcome, Unnamed};
 use node_agent_kube::{
@@ -225,6 +224,13 @@ impl Daemon {
         }
         let mut first = None;
         for event in &batch.events {
+            if let Happened::OomKill(kill) = &event.what {
+                if !self.on_this_node(kill) {
+                    tracing::debug!(pid = kill.pid, cgroup = ?kill.victim.path,
+                        "OOM kill outside the node's cgroup: not this node's");
+                    continue;
+                }
+            }
             let saw_before = match &event.what {
                 Happened::OomKill(kill) => Some(self.saw_before(event.ktime_ns, kill)),
                 Happened::MemoryThreshold {
@@ -249,6 +255,16 @@ impl Daemon {
         if let Some((trigger, ktime_ns)) = first {
             self.evaluate(trigger, Some(ktime_ns));
         }
+    }
+
+    /// Whether an OOM kill's victim lives under the node's cgroup (`nodeCgroup`, the whole
+    /// hierarchy by default). A victim whose cgroup is not known is taken as the node's.
+    fn on_this_node(&self, kill: &crate::kernel::attribution::OomKill) -> bool {
+        let node = &self.config.current.settings.node_cgroup;
+        kill.victim
+            .path
+            .as_deref()
+            .is_none_or(|path| Path::new(path).starts_with(node))
     }
 
     /// What the agent saw and did in the minute before an OOM kill.

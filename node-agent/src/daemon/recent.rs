@@ -18,6 +18,8 @@ use crate::trace::{Pressure, SawBefore};
 pub const WINDOW: Duration = Duration::from_secs(60);
 /// The most entries of each kind kept.
 pub const CAP: usize = 256;
+/// The most pods passed over named in one sentence.
+const NAMED: usize = 3;
 
 /// Pressure the agent saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,8 +37,12 @@ pub enum Acted {
     Evicting { pod: String, signal: String },
     /// How an eviction ended.
     Outcome { pod: String, result: EvictionResult },
-    /// A threshold past its grace period with no pod that may be evicted.
-    NothingEvictable { signal: Signal },
+    /// A threshold past its grace period with no pod that may be evicted, and the pods
+    /// passed over, each as "namespace/name (why)".
+    NothingEvictable {
+        signal: Signal,
+        passed_over: Vec<String>,
+    },
     /// A threshold met, its grace period still running.
     InGrace { signal: Signal },
 }
@@ -121,8 +127,20 @@ impl Recent {
                     }
                     other => format!("eviction of {pod}: {}", other.as_str()),
                 },
-                Acted::NothingEvictable { signal } => {
-                    format!("{signal} past its grace period, but no pod may be evicted")
+                Acted::NothingEvictable {
+                    signal,
+                    passed_over,
+                } => {
+                    let mut said =
+                        format!("{signal} past its grace period, but no pod may be evicted");
+                    if !passed_over.is_empty() {
+                        said.push_str(": ");
+                        said.push_str(&passed_over[..passed_over.len().min(NAMED)].join(", "));
+                        if passed_over.len() > NAMED {
+                            said.push_str(&format!(" and {} more", passed_over.len() - NAMED));
+                        }
+                    }
+                    said
                 }
                 Acted::InGrace { signal } => format!("{signal} met, grace period still running"),
             });
@@ -185,9 +203,18 @@ mod tests {
                 "older than the window: forgotten",
                 Box::new(|r| {
                     r.threshold_met(30 * S, Signal::MemoryAvailable);
-                    r.acted(30 * S, Acted::NothingEvictable { signal: Signal::MemoryAvailable });
+                    r.acted(30 * S, Acted::NothingEvictable { signal: Signal::MemoryAvailable, passed_over: vec![] });
                 }),
                 "node-agent saw no memory pressure in the minute before",
+            ),
+            (
+                "nothing evictable: the pods passed over, the first few named",
+                Box::new(|r| {
+                    r.threshold_met(100 * S, Signal::MemoryAvailable);
+                    let passed = (1..=5).map(|i| format!("shop/p{i} (blocked_by_pdb)")).collect();
+                    r.acted(100 * S, Acted::NothingEvictable { signal: Signal::MemoryAvailable, passed_over: passed });
+                }),
+                "node-agent saw memory pressure (memory.available threshold met) 1.8s before; memory.available past its grace period, but no pod may be evicted: shop/p1 (blocked_by_pdb), shop/p2 (blocked_by_pdb), shop/p3 (blocked_by_pdb) and 2 more",
             ),
             (
                 "still in grace",
@@ -226,6 +253,7 @@ mod tests {
                 i,
                 Acted::NothingEvictable {
                     signal: Signal::MemoryAvailable,
+                    passed_over: vec![],
                 },
             );
         }

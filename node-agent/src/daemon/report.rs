@@ -132,14 +132,20 @@ impl Reporter {
                     signal,
                     passed_over,
                 } => {
-                    if signal.is_memory() {
-                        self.recent.acted(now, Acted::NothingEvictable { signal });
-                    }
-                    metrics.set_no_evictable_pod(Some(signal));
                     let passed: Vec<String> = passed_over
                         .iter()
                         .map(|p| format!("{}/{} ({})", p.namespace, p.name, p.reason.as_str()))
                         .collect();
+                    if signal.is_memory() {
+                        self.recent.acted(
+                            now,
+                            Acted::NothingEvictable {
+                                signal,
+                                passed_over: passed.clone(),
+                            },
+                        );
+                    }
+                    metrics.set_no_evictable_pod(Some(signal));
                     tracing::warn!(signal = %signal, passed_over = ?passed,
                         "threshold met but no pod may be evicted: every candidate is critical, excluded or not evictable now");
                 }
