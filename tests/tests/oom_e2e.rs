@@ -141,7 +141,8 @@ fn an_oom_storm_in_one_container_is_one_event_counted_in_its_series() -> anyhow:
 /// turn) no pod left to evict, the hog named among those passed over and why.
 fn says_hog_was_blocked(said: &str) -> bool {
     said.contains("eviction of shop/hog blocked by its PodDisruptionBudget")
-        || (said.contains("but no pod may be evicted") && said.contains("shop/hog (blocked_by_pdb)"))
+        || (said.contains("but no pod may be evicted")
+            && said.contains("shop/hog (blocked_by_pdb)"))
 }
 
 /// Pressure first: the memory threshold crossed and the hog chosen, but its disruption budget
