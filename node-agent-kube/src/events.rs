@@ -83,7 +83,8 @@ pub fn node_event(node: &str, now: SystemTime) -> Event {
 /// `Evicted` on the pod, with the decision's own message and the annotations the kubelet
 /// derives from the same figures (the containers the message names, their usage, the
 /// resource the node is short of). An eviction for a local storage limit has no annotations,
-/// as the kubelet's has none.
+/// as the kubelet's has none. The node it happened on is the event's `related` object (which
+/// the admission policy checks for every event about a pod).
 pub fn build_pod_evicted(decision: &Eviction, node: &str, now: SystemTime) -> Event {
     let regarding = ObjectReference {
         api_version: Some("v1".into()),
@@ -94,6 +95,7 @@ pub fn build_pod_evicted(decision: &Eviction, node: &str, now: SystemTime) -> Ev
         ..ObjectReference::default()
     };
     let mut e = base(&decision.namespace, &decision.name, node, now, regarding);
+    e.related = Some(node_ref(node));
     let join = |f: &dyn Fn(&node_agent_policy::OffendingContainer) -> String| {
         decision
             .offending_containers

@@ -173,7 +173,7 @@ fn rbac_grants_exactly_the_intended_verbs() {
         ("", "nodes/status", &["patch"]),
         ("", "nodes/stats", &["get"]),
         ("", "nodes/pods", &["get"]),
-        ("events.k8s.io", "events", &["create"]),
+        ("events.k8s.io", "events", &["create", "patch"]),
     ]
     .into_iter()
     .map(|(g, r, v)| {

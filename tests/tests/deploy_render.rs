@@ -536,6 +536,10 @@ tests:
         values: '1 0x10'
       - series: 'node_agent_kube_source_ready{job="node-agent",instance="a:9464",node="n1",source="cluster"}'
         values: '1x10'
+      - series: 'node_agent_oom_kills_foreseen_total{job="node-agent",instance="a:9464",node="n1",reason="node"}'
+        values: '0 0 3 3 3 3'
+      - series: 'node_agent_oom_kills_foreseen_total{job="node-agent",instance="a:9464",node="n1",reason="cgroup_limit"}'
+        values: '0x5'
     alert_rule_test:
       - eval_time: 4m
         alertname: NodeAgentDown
@@ -598,6 +602,16 @@ tests:
             exp_annotations:
               summary: node-agent on n1 cannot read its pods source
               description: The pods source has not delivered for 2 minutes, so the agent cannot evict on that node; its /readyz and log say why (a kubelet certificate the agent cannot verify, RBAC, an unreachable API server).
+      - eval_time: 1m
+        alertname: NodeAgentForeseenOOMKills
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: NodeAgentForeseenOOMKills
+        exp_alerts:
+          - exp_labels: {severity: warning, job: node-agent, instance: "a:9464", node: n1, reason: node}
+            exp_annotations:
+              summary: node-agent on n1 saw OOM kills coming (node)
+              description: '3 OOM kills (node) in 15 minutes came after the agent had seen memory pressure. The NodeAgentOOMKill events on the pods say what it saw and did before each: lower the memory thresholds (evict earlier) or clear what blocked the evictions (PodDisruptionBudgets, pods that may not be evicted).'
 "#;
 
 #[test]
@@ -653,7 +667,7 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
     )
     .expect("rules file");
     let said = promtool(&["check", "rules", "rules.yaml"], &dir);
-    assert!(said.contains("SUCCESS: 7 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 8 rules found"), "{said}");
     std::fs::write(dir.join("tests.yaml"), ALERT_TESTS).expect("tests file");
     promtool(&["test", "rules", "tests.yaml"], &dir);
 }

@@ -319,6 +319,14 @@ fn event(body: &Value, namespace: &str) -> Result<(), Reply> {
             causes.push(("related", "kind and name are required"));
         }
     }
+    // deploy/admission-policy.yaml, as shipped: an event about a pod names the agent's node as
+    // its related object.
+    if body["regarding"]["kind"] == "Pod" && body["related"]["kind"] != "Node" {
+        causes.push((
+            "related",
+            "node-agent-own-node: the node agent's events about a pod must name its own node as the related object",
+        ));
+    }
     if body.get("series").is_some() {
         causes.push((
             "series",
