@@ -486,7 +486,7 @@ async fn node_events_name_the_node_and_the_killed_process() {
         let kill = OomKill {
             pid: 4242,
             comm: "java".into(),
-            pod: Some(("shop".into(), "web-7c9f8d6b5-x2x9q".into())),
+            pod_uid: Some(UID.into()),
         };
         ex.act(Action::NodeEvent(NodeEvent::OomKill(kill))).await;
         let seen = fake.seen();
@@ -512,7 +512,7 @@ async fn node_events_name_the_node_and_the_killed_process() {
         );
         assert_eq!(
             seen[1].body["note"],
-            "Out of memory: killed process 4242 (java) in pod shop/web-7c9f8d6b5-x2x9q"
+            format!("Out of memory: killed process 4242 (java) in the cgroup of pod UID {UID}, which neither the pod source nor the container runtime names")
         );
     })
     .await;
@@ -620,7 +620,7 @@ fn kill(pid: u32) -> OomKill {
     OomKill {
         pid,
         comm: "stress".into(),
-        pod: Some(("shop".into(), "web-7c9f8d6b5-x2x9q".into())),
+        pod_uid: Some(UID.into()),
     }
 }
 

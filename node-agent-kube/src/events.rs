@@ -33,8 +33,10 @@ pub const STARVED_RESOURCE: &str = "starved_resource";
 pub struct OomKill {
     pub pid: u32,
     pub comm: String,
-    /// `namespace/name` of its pod, when it belonged to one.
-    pub pod: Option<(String, String)>,
+    /// The UID of the pod whose cgroup the process ran in, when it ran in one that neither the
+    /// pod source nor the container runtime could name (a kill in a named pod is told on the
+    /// pod, never on the node; a pod is never guessed).
+    pub pod_uid: Option<String>,
 }
 
 /// An event's name as client-go gives it: the object's name and the time in hex nanoseconds.
@@ -135,13 +137,16 @@ pub fn build_threshold_met(node: &str, starved_resource: &str, now: SystemTime) 
 /// log) in alerts and dashboards keyed on that reason.
 pub const OOM_KILL_REASON: &str = "NodeAgentOOMKill";
 
-/// [`OOM_KILL_REASON`] on the node, naming the killed process and its pod.
+/// [`OOM_KILL_REASON`] on the node, naming the killed process (and the UID of a pod nobody
+/// could name).
 pub fn build_oom_kill(node: &str, kill: &OomKill, now: SystemTime) -> Event {
     let mut e = base(NODE_EVENT_NAMESPACE, node, node, now, node_ref(node));
     e.action = Some("OOMKilling".into());
     e.reason = Some(OOM_KILL_REASON.into());
-    let pod = match &kill.pod {
-        Some((ns, name)) => format!(" in pod {ns}/{name}"),
+    let pod = match &kill.pod_uid {
+        Some(uid) => format!(
+            " in the cgroup of pod UID {uid}, which neither the pod source nor the container runtime names"
+        ),
         None => String::new(),
     };
     e.note = Some(format!(

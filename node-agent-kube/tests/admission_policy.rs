@@ -326,7 +326,13 @@ fn count_series(user: &User, reported_from: &str) -> Review {
     let mut object = old.clone();
     object["reportingInstance"] = json!(format!("node-agent-{NODE}"));
     object["series"] = json!({"count": 7, "lastObservedTime": "2026-11-25T23:00:00.000000Z"});
-    let mut request = request(user, ("events.k8s.io", "events", ""), "UPDATE", "shop", "x.17f");
+    let mut request = request(
+        user,
+        ("events.k8s.io", "events", ""),
+        "UPDATE",
+        "shop",
+        "x.17f",
+    );
     request["namespace"] = json!("shop");
     Review {
         request,

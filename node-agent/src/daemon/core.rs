@@ -336,7 +336,7 @@ impl Daemon {
                                 OomKill {
                                     pid: kill.pid,
                                     comm: kill.comm.clone(),
-                                    pod: None,
+                                    pod_uid: None,
                                 },
                             ),
                         },
@@ -346,7 +346,7 @@ impl Daemon {
                         OomKill {
                             pid: kill.pid,
                             comm: kill.comm.clone(),
-                            pod: None,
+                            pod_uid: None,
                         },
                     ),
                 };
@@ -572,10 +572,7 @@ impl Daemon {
                                 OomKill {
                                     pid: kill.pid,
                                     comm: kill.comm,
-                                    pod: Some((
-                                        "(unknown)".into(),
-                                        format!("uid {}", kill.pod_uid),
-                                    )),
+                                    pod_uid: Some(kill.pod_uid),
                                 },
                             ));
                         }
