@@ -30,7 +30,7 @@ fn kind(o: &Outcome) -> &'static str {
     match o {
         Outcome::Eviction(_) => "eviction",
         Outcome::NodeEvent { .. } => "event",
-        Outcome::PodOomEvent(_) => "pod event",
+        Outcome::PodOomEvent { .. } => "pod event",
         Outcome::Identified { .. } => "identified",
         Outcome::Status(_) => "status",
         Outcome::Reclaim(_) => "reclaim",
@@ -784,7 +784,10 @@ async fn a_pod_oom_storm_is_one_event_on_the_pod_counted_in_its_series() {
         }
         for _ in 0..2 {
             let outcome = ex.outcomes.recv().await.unwrap();
-            assert!(matches!(outcome, Outcome::PodOomEvent(Ok(()))), "{outcome:?}");
+            assert!(
+                matches!(outcome, Outcome::PodOomEvent { result: Ok(()), .. }),
+                "{outcome:?}"
+            );
         }
         assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
         let seen = fake.seen();
@@ -824,7 +827,10 @@ async fn a_pod_oom_storm_is_one_event_on_the_pod_counted_in_its_series() {
         let mut plan = Acting::default();
         ex.executor
             .submit(plan.pod_oom_kill(kill, Duration::ZERO, wall).expect("a new event"));
-        assert!(matches!(ex.outcomes.recv().await.unwrap(), Outcome::PodOomEvent(Ok(()))));
+        assert!(matches!(
+            ex.outcomes.recv().await.unwrap(),
+            Outcome::PodOomEvent { result: Ok(()), .. }
+        ));
         assert!(quiet.calls().is_empty(), "{:?}", quiet.calls());
     })
     .await;

@@ -7,7 +7,10 @@ use std::{collections::BTreeMap, time::SystemTime};
 
 use http::{Method, StatusCode};
 use k8s_openapi::{
-    api::{core::v1::ObjectReference, events::v1::Event},
+    api::{
+        core::v1::ObjectReference,
+        events::v1::{Event, EventSeries},
+    },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use node_agent_policy::Eviction;
@@ -209,8 +212,15 @@ fn human(bytes: u64) -> String {
 
 /// [`OOM_KILL_REASON`] on the pod: the container, the process, what ran out (the memory in use
 /// against the limit that was hit, or the whole node), and what the agent saw before. The
-/// node it happened on is the event's `related` object.
-pub fn build_pod_oom_kill(node: &str, kill: &PodOomKill, at: SystemTime) -> Event {
+/// node it happened on is the event's `related` object. `repeats` (count, last seen) when
+/// the event is posted again after a failed write, its kills since counted in its `series`
+/// from the start, as client-go creates an event its series update could not find.
+pub fn build_pod_oom_kill(
+    node: &str,
+    kill: &PodOomKill,
+    at: SystemTime,
+    repeats: Option<(u32, SystemTime)>,
+) -> Event {
     let regarding = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
@@ -263,6 +273,12 @@ pub fn build_pod_oom_kill(node: &str, kill: &PodOomKill, at: SystemTime) -> Even
         note.push('…');
     }
     e.note = Some(note);
+    e.series = repeats
+        .filter(|(count, _)| *count >= 2)
+        .map(|(count, last)| EventSeries {
+            count: i32::try_from(count).unwrap_or(i32::MAX),
+            last_observed_time: micro_time(last),
+        });
     e
 }
 
@@ -314,7 +330,8 @@ pub async fn post(ctx: &Context, event: &Event) -> Result<(), ApiError> {
     let result = call(&ctx.transport, &req, &[StatusCode::OK, StatusCode::CREATED]).await;
     if let Err(e) = &result {
         Counters::bump(&ctx.counters.request_failures);
-        tracing::warn!(error = %e, reason = ?event.reason, "event not recorded");
+        // Said by whoever asked for it (once per episode, the agent's reporter), not per call.
+        tracing::debug!(error = %e, reason = ?event.reason, "event POST failed");
     }
     result.map(|_| ())
 }

@@ -196,6 +196,43 @@ fn the_event_says_what_the_agent_saw_and_did_before() -> anyhow::Result<()> {
     daemon.stop()
 }
 
+/// An API server refusing events during an OOM storm: said once, every failure counted; when
+/// it takes them again, the event is posted with every kill since the first in its series.
+#[test]
+fn refused_oom_events_are_said_once_and_posted_again_with_their_count() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("oom-refused", &pods(), MEM_HELPER)?;
+    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let r = refusing.clone();
+    w.cluster().hook = Some(Arc::new(move |seen: &node_agent_kube::fake::Seen| {
+        (r.load(std::sync::atomic::Ordering::SeqCst)
+            && seen.path.contains("/events")
+            && seen.body["reason"] == "NodeAgentOOMKill")
+            .then(|| Reply::status(403, "Forbidden", "events.events.k8s.io is forbidden"))
+    }));
+    let mut daemon = w.start("", "")?;
+    kill_in(&w, "hog", 3)?;
+    let errors = "node_agent_kube_errors_total{operation=\"pod oom event\"}";
+    wait_until(wait(), "the refusals counted", || {
+        daemon.metric(errors).ok().flatten().unwrap_or(0.0) >= 1.0
+    })?;
+    // The retry of the first three, at the next flush, is refused too.
+    std::thread::sleep(scaled(Duration::from_secs(3)));
+    refusing.store(false, std::sync::atomic::Ordering::SeqCst);
+    kill_in(&w, "hog", 2)?;
+    wait_until(wait(), "the pod's OOM event", || !oom_events(&w).is_empty())?;
+    let events = oom_events(&w);
+    assert_eq!(events.len(), 1, "one event taken");
+    let e = &events[0].body;
+    assert_eq!(e["regarding"]["name"], "hog");
+    assert_eq!(e["series"]["count"], 5, "every kill since the first: {e}");
+    assert!(daemon.metric(errors)?.unwrap_or(0.0) >= 2.0);
+    assert_eq!(daemon.log_count("event not recorded"), 1, "said once");
+    assert_eq!(daemon.log_count("events recorded again"), 1);
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
 /// A kill in a pod cgroup that neither the pod source nor a container runtime can name: the
 /// node event, with the pod's UID from the cgroup path, never a guessed pod.
 #[test]

@@ -327,11 +327,17 @@ fn event(body: &Value, namespace: &str) -> Result<(), Reply> {
             "node-agent-own-node: the node agent's events about a pod must name its own node as the related object",
         ));
     }
-    if body.get("series").is_some() {
-        causes.push((
-            "series",
-            "a new event has no series: its repeats are counted by updating it",
-        ));
+    // A new event may carry the repeats counted so far (client-go does, when the event its
+    // series update was for is gone): as on update, a count of at least 2 and the last time.
+    if let Some(series) = body.get("series") {
+        if series["count"].as_i64().is_none_or(|c| c < 2)
+            || series["lastObservedTime"].as_str().unwrap_or("").is_empty()
+        {
+            causes.push((
+                "series",
+                "count (at least 2) and lastObservedTime are required",
+            ));
+        }
     }
     if causes.is_empty() {
         Ok(())

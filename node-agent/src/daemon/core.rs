@@ -581,7 +581,18 @@ impl Daemon {
                 self.acts.submit(actions);
             }
             other => {
-                if matches!(other, Outcome::NodeEvent { .. } | Outcome::PodOomEvent(_)) {
+                if let Outcome::PodOomEvent {
+                    namespace,
+                    name,
+                    result: Err(_),
+                } = &other
+                {
+                    self.acts.plan.oom_event_failed(namespace, name);
+                }
+                if matches!(
+                    other,
+                    Outcome::NodeEvent { .. } | Outcome::PodOomEvent { .. }
+                ) {
                     self.report.lanes_clear();
                 }
                 self.report.side_effect(&other);
