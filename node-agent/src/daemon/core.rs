@@ -331,12 +331,13 @@ impl Daemon {
                                 });
                                 Vec::new()
                             }
+                            // Not in a container's cgroup: the pod's UID is all there is.
                             None => oom_kill_actions(
                                 self.config.current.kubernetes.as_ref(),
                                 OomKill {
                                     pid: kill.pid,
                                     comm: kill.comm.clone(),
-                                    pod_uid: None,
+                                    pod_uid: Some(pod.uid.clone()),
                                 },
                             ),
                         },
