@@ -1,5 +1,6 @@
-//! What an idle daemon costs the whole node, lines far: `node-agent run` (standalone, default
-//! thresholds; on this node every line is gigabytes away) against no daemon, in alternated
+//! What an idle daemon costs the whole node, lines far: `node-agent run` (standalone, the
+//! kubelet's default memory threshold only, see [`super::kube::standalone_config_text`]; on
+//! this node every line is gigabytes away) against no daemon, in alternated
 //! windows (with/without, then without/with), each pair's difference a sample:
 //!
 //! - timer wake-ups per second: local timer interrupts plus `TIMER` and `HRTIMER` softirqs,
@@ -157,8 +158,8 @@ pub fn daemon(
     let n = measured.len();
     let setup = format!(
         "{n} alternated pairs of {:.0} s windows without and with `node-agent run` \
-         (standalone, default thresholds: every line gigabytes away), 2 s after each start or \
-         stop",
+         (standalone, `memory.available<100Mi` only: every line gigabytes away), 2 s after each \
+         start or stop",
         opts.window.as_secs_f64()
     );
     let ticks_mean = ticks.iter().sum::<f64>() / ticks.len().max(1) as f64;

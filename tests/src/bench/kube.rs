@@ -2,8 +2,10 @@
 //! and the API server ([`node_agent_kube::fake`]), pods whose cgroups are real (the kubelet's
 //! cgroupfs layout below a bench "node" cgroup), and the daemon started with a config file.
 //!
-//! The daemon's config text is written in exactly one place, [`DaemonConfig::text`], for every
-//! section that runs the daemon in Kubernetes mode (the end-to-end latency, the footprint).
+//! The bench's config texts for the daemon are written here and nowhere else:
+//! [`DaemonConfig::text`] for every section that runs it in Kubernetes mode (the end-to-end
+//! latency, the footprint), [`standalone_config_text`] for those that run it standalone
+//! (stress-ng, the idle cost).
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -189,6 +191,18 @@ impl DaemonConfig<'_> {
             token = self.fake.token_file.display(),
         )
     }
+}
+
+/// The standalone daemon's config: the kubelet's default memory threshold and nothing else.
+/// The kubelet's disk thresholds are left out on purpose: the shared development host's disk
+/// is often past `nodefs.available<10%`, which keeps a daemon with the defaults re-reading the
+/// node every 100 ms as under pressure, and these rows measure it idle, lines far.
+pub fn standalone_config_text(port: u16, socket: &Path) -> String {
+    format!(
+        "eviction:\n  evictionHard: {{memory.available: 100Mi}}\n\
+         agent:\n  listen: '127.0.0.1:{port}'\n  trace_socket: '{}'\n",
+        socket.display()
+    )
 }
 
 /// `node-agent run --config FILE`; stopped (SIGTERM, then SIGKILL after 2 s) on drop.

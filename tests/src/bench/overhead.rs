@@ -350,6 +350,8 @@ pub fn loop_rows(
 pub struct Options {
     pub rounds: usize,
     pub spin_rounds: usize,
+    /// Passes of each kind of the charge-rate check.
+    pub charge_passes: usize,
 }
 
 pub fn run(rows: &mut Vec<Row>, opts: &Options) -> anyhow::Result<()> {
@@ -364,7 +366,56 @@ pub fn run(rows: &mut Vec<Row>, opts: &Options) -> anyhow::Result<()> {
     let measured = measure(&cgroup, &lines, &variants, opts.rounds, Loops::HOST)?;
     rows.extend(loop_rows(SECTION, "", &measured, Loops::HOST, true));
     interruptions(rows, &cgroup, &lines, opts.spin_rounds)?;
-    per_program(rows, &cgroup, &lines, Loops::HOST)
+    per_program(rows, &cgroup, &lines, Loops::HOST)?;
+    charge_rate(rows, &cgroup, opts.charge_passes)
+}
+
+/// MiB charged per pass of the charge-rate check.
+const CHARGE_MIB: usize = 512;
+
+/// The sampler's charge-rate bound, checked on this machine: the fastest one CPU charges
+/// memory, in transparent huge pages (each fault zeroes and charges 2 MiB) and page by page,
+/// best of `passes`. The bound must lie above both.
+fn charge_rate(rows: &mut Vec<Row>, cgroup: &BenchCgroup, passes: usize) -> anyhow::Result<()> {
+    let gib = (1u64 << 30) as f64;
+    let bound = node_agent_common::MAX_CHARGE_BYTES_PER_US_PER_CPU as f64 * 1e6 / gib;
+    let mut best = [0.0f64; 2];
+    let mut huge_share = 0.0f64;
+    for _ in 0..passes {
+        for (at, huge) in [(0, true), (1, false)] {
+            let words = [
+                "charge",
+                &CHARGE_MIB.to_string(),
+                if huge { "1" } else { "0" },
+            ];
+            let (ns, huge_bytes) = ask(cgroup, &args(&words), "charge")?;
+            let rate = (CHARGE_MIB << 20) as f64 / (ns / 1e9) / gib;
+            best[at] = best[at].max(rate);
+            if huge {
+                huge_share = huge_share.max(huge_bytes / (CHARGE_MIB << 20) as f64);
+            }
+        }
+    }
+    let fastest = best[0].max(best[1]);
+    rows.push(
+        Row::info(
+            SECTION,
+            "the sampler's charge-rate bound, checked: fastest charge on one CPU",
+            format!(
+                "{:.2} GiB/s (huge pages) / {:.2} GiB/s (4 KiB pages)",
+                best[0], best[1]
+            ),
+        )
+        .value(fastest, "GiB/s")
+        .below(format!("< {bound:.0} GiB/s (the bound)"), bound)
+        .note(format!(
+            "best of {passes} passes each of {CHARGE_MIB} MiB touched by one pinned thread in a \
+             bench cgroup: one byte per 2 MiB with MADV_HUGEPAGE ({:.0} % given as huge pages), \
+             one byte per 4 KiB page with MADV_NOHUGEPAGE; a maximum, no interval",
+            huge_share * 100.0
+        )),
+    );
+    Ok(())
 }
 
 /// How long each spin runs, ms.

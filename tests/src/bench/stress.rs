@@ -1,9 +1,10 @@
 //! What the agent costs a real workload: stress-ng's `vm` stressor (mmap, write, munmap in a
 //! loop: page-fault heavy) and its `fork` stressor, each in a bench cgroup of its own, under
 //! three variants alternated over rounds (ABC, then CBA): nothing loaded; `node-agent run` as
-//! deployed (the daemon, standalone, default thresholds, so the bench cgroup is one of the
-//! workloads it watches and every line is far); and the kernel programs loaded with a line
-//! within reach on another cgroup, so the sampler runs at its near-line pace (1 ms). The figure
+//! deployed (the daemon, standalone, the kubelet's default memory threshold, so the bench
+//! cgroup is one of the workloads it watches and every line is far); and the kernel programs
+//! loaded with a line within reach on another cgroup, so the sampler runs at its near-line pace
+//! (1 ms). The figure
 //! is the median over rounds of the slowdown in bogo-ops per second, wall clock (what the
 //! workload feels), with its 95 % interval, judged at the interval's upper end; the slowdown per
 //! CPU second is in the note. Each stressor runs with one worker pinned to one CPU, and, for
@@ -52,7 +53,8 @@ pub struct Options {
     pub seconds: u64,
 }
 
-/// `node-agent run`, standalone; SIGTERM on stop, killed on drop.
+/// `node-agent run`, standalone, with the bench's standalone config (only the memory threshold:
+/// see [`super::kube::standalone_config_text`]); SIGTERM on stop, killed on drop.
 pub struct Daemon {
     child: Child,
     port: u16,
@@ -64,14 +66,12 @@ impl Daemon {
             .local_addr()?
             .port();
         let socket = work_dir.join(format!("stress-{}.sock", std::process::id()));
+        let config = work_dir.join(format!("standalone-{}.yaml", std::process::id()));
+        std::fs::write(&config, super::kube::standalone_config_text(port, &socket))
+            .with_context(|| format!("writing {}", config.display()))?;
         let mut child = Command::new(agent)
-            .args([
-                "run",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--trace-socket",
-            ])
-            .arg(&socket)
+            .args(["run", "--config"])
+            .arg(&config)
             .env("RUST_LOG", "info")
             .env_remove("NODE_AGENT_CONFIG")
             .stdout(Stdio::null())

@@ -169,6 +169,7 @@ fn bench(args: &Args) -> anyhow::Result<()> {
         let opts = overhead::Options {
             rounds: if q { 2 } else { 24 },
             spin_rounds: if q { 2 } else { 12 },
+            charge_passes: if q { 1 } else { 5 },
         };
         overhead::run(rows, &opts)
     });
