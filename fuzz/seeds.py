@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the seed corpora in fuzz/corpus/<target>/ from the repository's test fixtures and
-shipped files (deploy/configmap.yaml, the README's examples, the tests' inputs), plus the
+shipped files (deploy/config.yaml, the README's examples, the tests' inputs), plus the
 inputs that once broke a parser. Run it again after changing those fixtures; libFuzzer finds
 the rest from here. Each seed is named by its content's hash, as libFuzzer names its finds."""
 
@@ -21,10 +21,8 @@ def write(target, data):
     (directory / hashlib.sha1(data).hexdigest()).write_bytes(data)
 
 
-def configmap_config():
-    text = (ROOT / "deploy" / "configmap.yaml").read_text()
-    body = text.split("config.yaml: |\n", 1)[1]
-    return "\n".join(line[4:] for line in body.splitlines()) + "\n"
+def shipped_config():
+    return (ROOT / "deploy" / "config.yaml").read_text()
 
 
 def readme_block(after):
@@ -66,20 +64,29 @@ KUBELET_CONFIGS = [
     "memory.available=200Mi\n60\n5m\npods,system-reserved\n",
 ]
 
+HEADER = "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n"
+
 AGENT_CONFIGS = [
-    configmap_config(),
-    "agent:\n" + readme_block("One config file holds").split("agent:\n", 1)[1],
-    "eviction: {evictionHard: {memory.available: 500Mi}}\nagent: {listen: '127.0.0.1:9999', resync_interval: 30s}\n",
-    "eviction:\n  evictionHard: {memory.available: 824Mi}\n"
-    "kubernetes:\n  pod_source: kubelet\n  node_name: test-node\n"
-    "  kubelet: {url: 'https://127.0.0.1:1', ca_file: '/tmp/ca.pem'}\n"
-    "  api_server: {url: 'https://127.0.0.1:1', ca_file: '/tmp/ca.pem'}\n"
-    "  token_path: '/tmp/token'\n  evictions_per_minute: 60\n"
-    "agent:\n  listen: '127.0.0.1:9464'\n  trace_socket: '/tmp/trace.sock'\n  node_cgroup: '/test'\n"
-    "  memory_capacity: 1Gi\n  resync_interval: 60s\n  pod_refresh_interval: 500ms\n  fork_limit: 0\n",
-    "agent: {memory_capacity: 1m}\n",
-    "agent: {ring_bytes: 2147483648}\n",
-    "agent: {node_cgroup: /../..}\n",
+    shipped_config(),
+    readme_block("One config file, a versioned"),
+    HEADER + "eviction: {evictionHard: {memory.available: 500Mi}}\nlisten: '127.0.0.1:9999'\nresyncInterval: 30s\n",
+    HEADER + "eviction:\n  evictionHard: {memory.available: 824Mi}\n"
+    "kubernetes:\n  podSource: kubelet\n  nodeName: test-node\n  podRefreshInterval: 500ms\n"
+    "  kubelet: {url: 'https://127.0.0.1:1', caFile: '/tmp/ca.pem'}\n"
+    "  apiServer: {url: 'https://127.0.0.1:1', caFile: '/tmp/ca.pem'}\n"
+    "  tokenPath: '/tmp/token'\n  evictionsPerMinute: 60\n  retry: {initialBackoff: 50ms, maxBackoff: 100ms}\n"
+    "listen: '127.0.0.1:9464'\ntraceSocket: '/tmp/trace.sock'\nnodeCgroup: '/test'\n"
+    "memoryCapacity: 1Gi\nresyncInterval: 60s\nforkLimit: 0\nringBufferSize: 4Ki\n",
+    HEADER + "cri: {endpoint: 'unix:///run/crio/crio.sock', imageMinimumGCAge: 0s, keepImages: []}\n",
+    HEADER + "memoryCapacity: 1m\n",
+    HEADER + "ringBufferSize: 2Gi\n",
+    HEADER + "nodeCgroup: /../..\n",
+    HEADER + "resyncInterval: 30\n",
+    HEADER + "kubernetes:\n",
+    HEADER + "eviction: {evictionHard: {pid.available: 1000}, evictionSoft: {memory.available: 1.5}}\n",
+    # The format before node-agent.io/v1alpha1: refused, naming each key's new spelling.
+    "agent: {dry_run: true, ring_bytes: 1048576}\nkubernetes: {request_timeout_seconds: 10, dry_run: true}\n",
+    "apiVersion: node-agent.io/v1\nkind: NodeAgentConfiguration\n",
     "",
 ]
 
@@ -87,19 +94,20 @@ NODE = "node:\n  capacity: {memory: 10Gi, ephemeral-storage: 100Gi, inodes: 1000
 
 
 def scenarios():
-    source = (ROOT / "node-agent-policy" / "tests" / "scenario.rs").read_text()
-    example = re.search(r'"\{NODE\}(  hasImagefs: false\n.*?)"\n', source, re.S).group(1)
+    source = (ROOT / "node-agent" / "tests" / "scenario.rs").read_text()
+    example = re.search(r'"\{NODE\}(  fsLayout: shared\n.*?)"\n', source, re.S).group(1)
     example = example.replace("{{", "{").replace("}}", "}")
     simulate = (ROOT / "node-agent" / "tests" / "simulate.rs").read_text()
     shipped = re.search(r'const SCENARIO: &str = "(.*?)";', simulate, re.S).group(1)
     return [
         NODE + example,
         shipped,
-        NODE + "pods:\n  - name: big\n    containers: [{name: app}]\n    usage: {memory: 3Gi}\n"
+        NODE + "pods:\n  - pod: {metadata: {name: big}, spec: {containers: [{name: app}]}}\n    usage: {memory: 3Gi}\n"
         "config:\n  evictionHard: {memory.available: 500Mi}\n"
         "steps:\n  - at: 0s\n    signals: {memory.available: 100Mi}\n  - at: 10s\n",
         NODE + "steps:\n  - at: 0s\n    signals: {memory.available: 20E}\n",
-        '{"node": {"capacity": {"memory": "8Gi"}}, "pods": [{"name": "a", "usage": {"memory": "1Gi"}}],'
+        '{"node": {"capacity": {"memory": "8Gi"}}, "pods": [{"pod": {"metadata": {"name": "a"},'
+        ' "spec": {"containers": [{"name": "app"}]}}, "usage": {"memory": "1Gi"}}],'
         ' "steps": [{"at": "0s", "signals": {"memory.available": "50Mi"}}]}',
     ]
 

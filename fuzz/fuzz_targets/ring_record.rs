@@ -7,11 +7,9 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use node_agent::{
-    cgroup::{
-        attribution::{attribute, NoNames},
-        CgroupIndex,
-    },
+    cgroup::CgroupIndex,
     ebpf::events::decode,
+    kernel::attribution::{attribute, NoNames},
     trace::Record,
 };
 

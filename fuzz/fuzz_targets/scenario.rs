@@ -5,9 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {
-    if let Ok(steps) = node_agent_policy::scenario::run(text) {
-        for step in &steps {
-            let _ = step.to_json_line();
-        }
-    }
+    let _ = node_agent::simulate::render(text);
 });

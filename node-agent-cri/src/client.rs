@@ -18,12 +18,14 @@ use crate::{
         self, image_service_client::ImageServiceClient,
         runtime_service_client::RuntimeServiceClient,
     },
-    reclaim::{Listing, ReclaimPlan, ReclaimReport, Step},
+    reclaim::Listing,
 };
 
-/// The kubelet's limit for one CRI message (`maxMsgSize`): a node's container list can exceed
-/// gRPC's 4 MiB default.
-const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// The most one CRI answer may weigh: the kubelet's own limit (`maxMsgSize`), since a node's
+/// container list can exceed gRPC's 4 MiB default (250 pods with their dead containers kept
+/// for GC, 1–2 KiB of labels and annotations each, is 1–2 MiB; images with all their tags and
+/// digests less). tonic refuses a larger message before decoding it, as `OutOfRange`.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// A connection to one runtime endpoint. Cheap to clone; calls may run concurrently.
 #[derive(Debug, Clone)]
@@ -264,20 +266,6 @@ impl CriClient {
             images,
             stats: stats.into_iter().map(|s| (s.id.clone(), s)).collect(),
         })
-    }
-
-    /// Carries a plan out, one runtime call per step, and reports each outcome. For an executor
-    /// that has nothing else to do per step; one that does drives [`ReclaimPlan::run`] itself.
-    pub async fn carry_out(&self, plan: &ReclaimPlan) -> ReclaimReport {
-        let mut run = plan.run();
-        while let Some(step) = run.next_step() {
-            let result = match step {
-                Step::RemoveContainer(c) => self.remove_container(&c.id).await,
-                Step::RemoveImage(i) => self.remove_image(&i.id).await,
-            };
-            run.record(result);
-        }
-        run.finish()
     }
 }
 

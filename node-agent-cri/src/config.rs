@@ -1,17 +1,18 @@
-//! Where the runtime listens and how long a call may take: the `cri:` settings, validated before
-//! anything connects.
+//! Where the runtime listens and how long a call may take: the `cri:` section of the agent's
+//! config, validated before anything connects.
 //!
 //! ```yaml
 //! cri:
-//!   endpoint: unix:///run/containerd/containerd.sock   # the kubelet's --container-runtime-endpoint
+//!   endpoint: unix:///run/containerd/containerd.sock   # the kubelet's containerRuntimeEndpoint
 //!   timeout: 10s                                       # per call (Go duration)
-//!   image_minimum_gc_age: 2m                           # the kubelet's imageMinimumGCAge
-//!   keep_images: [registry.k8s.io/pause:3.6]           # never removed (the sandbox image)
+//!   imageMinimumGCAge: 2m                              # the kubelet's imageMinimumGCAge
+//!   keepImages: [registry.k8s.io/pause:3.6]            # never removed (the sandbox image)
 //! ```
 
-use std::{path::PathBuf, time::Duration};
+use std::{fmt, path::PathBuf, time::Duration};
 
-use serde::Deserialize;
+use node_agent_policy::GoDuration;
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::reclaim::{ContainerGcPolicy, GcPolicy, ImageGcPolicy};
 
@@ -19,25 +20,26 @@ use crate::reclaim::{ContainerGcPolicy, GcPolicy, ImageGcPolicy};
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
 /// Per call. The kubelet waits up to 2 minutes (`runtimeRequestTimeout`), but the agent asks
 /// under pressure and would rather report a slow runtime than wait for it.
-pub const DEFAULT_TIMEOUT: &str = "10s";
+pub const DEFAULT_TIMEOUT: GoDuration = GoDuration::from_secs(10);
 /// The kubelet's `imageMinimumGCAge` default.
-pub const DEFAULT_IMAGE_MINIMUM_GC_AGE: &str = "2m";
+pub const DEFAULT_IMAGE_MINIMUM_GC_AGE: GoDuration = GoDuration::from_secs(120);
 /// containerd 1.6's default `sandbox_image`: containerd before 1.7 does not pin it, and a node
 /// without registry access cannot start pods once it is gone (the kubelet kept its own
 /// `--pod-infra-container-image` out of image GC for the same reason).
 pub const DEFAULT_KEEP_IMAGES: &[&str] = &["registry.k8s.io/pause:3.6"];
 
-/// The settings as written (`cri:`), every field optional.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// The `cri:` section, every field with its default.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct CriConfig {
     /// `unix:///path/to/socket`, as the kubelet's `containerRuntimeEndpoint`.
-    pub endpoint: String,
-    /// Longest wait for one call (Go duration, > 0).
-    pub timeout: String,
-    /// Images first seen less than this ago are not removed by node-level reclaim (Go
-    /// duration, >= 0; the kubelet's `imageMinimumGCAge`).
-    pub image_minimum_gc_age: String,
+    pub endpoint: Endpoint,
+    /// Longest wait for one call (> 0).
+    pub timeout: GoDuration,
+    /// Images first seen less than this ago are not removed by node-level reclaim (the
+    /// kubelet's `imageMinimumGCAge`).
+    #[serde(rename = "imageMinimumGCAge")]
+    pub image_minimum_gc_age: GoDuration,
     /// Images never removed by node-level reclaim, by ID, tag or digest.
     pub keep_images: Vec<String>,
 }
@@ -45,31 +47,35 @@ pub struct CriConfig {
 impl Default for CriConfig {
     fn default() -> Self {
         Self {
-            endpoint: DEFAULT_ENDPOINT.into(),
-            timeout: DEFAULT_TIMEOUT.into(),
-            image_minimum_gc_age: DEFAULT_IMAGE_MINIMUM_GC_AGE.into(),
+            endpoint: Endpoint::parse(DEFAULT_ENDPOINT).expect("the default endpoint is valid"),
+            timeout: DEFAULT_TIMEOUT,
+            image_minimum_gc_age: DEFAULT_IMAGE_MINIMUM_GC_AGE,
             keep_images: DEFAULT_KEEP_IMAGES.iter().map(|s| s.to_string()).collect(),
         }
     }
 }
 
+/// The longest `cri.timeout` taken: the kubelet's `--runtime-request-timeout` default. A call
+/// runs on the executor's runtime lane, never in the way of a memory eviction, but a disk
+/// eviction waits for the reclaim before it.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// A refused `cri:` setting; the message names the field and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CriConfigError {
-    #[error("cri.endpoint: {endpoint:?} is not a unix socket endpoint; expected unix:///absolute/path (the kubelet's --container-runtime-endpoint form)")]
-    Endpoint { endpoint: String },
-    #[error("cri.timeout: {value:?}: {source}")]
-    Timeout {
-        value: String,
-        #[source]
-        source: node_agent_policy::duration::DurationError,
-    },
-    #[error("cri.timeout: {value:?} must be longer than 0")]
-    TimeoutNotPositive { value: String },
-    #[error("cri.image_minimum_gc_age: {value:?}: {problem}")]
-    ImageMinimumGcAge { value: String, problem: String },
-    #[error("cri.keep_images: an empty name is not an image reference")]
+    #[error("cri.timeout: must be longer than 0 (a Go duration such as 10s)")]
+    TimeoutNotPositive,
+    #[error("cri.timeout: {0:?} is longer than {MAX_TIMEOUT:?}, the kubelet's own runtime request timeout: a longer one would hold a disk eviction back that long behind a runtime that does not answer")]
+    TimeoutTooLong(Duration),
+    #[error("cri.keepImages: an empty name is not an image reference")]
     KeepImageEmpty,
+}
+
+/// An endpoint that is not `unix:///absolute/path`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{endpoint:?} is not a unix socket endpoint; expected unix:///absolute/path (the kubelet's --container-runtime-endpoint form)")]
+pub struct EndpointError {
+    pub endpoint: String,
 }
 
 /// The runtime's unix socket.
@@ -81,8 +87,8 @@ pub struct Endpoint {
 impl Endpoint {
     /// Parses `unix:///absolute/path`. TCP endpoints and Windows named pipes are refused: the
     /// agent runs on Linux beside the kubelet, which only uses unix sockets there.
-    pub fn parse(text: &str) -> Result<Self, CriConfigError> {
-        let refused = || CriConfigError::Endpoint {
+    pub fn parse(text: &str) -> Result<Self, EndpointError> {
+        let refused = || EndpointError {
             endpoint: text.to_string(),
         };
         let path = text.strip_prefix("unix://").ok_or_else(refused)?;
@@ -104,9 +110,22 @@ impl Endpoint {
     }
 }
 
-impl std::fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "unix://{}", self.path.display())
+    }
+}
+
+impl Serialize for Endpoint {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Endpoint {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Endpoint::parse(&text).map_err(de::Error::custom)
     }
 }
 
@@ -118,46 +137,30 @@ pub struct CriSettings {
 }
 
 impl CriConfig {
+    /// The client's settings: a call must be given some time.
     pub fn validate(&self) -> Result<CriSettings, CriConfigError> {
-        let endpoint = Endpoint::parse(&self.endpoint)?;
-        let nanos =
-            node_agent_policy::duration::parse_go_duration(&self.timeout).map_err(|source| {
-                CriConfigError::Timeout {
-                    value: self.timeout.clone(),
-                    source,
-                }
-            })?;
-        let nanos = u64::try_from(nanos)
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or_else(|| CriConfigError::TimeoutNotPositive {
-                value: self.timeout.clone(),
-            })?;
+        if self.timeout.is_zero() {
+            return Err(CriConfigError::TimeoutNotPositive);
+        }
+        if self.timeout.get() > MAX_TIMEOUT {
+            return Err(CriConfigError::TimeoutTooLong(self.timeout.get()));
+        }
         Ok(CriSettings {
-            endpoint,
-            timeout: Duration::from_nanos(nanos),
+            endpoint: self.endpoint.clone(),
+            timeout: self.timeout.get(),
         })
     }
-}
 
-impl CriConfig {
     /// The node-level reclaim settings of this section: the image GC's minimum age and the
     /// images it never removes; the container GC keeps the kubelet's defaults.
     pub fn gc_policy(&self) -> Result<GcPolicy, CriConfigError> {
-        let refused = |problem: String| CriConfigError::ImageMinimumGcAge {
-            value: self.image_minimum_gc_age.clone(),
-            problem,
-        };
-        let nanos = node_agent_policy::duration::parse_go_duration(&self.image_minimum_gc_age)
-            .map_err(|e| refused(e.to_string()))?;
-        let nanos = u64::try_from(nanos).map_err(|_| refused("must not be negative".into()))?;
         if self.keep_images.iter().any(|k| k.trim().is_empty()) {
             return Err(CriConfigError::KeepImageEmpty);
         }
         Ok(GcPolicy {
             containers: ContainerGcPolicy::default(),
             images: ImageGcPolicy {
-                min_age: Duration::from_nanos(nanos),
+                min_age: self.image_minimum_gc_age.get(),
                 keep: self.keep_images.clone(),
             },
         })
@@ -176,9 +179,15 @@ impl Default for CriSettings {
 mod tests {
     use super::*;
 
+    /// The section read as the agent reads it, errors with their path below `cri.`.
+    fn section(yaml: &str) -> Result<CriConfig, String> {
+        let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap();
+        serde_path_to_error::deserialize(value)
+            .map_err(|e| format!("cri.{}: {}", e.path(), e.inner()))
+    }
+
     fn parse(yaml: &str) -> Result<CriSettings, String> {
-        let config: CriConfig = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
-        config.validate().map_err(|e| e.to_string())
+        section(yaml)?.validate().map_err(|e| e.to_string())
     }
 
     /// The endpoint path and timeout, or a fragment of the refusal.
@@ -198,10 +207,12 @@ mod tests {
             ("a relative unix path is refused", "{endpoint: 'unix://run/containerd.sock'}",
              Err("cri.endpoint: \"unix://run/containerd.sock\"")),
             ("an empty unix path is refused", "{endpoint: 'unix://'}", Err("cri.endpoint: \"unix://\"")),
-            ("a timeout without unit is refused", "{timeout: '10'}", Err("cri.timeout: \"10\": missing unit")),
-            ("a zero timeout is refused", "{timeout: 0s}", Err("cri.timeout: \"0s\" must be longer than 0")),
-            ("a negative timeout is refused", "{timeout: -1s}", Err("cri.timeout: \"-1s\" must be longer than 0")),
-            ("an unknown field is refused", "{endpoint_path: x}", Err("unknown field `endpoint_path`")),
+            ("a timeout without unit is refused", "{timeout: 10}", Err("cri.timeout: 10 has no unit; expected a Go duration such as 10s")),
+            ("a zero timeout is refused", "{timeout: 0s}", Err("cri.timeout: must be longer than 0")),
+            ("a timeout past the kubelet's is refused", "{timeout: 10m}", Err("cri.timeout: 600s is longer than 120s")),
+            ("the kubelet's own timeout is taken", "{timeout: 2m}", Ok(("/run/containerd/containerd.sock", Duration::from_secs(120)))),
+            ("a negative timeout is refused", "{timeout: -1s}", Err("cri.timeout: \"-1s\" is not a Go duration such as 30s, 1m30s or 100ms: must not be negative")),
+            ("an unknown field is refused", "{endpoint_path: x}", Err("cri.endpoint_path: unknown field `endpoint_path`")),
         ];
         for (behaviour, yaml, expected) in cases {
             let got = parse(yaml);
@@ -233,35 +244,40 @@ mod tests {
             ),
             (
                 "a zero age and no kept image",
-                "{image_minimum_gc_age: 0s, keep_images: []}",
+                "{imageMinimumGCAge: 0s, keepImages: []}",
                 Ok((Duration::ZERO, &[])),
             ),
             (
                 "a negative age is refused",
-                "{image_minimum_gc_age: -1m}",
-                Err("cri.image_minimum_gc_age: \"-1m\": must not be negative"),
+                "{imageMinimumGCAge: -1m}",
+                Err("cri.imageMinimumGCAge: \"-1m\" is not a Go duration such as 30s, 1m30s or 100ms: must not be negative"),
             ),
             (
                 "an age without unit is refused",
-                "{image_minimum_gc_age: '5'}",
-                Err("cri.image_minimum_gc_age: \"5\""),
+                "{imageMinimumGCAge: '5'}",
+                Err("cri.imageMinimumGCAge: \"5\" is not a Go duration"),
+            ),
+            (
+                "the kubelet's own spelling is the only one",
+                "{imageMinimumGcAge: 5m}",
+                Err("cri.imageMinimumGcAge: unknown field `imageMinimumGcAge`, expected one of `endpoint`, `timeout`, `imageMinimumGCAge`, `keepImages`"),
             ),
             (
                 "an empty kept name is refused",
-                "{keep_images: ['']}",
-                Err("cri.keep_images: an empty name"),
+                "{keepImages: ['']}",
+                Err("cri.keepImages: an empty name"),
             ),
         ];
         for (behaviour, yaml, expected) in cases {
-            let config: CriConfig = serde_yaml_ng::from_str(yaml).unwrap();
-            match (expected, config.gc_policy()) {
+            let policy = section(yaml).and_then(|c| c.gc_policy().map_err(|e| e.to_string()));
+            match (expected, policy) {
                 (Ok((age, keep)), Ok(p)) => {
                     assert_eq!(p.images.min_age, *age, "{behaviour}");
                     assert_eq!(p.images.keep, *keep, "{behaviour}");
                     assert_eq!(p.containers, ContainerGcPolicy::default(), "{behaviour}");
                 }
                 (Err(needle), Err(e)) => {
-                    assert!(e.to_string().contains(needle), "{behaviour}: {e}")
+                    assert!(e.contains(needle), "{behaviour}: {e}")
                 }
                 (_, got) => panic!("{behaviour}: expected {expected:?}, got {got:?}"),
             }
@@ -269,8 +285,14 @@ mod tests {
     }
 
     #[test]
-    fn an_endpoint_prints_as_written() {
+    fn an_endpoint_prints_as_written_and_the_section_reads_back() {
         let e = Endpoint::parse("unix:///run/containerd/containerd.sock").unwrap();
         assert_eq!(e.to_string(), "unix:///run/containerd/containerd.sock");
+        let printed = serde_yaml_ng::to_string(&CriConfig::default()).unwrap();
+        assert_eq!(
+            printed,
+            "endpoint: unix:///run/containerd/containerd.sock\ntimeout: 10s\nimageMinimumGCAge: 2m0s\nkeepImages:\n- registry.k8s.io/pause:3.6\n"
+        );
+        assert_eq!(section(&printed), Ok(CriConfig::default()));
     }
 }

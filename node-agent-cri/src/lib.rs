@@ -23,5 +23,5 @@ pub mod proto {
 }
 
 pub use client::CriClient;
-pub use config::{CriConfig, CriConfigError, CriSettings, Endpoint};
+pub use config::{CriConfig, CriConfigError, CriSettings, Endpoint, EndpointError};
 pub use error::CriError;

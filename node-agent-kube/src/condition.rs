@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use serde_json::json;
 
 use crate::{
-    api::{call, decode, ApiError, Context},
+    api::{call, decode, node_path, ApiError, Context},
     time::time,
     transport::ApiRequest,
 };
@@ -20,15 +20,33 @@ use crate::{
 /// The condition type this agent owns on its node.
 pub const CONDITION_TYPE: &str = "NodeAgentPressure";
 
+/// The condition's status: pressure seen, none seen, or nobody watching (the agent stopped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+impl ConditionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+        }
+    }
+}
+
 /// The condition to write, given the one on the node now (if any). Pure.
 pub fn next_condition(
     previous: Option<&NodeCondition>,
-    pressure: bool,
+    status: ConditionStatus,
     reason: &str,
     message: &str,
     now: SystemTime,
 ) -> NodeCondition {
-    let status = if pressure { "True" } else { "False" };
+    let status = status.as_str();
     let last_transition_time = match previous {
         Some(p) if p.status == status => p.last_transition_time.clone().or_else(|| Some(time(now))),
         _ => Some(time(now)),
@@ -69,14 +87,14 @@ impl NodeConditionReporter {
     pub async fn report(
         &mut self,
         ctx: &Context,
-        pressure: bool,
+        status: ConditionStatus,
         reason: &str,
         message: &str,
         now: SystemTime,
         dry_run: bool,
     ) -> Result<NodeCondition, ApiError> {
         if !self.read {
-            let req = ApiRequest::get(format!("/api/v1/nodes/{}", ctx.node));
+            let req = ApiRequest::get(node_path(&ctx.node));
             let node: Node = ctx
                 .backoff
                 .run(&ctx.counters, "node read", || async {
@@ -90,14 +108,14 @@ impl NodeConditionReporter {
                 .and_then(|cs| cs.into_iter().find(|c| c.type_ == CONDITION_TYPE));
             self.read = true;
         }
-        let condition = next_condition(self.last.as_ref(), pressure, reason, message, now);
+        let condition = next_condition(self.last.as_ref(), status, reason, message, now);
         if dry_run {
             tracing::info!(status = %condition.status, reason, "dry run: node condition not patched");
             return Ok(condition);
         }
         let req = ApiRequest::with_json(
             Method::PATCH,
-            format!("/api/v1/nodes/{}/status", ctx.node),
+            format!("{}/status", node_path(&ctx.node)),
             "application/strategic-merge-patch+json",
             &condition_patch(&condition),
         );
@@ -125,13 +143,14 @@ mod tests {
     fn transition_time_moves_only_when_status_flips() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let t1 = t0 + Duration::from_secs(10);
-        let first = next_condition(None, true, "MemoryPressure", "m", t0);
+        let first = next_condition(None, ConditionStatus::True, "MemoryPressure", "m", t0);
         let rows = [
-            ("same status keeps t0", true, t0),
-            ("flip takes t1", false, t1),
+            ("same status keeps t0", ConditionStatus::True, t0),
+            ("flip takes t1", ConditionStatus::False, t1),
+            ("unknown is a flip too", ConditionStatus::Unknown, t1),
         ];
-        for (what, pressure, want) in rows {
-            let next = next_condition(Some(&first), pressure, "r", "m", t1);
+        for (what, status, want) in rows {
+            let next = next_condition(Some(&first), status, "r", "m", t1);
             assert_eq!(next.last_transition_time, Some(time(want)), "{what}");
             assert_eq!(next.last_heartbeat_time, Some(time(t1)), "{what}");
         }

@@ -1,31 +1,36 @@
 //! This crate's section of the agent config (`kubernetes:`), its defaults and its validation.
 //!
-//! Every field has a default that works inside a pod started by `deploy/daemonset.yaml`; the one
-//! value that cannot have a default, the node name, comes from the `NODE_NAME` environment
-//! variable (the downward API) when the file leaves it out.
+//! Every field has a default that works inside a pod started by the DaemonSet in `deploy/`; the
+//! one value that cannot have a default, the node name, comes from the `NODE_NAME` environment
+//! variable (the downward API) when the file leaves it out. Keys are camelCase as in Kubernetes
+//! component configs, durations are Go durations ([`GoDuration`]). Each endpoint validates
+//! itself, so a new way to reach the kubelet or the API server is one more field there.
 
 use std::{path::PathBuf, time::Duration};
 
+use node_agent_policy::GoDuration;
 pub use node_agent_policy::{Exclusions, LabelOperator, LabelRequirement, LabelSelector};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Where the service account's files are mounted in every pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// The `kubernetes:` section of the agent config.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct KubeConfig {
     /// Where the pods bound to this node are read from.
     pub pod_source: PodSourceKind,
     /// The node this agent runs on; empty means "take `NODE_NAME` from the environment".
     pub node_name: String,
+    /// How often the pod list and stats are refreshed from Kubernetes.
+    pub pod_refresh_interval: GoDuration,
     pub kubelet: KubeletEndpoint,
     pub api_server: ApiServerEndpoint,
     /// The service account token, re-read from disk before each request so rotated tokens work.
     pub token_path: PathBuf,
     /// One HTTP request (connect, send, read the whole answer) may take this long.
-    pub request_timeout_seconds: u64,
+    pub request_timeout: GoDuration,
     pub retry: RetryConfig,
     /// What to do when a PodDisruptionBudget blocks an eviction (HTTP 429).
     pub pdb_policy: PdbPolicy,
@@ -33,21 +38,20 @@ pub struct KubeConfig {
     pub evictions_per_minute: u32,
     pub eviction_burst: u32,
     /// After an eviction, wait at most this long for the pod's cgroup to disappear.
-    pub eviction_wait_timeout_seconds: u64,
+    pub eviction_wait_timeout: GoDuration,
     /// A pod whose eviction a PodDisruptionBudget blocked, or the API server refused, is passed
     /// over for this long (or as long as the server's Retry-After, if longer); the next-ranked
     /// pod goes meanwhile.
-    pub pass_over_seconds: u64,
+    pub pass_over: GoDuration,
     /// Pod and usage data older than this is not acted upon.
-    pub staleness_bound_seconds: u64,
+    pub staleness_bound: GoDuration,
     pub exclusions: Exclusions,
-    /// Decide and report everything, change nothing in the cluster.
-    pub dry_run: bool,
     /// Keep a `NoSchedule` taint (`node-agent.io/pressure`) on the node while the agent
     /// reports pressure, so no new pod is scheduled onto it. Off: never added, and one left
     /// from before is removed.
     pub taint: bool,
     /// The node event for a kernel OOM kill.
+    #[serde(rename = "nodeOOMEvents")]
     pub node_oom_events: NodeOomEvents,
 }
 
@@ -56,22 +60,22 @@ impl Default for KubeConfig {
         Self {
             pod_source: PodSourceKind::Kubelet,
             node_name: String::new(),
+            pod_refresh_interval: GoDuration::from_secs(2),
             kubelet: KubeletEndpoint::default(),
             api_server: ApiServerEndpoint::default(),
             token_path: PathBuf::from(SERVICE_ACCOUNT_DIR).join("token"),
-            request_timeout_seconds: 10,
+            request_timeout: GoDuration::from_secs(10),
             retry: RetryConfig::default(),
             pdb_policy: PdbPolicy::Respect,
             // The kubelet evicts at most one pod per 10 s housekeeping pass.
             evictions_per_minute: 6,
             eviction_burst: 1,
             // The kubelet's own wait for a pod's cleanup after an eviction.
-            eviction_wait_timeout_seconds: 30,
-            pass_over_seconds: 30,
+            eviction_wait_timeout: GoDuration::from_secs(30),
+            pass_over: GoDuration::from_secs(30),
             // Three kubelet housekeeping periods.
-            staleness_bound_seconds: 30,
+            staleness_bound: GoDuration::from_secs(30),
             exclusions: Exclusions::default(),
-            dry_run: false,
             taint: true,
             node_oom_events: NodeOomEvents::Own,
         }
@@ -79,7 +83,7 @@ impl Default for KubeConfig {
 }
 
 /// Whether the agent posts a node event for each kernel OOM kill.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeOomEvents {
     /// Under the agent's own reason, `NodeAgentOOMKill` (never node-problem-detector's
@@ -89,7 +93,7 @@ pub enum NodeOomEvents {
     Off,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PodSourceKind {
     /// The local kubelet's `/pods` and `/stats/summary`.
@@ -98,7 +102,7 @@ pub enum PodSourceKind {
     Apiserver,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PdbPolicy {
     /// A blocked eviction is reported; the caller moves on to the next candidate or retries later.
@@ -107,14 +111,15 @@ pub enum PdbPolicy {
     Override,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct KubeletEndpoint {
-    /// Empty means `https://<node_name>:10250`.
+    /// Empty means `https://<nodeName>:10250`.
     pub url: String,
     /// The CA that signed the kubelet's serving certificate.
     pub ca_file: Option<PathBuf>,
     /// Skip verifying the kubelet's certificate (self-signed serving certificates). Explicit only.
+    #[serde(rename = "insecureSkipTLSVerify")]
     pub insecure_skip_tls_verify: bool,
 }
 
@@ -130,8 +135,34 @@ impl Default for KubeletEndpoint {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+impl KubeletEndpoint {
+    /// `uses_it`: the pod source reads from the kubelet, so its certificate must be checkable.
+    fn validate(&self, uses_it: bool) -> Result<(), ConfigError> {
+        if !self.url.is_empty() && !self.url.starts_with("https://") {
+            return Err(invalid(
+                "kubelet.url",
+                format!("{:?} must start with https://", self.url),
+            ));
+        }
+        if uses_it && self.ca_file.is_none() && !self.insecure_skip_tls_verify {
+            return Err(invalid(
+                "kubelet.caFile",
+                "unset: give the kubelet's serving CA, or set kubelet.insecureSkipTLSVerify \
+                 to true explicitly",
+            ));
+        }
+        if self.ca_file.is_some() && self.insecure_skip_tls_verify {
+            return Err(invalid(
+                "kubelet.insecureSkipTLSVerify",
+                "true together with kubelet.caFile: choose one",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ApiServerEndpoint {
     /// Empty means in-cluster: `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`.
     pub url: String,
@@ -147,32 +178,66 @@ impl Default for ApiServerEndpoint {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+impl ApiServerEndpoint {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !self.url.is_empty() && !self.url.starts_with("https://") {
+            return Err(invalid(
+                "apiServer.url",
+                format!("{:?} must start with https://", self.url),
+            ));
+        }
+        if self.ca_file.as_os_str().is_empty() {
+            return Err(invalid("apiServer.caFile", "empty"));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct RetryConfig {
     /// Tries per call, the first included.
     pub attempts: u32,
-    pub initial_backoff_millis: u64,
-    pub max_backoff_millis: u64,
+    pub initial_backoff: GoDuration,
+    pub max_backoff: GoDuration,
 }
 
 impl Default for RetryConfig {
     fn default() -> Self {
         Self {
             attempts: 4,
-            initial_backoff_millis: 200,
-            max_backoff_millis: 5_000,
+            initial_backoff: GoDuration::from_millis(200),
+            max_backoff: GoDuration::from_secs(5),
         }
+    }
+}
+
+impl RetryConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=20).contains(&self.attempts) {
+            return Err(invalid(
+                "retry.attempts",
+                format!("{} is outside 1..=20", self.attempts),
+            ));
+        }
+        if self.initial_backoff.is_zero() || self.initial_backoff > self.max_backoff {
+            return Err(invalid(
+                "retry.initialBackoff",
+                format!(
+                    "{} must be above 0s and at most retry.maxBackoff ({})",
+                    self.initial_backoff, self.max_backoff
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("kubernetes config is not valid YAML for this section: {source}")]
-    Parse {
-        #[source]
-        source: serde_yaml_ng::Error,
-    },
+    /// The section does not read as this type: the path and what was expected there.
+    #[error("kubernetes.{path}: {message}")]
+    Parse { path: String, message: String },
     #[error("kubernetes.{field}: {problem}")]
     Invalid {
         field: &'static str,
@@ -187,132 +252,106 @@ fn invalid(field: &'static str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
+/// `value` within `range`, said as Go durations when it is not.
+fn within(
+    field: &'static str,
+    value: GoDuration,
+    range: std::ops::RangeInclusive<GoDuration>,
+) -> Result<(), ConfigError> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(invalid(
+        field,
+        format!("{value} is outside {} to {}", range.start(), range.end()),
+    ))
+}
+
 impl KubeConfig {
-    /// Parses the section from YAML, fills the node name from `env_node_name` (the `NODE_NAME`
-    /// variable) when the file leaves it empty, and validates.
+    /// Parses the section alone from YAML, then as [`KubeConfig::resolve`].
     pub fn from_yaml(yaml: &str, env_node_name: Option<&str>) -> Result<Self, ConfigError> {
-        let mut config: Self =
-            serde_yaml_ng::from_str(yaml).map_err(|source| ConfigError::Parse { source })?;
-        if config.node_name.is_empty() {
-            config.node_name = env_node_name.unwrap_or_default().to_string();
-        }
-        config.validate()?;
-        Ok(config)
+        let value: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(yaml).map_err(|e| ConfigError::Parse {
+                path: String::new(),
+                message: e.to_string(),
+            })?;
+        let config: Self =
+            serde_path_to_error::deserialize(value).map_err(|e| ConfigError::Parse {
+                path: e.path().to_string(),
+                message: e.inner().to_string(),
+            })?;
+        config.resolve(env_node_name)
     }
 
-    /// Takes this crate's section, `kubernetes:`, out of the whole agent config file (other
-    /// sections belong to other crates); an absent section means all defaults.
-    pub fn from_agent_yaml(yaml: &str, env_node_name: Option<&str>) -> Result<Self, ConfigError> {
-        let whole: serde_yaml_ng::Value =
-            serde_yaml_ng::from_str(yaml).map_err(|source| ConfigError::Parse { source })?;
-        let section = whole
-            .get("kubernetes")
-            .cloned()
-            .unwrap_or(serde_yaml_ng::Value::Mapping(Default::default()));
-        let section =
-            serde_yaml_ng::to_string(&section).map_err(|source| ConfigError::Parse { source })?;
-        Self::from_yaml(&section, env_node_name)
+    /// Fills the node name from `env_node_name` (the `NODE_NAME` variable) when the file
+    /// leaves it empty, and validates.
+    pub fn resolve(mut self, env_node_name: Option<&str>) -> Result<Self, ConfigError> {
+        if self.node_name.is_empty() {
+            self.node_name = env_node_name.unwrap_or_default().to_string();
+        }
+        self.validate()?;
+        Ok(self)
     }
 
     /// Checks every field; the error names the first bad one and what was expected.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.node_name.is_empty() {
             return Err(invalid(
-                "node_name",
+                "nodeName",
                 "empty, and NODE_NAME is not set either: set one (the DaemonSet sets NODE_NAME \
                  from spec.nodeName)",
             ));
         }
         if !is_dns_subdomain(&self.node_name) {
             return Err(invalid(
-                "node_name",
+                "nodeName",
                 format!(
                     "{:?} is not a valid node name (DNS subdomain)",
                     self.node_name
                 ),
             ));
         }
-        if !self.kubelet.url.is_empty() && !self.kubelet.url.starts_with("https://") {
-            return Err(invalid(
-                "kubelet.url",
-                format!("{:?} must start with https://", self.kubelet.url),
-            ));
-        }
-        if !self.api_server.url.is_empty() && !self.api_server.url.starts_with("https://") {
-            return Err(invalid(
-                "api_server.url",
-                format!("{:?} must start with https://", self.api_server.url),
-            ));
-        }
-        if self.pod_source == PodSourceKind::Kubelet
-            && self.kubelet.ca_file.is_none()
-            && !self.kubelet.insecure_skip_tls_verify
-        {
-            return Err(invalid(
-                "kubelet.ca_file",
-                "unset: give the kubelet's serving CA, or set kubelet.insecure_skip_tls_verify \
-                 to true explicitly",
-            ));
-        }
-        if self.kubelet.ca_file.is_some() && self.kubelet.insecure_skip_tls_verify {
-            return Err(invalid(
-                "kubelet.insecure_skip_tls_verify",
-                "true together with kubelet.ca_file: choose one",
-            ));
-        }
+        within(
+            "podRefreshInterval",
+            self.pod_refresh_interval,
+            GoDuration::from_millis(100)..=GoDuration::from_secs(3600),
+        )?;
+        self.kubelet
+            .validate(self.pod_source == PodSourceKind::Kubelet)?;
+        self.api_server.validate()?;
         if self.token_path.as_os_str().is_empty() {
-            return Err(invalid("token_path", "empty"));
+            return Err(invalid("tokenPath", "empty"));
         }
-        if !(1..=300).contains(&self.request_timeout_seconds) {
-            return Err(invalid(
-                "request_timeout_seconds",
-                format!("{} is outside 1..=300", self.request_timeout_seconds),
-            ));
-        }
-        if !(1..=20).contains(&self.retry.attempts) {
-            return Err(invalid(
-                "retry.attempts",
-                format!("{} is outside 1..=20", self.retry.attempts),
-            ));
-        }
-        if self.retry.initial_backoff_millis == 0
-            || self.retry.initial_backoff_millis > self.retry.max_backoff_millis
-        {
-            return Err(invalid(
-                "retry.initial_backoff_millis",
-                format!(
-                    "{} must be above 0 and at most retry.max_backoff_millis ({})",
-                    self.retry.initial_backoff_millis, self.retry.max_backoff_millis
-                ),
-            ));
-        }
+        within(
+            "requestTimeout",
+            self.request_timeout,
+            GoDuration::from_secs(1)..=GoDuration::from_secs(300),
+        )?;
+        self.retry.validate()?;
         if self.evictions_per_minute == 0 {
             return Err(invalid(
-                "evictions_per_minute",
-                "0 would never evict; use dry_run to change nothing",
+                "evictionsPerMinute",
+                "0 would never evict; use dryRun to change nothing",
             ));
         }
         if self.eviction_burst == 0 {
-            return Err(invalid("eviction_burst", "must be at least 1"));
+            return Err(invalid("evictionBurst", "must be at least 1"));
         }
-        if !(1..=600).contains(&self.eviction_wait_timeout_seconds) {
-            return Err(invalid(
-                "eviction_wait_timeout_seconds",
-                format!("{} is outside 1..=600", self.eviction_wait_timeout_seconds),
-            ));
-        }
-        if !(1..=3600).contains(&self.pass_over_seconds) {
-            return Err(invalid(
-                "pass_over_seconds",
-                format!("{} is outside 1..=3600", self.pass_over_seconds),
-            ));
-        }
-        if !(1..=3600).contains(&self.staleness_bound_seconds) {
-            return Err(invalid(
-                "staleness_bound_seconds",
-                format!("{} is outside 1..=3600", self.staleness_bound_seconds),
-            ));
-        }
+        within(
+            "evictionWaitTimeout",
+            self.eviction_wait_timeout,
+            GoDuration::from_secs(1)..=GoDuration::from_secs(600),
+        )?;
+        within(
+            "passOver",
+            self.pass_over,
+            GoDuration::from_secs(1)..=GoDuration::from_secs(3600),
+        )?;
+        within(
+            "stalenessBound",
+            self.staleness_bound,
+            GoDuration::from_secs(1)..=GoDuration::from_secs(3600),
+        )?;
         if let Some(ns) = self
             .exclusions
             .namespaces
@@ -328,13 +367,13 @@ impl KubeConfig {
             let needs_values = matches!(r.operator, LabelOperator::In | LabelOperator::NotIn);
             if r.key.is_empty() {
                 return Err(invalid(
-                    "exclusions.label_selector.match_expressions",
+                    "exclusions.labelSelector.matchExpressions",
                     "a requirement has an empty key",
                 ));
             }
             if needs_values == r.values.is_empty() {
                 return Err(invalid(
-                    "exclusions.label_selector.match_expressions",
+                    "exclusions.labelSelector.matchExpressions",
                     format!(
                         "key {:?}: operator {:?} {} values",
                         r.key,
@@ -347,7 +386,12 @@ impl KubeConfig {
         Ok(())
     }
 
-    /// The kubelet's base URL: the configured one, else `https://<node_name>:10250`.
+    /// How often the pod list and stats are refreshed.
+    pub fn pod_refresh_interval(&self) -> Duration {
+        self.pod_refresh_interval.get()
+    }
+
+    /// The kubelet's base URL: the configured one, else `https://<nodeName>:10250`.
     pub fn kubelet_url(&self) -> String {
         if self.kubelet.url.is_empty() {
             format!("https://{}:10250", self.node_name)
@@ -389,7 +433,7 @@ impl KubeConfig {
                 }
                 _ => {
                     return Err(invalid(
-                        "api_server.url",
+                        "apiServer.url",
                         "empty, and KUBERNETES_SERVICE_HOST/PORT are not set (not in a pod?)",
                     ))
                 }
@@ -406,19 +450,19 @@ impl KubeConfig {
     }
 
     pub fn request_timeout(&self) -> Duration {
-        Duration::from_secs(self.request_timeout_seconds)
+        self.request_timeout.get()
     }
 
     pub fn eviction_wait_timeout(&self) -> Duration {
-        Duration::from_secs(self.eviction_wait_timeout_seconds)
+        self.eviction_wait_timeout.get()
     }
 
     pub fn pass_over(&self) -> Duration {
-        Duration::from_secs(self.pass_over_seconds)
+        self.pass_over.get()
     }
 
     pub fn staleness_bound(&self) -> Duration {
-        Duration::from_secs(self.staleness_bound_seconds)
+        self.staleness_bound.get()
     }
 }
 
@@ -446,28 +490,38 @@ mod tests {
         assert_eq!(c.pod_source, PodSourceKind::Kubelet);
         assert_eq!(c.pdb_policy, PdbPolicy::Respect);
         assert_eq!(c.kubelet_url(), "https://node-a:10250");
-        assert!(!c.dry_run);
         assert!(c.taint, "the pressure taint is on by default");
         assert_eq!(c.node_oom_events, NodeOomEvents::Own);
+        assert_eq!(c.request_timeout(), Duration::from_secs(10));
+        assert_eq!(c.pod_refresh_interval(), Duration::from_secs(2));
+        assert_eq!(
+            (c.retry.initial_backoff.get(), c.retry.max_backoff.get()),
+            (Duration::from_millis(200), Duration::from_secs(5))
+        );
     }
 
     #[test]
     fn invalid_values_name_their_field() {
+        #[rustfmt::skip]
         let rows: &[(&str, &str)] = &[
-            ("{}", "kubernetes.node_name"),
-            ("node_name: Node_A", "kubernetes.node_name"),
-            ("node_name: n\nkubelet: {url: 'http://n:10250'}", "kubernetes.kubelet.url"),
-            ("node_name: n\nkubelet: {ca_file: null}", "kubernetes.kubelet.ca_file"),
-            ("node_name: n\nkubelet: {insecure_skip_tls_verify: true}", "kubernetes.kubelet.insecure_skip_tls_verify"),
-            ("node_name: n\nretry: {attempts: 0}", "kubernetes.retry.attempts"),
-            ("node_name: n\nevictions_per_minute: 0", "kubernetes.evictions_per_minute"),
-            ("node_name: n\nstaleness_bound_seconds: 0", "kubernetes.staleness_bound_seconds"),
-            ("node_name: n\nexclusions: {namespaces: ['Kube System']}", "kubernetes.exclusions.namespaces"),
-            ("node_name: n\nexclusions: {label_selector: {match_expressions: [{key: a, operator: In}]}}", "kubernetes.exclusions.label_selector.match_expressions"),
+            ("{}", "kubernetes.nodeName: empty"),
+            ("nodeName: Node_A", "kubernetes.nodeName: \"Node_A\" is not a valid node name"),
+            ("nodeName: n\nkubelet: {url: 'http://n:10250'}", "kubernetes.kubelet.url"),
+            ("nodeName: n\nkubelet: {caFile: null}", "kubernetes.kubelet.caFile"),
+            ("nodeName: n\nkubelet: {insecureSkipTLSVerify: true}", "kubernetes.kubelet.insecureSkipTLSVerify"),
+            ("nodeName: n\napiServer: {url: 'http://10.0.0.1'}", "kubernetes.apiServer.url"),
+            ("nodeName: n\nretry: {attempts: 0}", "kubernetes.retry.attempts"),
+            ("nodeName: n\nretry: {initialBackoff: 10s, maxBackoff: 1s}", "kubernetes.retry.initialBackoff: 10s must be above 0s and at most retry.maxBackoff (1s)"),
+            ("nodeName: n\nevictionsPerMinute: 0", "kubernetes.evictionsPerMinute"),
+            ("nodeName: n\nstalenessBound: 0s", "kubernetes.stalenessBound: 0s is outside 1s to 1h0m0s"),
+            ("nodeName: n\nrequestTimeout: 10m", "kubernetes.requestTimeout: 10m0s is outside 1s to 5m0s"),
+            ("nodeName: n\npodRefreshInterval: 1ms", "kubernetes.podRefreshInterval: 1ms is outside 100ms to 1h0m0s"),
+            ("nodeName: n\nexclusions: {namespaces: ['Kube System']}", "kubernetes.exclusions.namespaces"),
+            ("nodeName: n\nexclusions: {labelSelector: {matchExpressions: [{key: a, operator: In}]}}", "kubernetes.exclusions.labelSelector.matchExpressions"),
         ];
-        for (yaml, field) in rows {
+        for (yaml, want) in rows {
             let err = KubeConfig::from_yaml(yaml, None).unwrap_err().to_string();
-            assert!(err.starts_with(field), "{yaml:?}: {err}");
+            assert!(err.starts_with(want), "{yaml:?}: {err}");
         }
     }
 
@@ -490,21 +544,45 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_and_bad_enums_are_parse_errors() {
-        for yaml in [
-            "node_name: n\ndryrun: true",
-            "node_name: n\npdb_policy: ignore",
-            "node_name: n\ntaint: maybe",
-            "node_name: n\nnode_oom_events: OOMKilling",
-        ] {
+    fn unknown_fields_and_bad_values_are_parse_errors_with_their_path() {
+        #[rustfmt::skip]
+        let rows: &[(&str, &str)] = &[
+            ("nodeName: n\ndryrun: true", "kubernetes.dryrun: unknown field `dryrun`"),
+            ("nodeName: n\npdbPolicy: ignore", "kubernetes.pdbPolicy: unknown variant `ignore`, expected `respect` or `override`"),
+            ("nodeName: n\ntaint: maybe", "kubernetes.taint: invalid type: string \"maybe\", expected a boolean"),
+            ("nodeName: n\nnodeOOMEvents: OOMKilling", "kubernetes.nodeOOMEvents: unknown variant `OOMKilling`, expected `own` or `off`"),
+            ("nodeName: n\nrequestTimeout: 10", "kubernetes.requestTimeout: 10 has no unit; expected a Go duration such as 10s or 10ms"),
+            ("nodeName: n\nretry: {maxBackof: 1s}", "kubernetes.retry.maxBackof: unknown field `maxBackof`, expected one of `attempts`, `initialBackoff`, `maxBackoff`"),
+            ("nodeName: n\nkubelet: {insecureSkipTlsVerify: true}", "kubernetes.kubelet.insecureSkipTlsVerify: unknown field"),
+        ];
+        for (yaml, want) in rows {
             let result = KubeConfig::from_yaml(yaml, None);
-            assert!(matches!(result, Err(ConfigError::Parse { .. })), "{yaml}");
-            let field = yaml.lines().nth(1).unwrap().split(':').next().unwrap();
-            let err = result.unwrap_err().to_string();
             assert!(
-                err.contains(field),
-                "{yaml:?}: the error names {field}: {err}"
+                matches!(result, Err(ConfigError::Parse { .. })),
+                "{yaml}: {result:?}"
             );
+            let err = result.unwrap_err().to_string();
+            assert!(err.starts_with(want), "{yaml:?}: {err}");
         }
+    }
+
+    #[test]
+    fn the_section_prints_as_it_reads() {
+        let c = KubeConfig::from_yaml("{}", Some("node-a")).unwrap();
+        let printed = serde_yaml_ng::to_string(&c).unwrap();
+        for line in [
+            "podSource: kubelet",
+            "nodeName: node-a",
+            "podRefreshInterval: 2s",
+            "requestTimeout: 10s",
+            "  initialBackoff: 200ms",
+            "  insecureSkipTLSVerify: false",
+            "evictionWaitTimeout: 30s",
+            "nodeOOMEvents: own",
+            "  labelSelector:",
+        ] {
+            assert!(printed.lines().any(|l| l == line), "{line:?} in\n{printed}");
+        }
+        assert_eq!(KubeConfig::from_yaml(&printed, None).unwrap(), c);
     }
 }

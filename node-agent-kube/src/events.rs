@@ -13,7 +13,7 @@ use k8s_openapi::{
 use node_agent_policy::Eviction;
 
 use crate::{
-    api::{call, ApiError, Context, Counters},
+    api::{call, events_path, ApiError, Context, Counters},
     time::{micro_time, unix_nanos},
     transport::ApiRequest,
 };
@@ -37,6 +37,11 @@ pub struct OomKill {
     pub pod: Option<(String, String)>,
 }
 
+/// An event's name as client-go gives it: the object's name and the time in hex nanoseconds.
+pub fn event_name(object_name: &str, at: SystemTime) -> String {
+    format!("{object_name}.{:x}", unix_nanos(at))
+}
+
 fn base(
     namespace: &str,
     object_name: &str,
@@ -46,8 +51,7 @@ fn base(
 ) -> Event {
     Event {
         metadata: ObjectMeta {
-            // client-go's naming: the object's name and the time in hex nanoseconds.
-            name: Some(format!("{object_name}.{:x}", unix_nanos(now))),
+            name: Some(event_name(object_name, now)),
             namespace: Some(namespace.to_string()),
             ..ObjectMeta::default()
         },
@@ -72,7 +76,7 @@ fn node_ref(node: &str) -> ObjectReference {
 }
 
 /// An event about the node, to be given its reason and note (node-level reclaim).
-pub(crate) fn node_event(node: &str, now: SystemTime) -> Event {
+pub fn node_event(node: &str, now: SystemTime) -> Event {
     base(NODE_EVENT_NAMESPACE, node, node, now, node_ref(node))
 }
 
@@ -145,6 +149,147 @@ pub fn build_oom_kill(node: &str, kill: &OomKill, now: SystemTime) -> Event {
     e
 }
 
+/// A kernel OOM kill in a pod, as its event tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodOomKill {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The container the killed process ran in, when the agent can name it.
+    pub container: Option<String>,
+    pub pid: u32,
+    pub comm: String,
+    /// Why the OOM killer ran: the whole node, or whose limit was hit and how much was in use.
+    pub cause: OomCause,
+    /// What the agent saw and did before (one sentence).
+    pub saw_before: String,
+    /// Named by the container runtime: the pod source had not listed the pod or container yet.
+    pub named_late: bool,
+}
+
+/// Why the OOM killer ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OomCause {
+    /// A cgroup's limit: the container's or the pod's, with the memory in use against it.
+    Limit {
+        of: &'static str,
+        usage_bytes: Option<u64>,
+        limit_bytes: Option<u64>,
+    },
+    /// The whole node ran out of memory.
+    Node,
+    Unknown,
+}
+
+impl OomCause {
+    /// The metric label of the cause.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Limit { .. } => "cgroup_limit",
+            Self::Node => "node",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+fn human(bytes: u64) -> String {
+    node_agent_policy::Quantity::from_int(
+        i64::try_from(bytes).unwrap_or(i64::MAX),
+        node_agent_policy::Format::BinarySi,
+    )
+    .to_string()
+}
+
+/// [`OOM_KILL_REASON`] on the pod: the container, the process, what ran out (the memory in use
+/// against the limit that was hit, or the whole node), and what the agent saw before. The
+/// node it happened on is the event's `related` object.
+pub fn build_pod_oom_kill(node: &str, kill: &PodOomKill, at: SystemTime) -> Event {
+    let regarding = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(kill.namespace.clone()),
+        name: Some(kill.name.clone()),
+        uid: Some(kill.uid.clone()),
+        field_path: kill
+            .container
+            .as_ref()
+            .map(|c| format!("spec.containers{{{c}}}")),
+        ..ObjectReference::default()
+    };
+    let mut e = base(&kill.namespace, &kill.name, node, at, regarding);
+    e.related = Some(node_ref(node));
+    e.action = Some("OOMKilling".into());
+    e.reason = Some(OOM_KILL_REASON.into());
+    let container = match &kill.container {
+        Some(c) => format!("container {c}"),
+        None => "a container".into(),
+    };
+    let cause = match &kill.cause {
+        OomCause::Limit {
+            of,
+            usage_bytes,
+            limit_bytes,
+        } => match (usage_bytes, limit_bytes) {
+            (Some(u), Some(l)) => format!("{} in use of the {of}'s {} limit", human(*u), human(*l)),
+            (_, Some(l)) => format!("the {of}'s {} limit reached", human(*l)),
+            _ => format!("the {of}'s memory limit reached"),
+        },
+        OomCause::Node => "the node ran out of memory".into(),
+        OomCause::Unknown => "cause not known".into(),
+    };
+    let late = if kill.named_late {
+        " (named by the container runtime: the pod source had not listed it yet)"
+    } else {
+        ""
+    };
+    let mut note = format!(
+        "Out of memory: killed process {} ({}) in {container}{late}: {cause}. {}",
+        kill.pid, kill.comm, kill.saw_before
+    );
+    // events.k8s.io caps a note at 1 kB.
+    if note.len() > 1024 {
+        let mut end = 1021;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push('…');
+    }
+    e.note = Some(note);
+    e
+}
+
+/// Counts one more occurrence of an event, as client-go's event series does: a merge patch of
+/// `series` (`count`, `lastObservedTime`) on the event first posted.
+pub async fn patch_series(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    count: u32,
+    last_observed: SystemTime,
+) -> Result<(), ApiError> {
+    let body = serde_json::json!({"series": {
+        "count": count,
+        "lastObservedTime": micro_time(last_observed),
+    }});
+    let req = ApiRequest::with_json(
+        Method::PATCH,
+        format!(
+            "{}/{}",
+            crate::api::events_path(namespace),
+            crate::transport::encode(name)
+        ),
+        "application/merge-patch+json",
+        &body,
+    );
+    let result = call(&ctx.transport, &req, &[StatusCode::OK]).await;
+    if let Err(e) = &result {
+        Counters::bump(&ctx.counters.request_failures);
+        tracing::warn!(error = %e, event = name, "event series not updated");
+    }
+    result.map(|_| ())
+}
+
 /// Posts an event. A failure is logged, counted and returned; it never stops an eviction.
 pub async fn post(ctx: &Context, event: &Event) -> Result<(), ApiError> {
     let namespace = event
@@ -155,7 +300,7 @@ pub async fn post(ctx: &Context, event: &Event) -> Result<(), ApiError> {
     let body = serde_json::to_value(event).expect("an Event always serializes");
     let req = ApiRequest::with_json(
         Method::POST,
-        format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events"),
+        events_path(namespace),
         "application/json",
         &body,
     );

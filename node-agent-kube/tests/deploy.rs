@@ -1,6 +1,7 @@
 //! Every manifest in deploy/ parses into k8s-openapi types, and what matters is as intended:
-//! privileges, host mounts, RBAC verbs, priority, resources, probes, and a config the agent's
-//! loader accepts.
+//! privileges, host mounts, RBAC verbs, priority, resources, probes, the rollout, and a config
+//! whose `kubernetes:` section this crate's loader accepts (the whole file: node-agent's
+//! tests; the rendered install: tests/tests/deploy_render.rs).
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -76,9 +77,27 @@ fn kustomization_resources_in(file: &str) -> Vec<String> {
         .collect()
 }
 
+/// The base's resources, a directory entry standing for its kustomization's own resources.
 fn manifests() -> Manifests {
-    let files = kustomization_resources();
+    let files: Vec<String> = kustomization_resources()
+        .into_iter()
+        .flat_map(|r| {
+            if deploy_dir().join(&r).is_dir() {
+                kustomization_resources_in(&format!("{r}/kustomization.yaml"))
+                    .into_iter()
+                    .map(|f| format!("{r}/{f}"))
+                    .collect()
+            } else {
+                vec![r]
+            }
+        })
+        .collect();
     load(&files.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// deploy/config.yaml, the agent's config the ConfigMap is generated from.
+fn shipped_config() -> String {
+    std::fs::read_to_string(deploy_dir().join("config.yaml")).unwrap()
 }
 
 /// (apiGroup, resource) → verbs, merged over rules.
@@ -100,6 +119,7 @@ fn grants(role: &ClusterRole) -> BTreeMap<(String, String), Vec<String>> {
 #[test]
 fn kustomization_lists_every_default_manifest() {
     let resources = kustomization_resources();
+    let k: serde_json::Value = documents("kustomization.yaml").remove(0);
     assert_eq!(
         resources,
         [
@@ -107,12 +127,19 @@ fn kustomization_lists_every_default_manifest() {
             "serviceaccount.yaml",
             "rbac.yaml",
             "admission-policy.yaml",
-            "configmap.yaml",
-            "daemonset.yaml"
+            "daemonset"
         ]
     );
+    // The ConfigMap is generated from config.yaml, its name hashed by content.
+    let generated = &k["configMapGenerator"][0];
+    assert_eq!(generated["name"], "node-agent-config");
+    assert_eq!(generated["namespace"], "node-agent");
+    assert_eq!(generated["files"], serde_json::json!(["config.yaml"]));
+    assert!(
+        generated["options"].get("disableNameSuffixHash").is_none(),
+        "the hash in its name is what rolls a config out"
+    );
     // No namespace transformer: kustomize would put one on the cluster-scoped policy.
-    let k: serde_json::Value = documents("kustomization.yaml").remove(0);
     assert!(k.get("namespace").is_none(), "{k}");
     let m = manifests();
     assert_eq!(m.namespaces[0].metadata.name.as_deref(), Some("node-agent"));
@@ -121,7 +148,6 @@ fn kustomization_lists_every_default_manifest() {
         .service_accounts
         .iter()
         .map(|o| &o.metadata)
-        .chain(m.config_maps.iter().map(|o| &o.metadata))
         .chain(m.daemon_sets.iter().map(|o| &o.metadata))
         .all(|meta| meta.namespace.as_deref() == Some("node-agent")));
     // The node-bound admission policy and its binding are part of the default install.
@@ -138,7 +164,7 @@ fn kustomization_lists_every_default_manifest() {
 fn rbac_grants_exactly_the_intended_verbs() {
     let m = manifests();
     assert_eq!(m.roles.len(), 1);
-    // No pods delete and no pods/status patch by default: those are pdb_policy: override's,
+    // No pods delete and no pods/status patch by default: those are pdbPolicy: override's,
     // in deploy/override/.
     let want: BTreeMap<(String, String), Vec<String>> = [
         ("", "pods", &["get", "list", "watch"][..]),
@@ -172,7 +198,7 @@ fn rbac_grants_exactly_the_intended_verbs() {
         ("ServiceAccount", "node-agent", Some("node-agent"))
     );
 
-    // The override add-on grants exactly what pdb_policy: override needs, to the same account.
+    // The override add-on grants exactly what pdbPolicy: override needs, to the same account.
     let override_files = kustomization_resources_in("override/kustomization.yaml");
     assert_eq!(override_files, ["rbac-override.yaml"]);
     let over = load(&["override/rbac-override.yaml"]);
@@ -209,12 +235,25 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     let spec = ds.spec.as_ref().unwrap();
     let strategy = spec.update_strategy.as_ref().unwrap();
     assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
-    assert!(strategy
-        .rolling_update
-        .as_ref()
-        .unwrap()
-        .max_unavailable
-        .is_some());
+    // A new image or config goes one node at a time, each new agent ready for a while first.
+    assert_eq!(
+        strategy.rolling_update.as_ref().unwrap().max_unavailable,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+    assert!(
+        spec.min_ready_seconds.unwrap_or(0) >= 30,
+        "{:?}",
+        spec.min_ready_seconds
+    );
+    // Its own instance label in the selector, so a second DaemonSet's pods
+    // (components/enforce-by-node-label) are never its own.
+    let selector = spec.selector.match_labels.as_ref().unwrap();
+    assert_eq!(
+        selector
+            .get("app.kubernetes.io/instance")
+            .map(String::as_str),
+        Some("node-agent")
+    );
 
     let pod = spec.template.spec.as_ref().unwrap();
     // No hostPID, no privileged: tests/tests/image_container.rs proves the agent works so.
@@ -257,6 +296,9 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
             "/etc/node-agent/config.yaml"
         ]
     );
+    // The base install observes: dry run whatever config.yaml says, until components/enforce
+    // drops this (tests/tests/deploy_render.rs renders that).
+    assert_eq!(c.args.as_deref(), Some(&["--dry-run".to_string()][..]));
 
     let res = c.resources.as_ref().unwrap();
     assert_eq!(res.requests, res.limits);
@@ -337,20 +379,16 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
             assert_eq!(m.read_only, Some(true), "{} read-only", m.name);
         }
     }
-    // The ConfigMap's paths are these mounts.
-    let text = &m.config_maps[0].data.as_ref().unwrap()["config.yaml"];
-    let config: serde_json::Value = serde_yaml_ng::from_str(text).unwrap();
+    // The config's paths are these mounts.
+    let config: serde_json::Value = serde_yaml_ng::from_str(&shipped_config()).unwrap();
     let mounted = |p: &serde_json::Value| {
         let p = p.as_str().unwrap_or_else(|| panic!("{p} set"));
         mounts
             .values()
             .any(|m| std::path::Path::new(p).starts_with(m))
     };
-    for field in ["nodefs_path", "imagefs_path", "kubelet_config"] {
-        assert!(
-            mounted(&config["agent"][field]),
-            "agent.{field} is inside a mount"
-        );
+    for field in ["nodefsPath", "imagefsPath", "kubeletConfig"] {
+        assert!(mounted(&config[field]), "{field} is inside a mount");
     }
     // The runtime's socket, for node-level reclaim: inside the mount of its directory (a mount
     // of the socket file would go stale when the runtime restarts), which must exist on the
@@ -403,15 +441,14 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
 }
 
 #[test]
-fn configmap_config_parses_with_the_agent_loader() {
-    let m = manifests();
-    let cm = &m.config_maps[0];
-    assert_eq!(cm.metadata.name.as_deref(), Some("node-agent-config"));
-    let text = &cm.data.as_ref().unwrap()["config.yaml"];
-    let config = KubeConfig::from_agent_yaml(text, Some("worker-1")).unwrap();
+fn the_config_s_kubernetes_section_parses_with_this_crate_s_loader() {
+    let whole: serde_json::Value = serde_yaml_ng::from_str(&shipped_config()).unwrap();
+    assert_eq!(whole["apiVersion"], "node-agent.io/v1alpha1");
+    assert_eq!(whole["kind"], "NodeAgentConfiguration");
+    let section = serde_yaml_ng::to_string(&whole["kubernetes"]).unwrap();
+    let config = KubeConfig::from_yaml(&section, Some("worker-1")).unwrap();
     assert_eq!(config.pod_source, PodSourceKind::Kubelet);
     assert_eq!(config.node_name, "worker-1");
-    assert!(!config.dry_run);
     assert_eq!(
         config
             .exclusions
@@ -423,7 +460,6 @@ fn configmap_config_parses_with_the_agent_loader() {
     );
 
     // The eviction section carries the kubelet's field names.
-    let whole: serde_json::Value = serde_yaml_ng::from_str(text).unwrap();
     let eviction = whole["eviction"].as_object().unwrap();
     for field in [
         "evictionHard",

@@ -1,14 +1,16 @@
 //! Eviction configuration in the kubelet's own forms (KubeletConfiguration YAML fields and
 //! command-line flags), validated as the kubelet's `ParseThresholdConfig` validates it.
 
+mod fields;
+
 use std::time::Duration;
 
 use serde_yaml_ng::Value;
 
-use crate::duration::{parse_go_duration, DurationError};
+pub use self::fields::{EvictionFields, SignalMap, EVICTION_FIELDS};
+use crate::duration::{DurationError, GoDuration};
 use crate::quantity::{Format, Quantity, QuantityError};
 use crate::signal::{Signal, UnknownSignal};
-use crate::yaml::{self, WrongType};
 
 /// The kubelet's default `evictionHard` on Linux (`DefaultEvictionHard`), used when no hard
 /// thresholds are configured at all.
@@ -80,13 +82,15 @@ pub enum ConfigError {
         #[source]
         source: serde_yaml_ng::Error,
     },
+    /// A field of the wrong type, or one that is not an eviction field (its path, and what
+    /// serde expected there).
+    #[error("{path}: {message}")]
+    Field { path: String, message: String },
     #[error("{field}: expected {expected}")]
     Type {
         field: String,
         expected: &'static str,
     },
-    #[error("{field}: unknown field; expected a KubeletConfiguration (kind: KubeletConfiguration) or only the fields {}", EVICTION_FIELDS.join(", "))]
-    UnknownField { field: String },
     #[error("kind: expected KubeletConfiguration, found {found:?}")]
     Kind { found: String },
     #[error("{field}: {source}")]
@@ -129,26 +133,6 @@ pub enum ConfigError {
     },
 }
 
-impl From<WrongType> for ConfigError {
-    fn from(e: WrongType) -> Self {
-        ConfigError::Type {
-            field: e.field,
-            expected: e.expected,
-        }
-    }
-}
-
-/// The KubeletConfiguration fields this crate reads.
-const EVICTION_FIELDS: [&str; 7] = [
-    "evictionHard",
-    "evictionSoft",
-    "evictionSoftGracePeriod",
-    "evictionMaxPodGracePeriod",
-    "evictionMinimumReclaim",
-    "evictionPressureTransitionPeriod",
-    "enforceNodeAllocatable",
-];
-
 /// Eviction settings as kubelet command-line flags, each as it would be written after `=`.
 /// A flag left `None` was not given.
 #[derive(Debug, Clone, Copy, Default)]
@@ -186,17 +170,17 @@ struct RawSettings {
     minimum_reclaim: Vec<Entry>,
     /// (field, value) of the maximum pod grace period, in seconds.
     max_pod_grace_period: Option<(String, i64)>,
-    pressure_transition_period: Option<(String, String)>,
+    pressure_transition_period: Option<Duration>,
     enforce_node_allocatable: Option<Vec<String>>,
     /// How the grace period field is named in this form, for error messages.
-    grace_field: &'static str,
+    grace_field: String,
 }
 
 impl Default for EvictionConfig {
     /// The kubelet's defaults: the default hard thresholds, no soft ones, a 5m transition period.
     fn default() -> Self {
         build(RawSettings {
-            grace_field: "evictionSoftGracePeriod",
+            grace_field: "evictionSoftGracePeriod".into(),
             ..RawSettings::default()
         })
         .expect("the kubelet's default thresholds are valid")
@@ -232,83 +216,53 @@ impl EvictionConfig {
     /// As [`EvictionConfig::from_kubelet_yaml`], from an already parsed value; `prefix` is put
     /// before field names in errors (e.g. `config.`).
     pub fn from_yaml_value(value: &Value, prefix: &str) -> Result<EvictionConfig, ConfigError> {
-        if value.is_null() {
-            return Ok(EvictionConfig::default());
-        }
-        let fields = yaml::entries(
-            value,
-            if prefix.is_empty() {
-                "document"
-            } else {
-                prefix.trim_end_matches('.')
-            },
-        )?;
-        let whole = match fields.iter().find(|(k, _)| *k == "kind") {
-            Some((_, kind)) => {
-                let kind = yaml::string(kind, &format!("{prefix}kind"))?;
-                if kind != "KubeletConfiguration" {
-                    return Err(ConfigError::Kind { found: kind });
-                }
-                true
-            }
-            None => false,
+        let fields = EvictionFields::from_kubelet_value(value.clone(), prefix)?;
+        Self::from_fields(&fields, prefix)
+    }
+
+    /// Validates the eviction fields as the kubelet does; `prefix` is put before field names
+    /// in errors (e.g. `eviction.`).
+    pub fn from_fields(
+        fields: &EvictionFields,
+        prefix: &str,
+    ) -> Result<EvictionConfig, ConfigError> {
+        let entries = |map: &Option<SignalMap>, name: &str| -> Option<Vec<Entry>> {
+            map.as_ref().map(|map| {
+                map.0
+                    .iter()
+                    .map(|(signal, value)| Entry {
+                        field: format!("{prefix}{name}[{signal}]"),
+                        signal: signal.clone(),
+                        value: value.clone(),
+                    })
+                    .collect()
+            })
         };
-        let mut raw = RawSettings {
-            grace_field: "evictionSoftGracePeriod",
-            ..RawSettings::default()
-        };
-        for (name, v) in fields {
-            let field = format!("{prefix}{name}");
-            match name {
-                "evictionHard" => raw.hard = map_entries(v, &field)?,
-                "evictionSoft" => raw.soft = map_entries(v, &field)?.unwrap_or_default(),
-                "evictionSoftGracePeriod" => {
-                    raw.soft_grace_period = map_entries(v, &field)?.unwrap_or_default()
-                }
-                "evictionMinimumReclaim" => {
-                    raw.minimum_reclaim = map_entries(v, &field)?.unwrap_or_default()
-                }
-                "evictionMaxPodGracePeriod" => {
-                    if !v.is_null() {
-                        let seconds = yaml::integer(v, &field)?;
-                        // An int32 in KubeletConfiguration: the kubelet cannot decode more.
-                        if i32::try_from(seconds).is_err() {
-                            return Err(ConfigError::Type {
-                                field,
-                                expected: "a whole number of seconds from 0 to 2147483647 (int32)",
-                            });
-                        }
-                        raw.max_pod_grace_period = Some((field.clone(), seconds));
-                    }
-                }
-                "evictionPressureTransitionPeriod" => {
-                    if !v.is_null() {
-                        raw.pressure_transition_period =
-                            Some((field.clone(), yaml::string(v, &field)?));
-                    }
-                }
-                "enforceNodeAllocatable" => {
-                    if !v.is_null() {
-                        let items = yaml::sequence(v, &field)?
-                            .iter()
-                            .enumerate()
-                            .map(|(i, item)| yaml::string(item, &format!("{field}[{i}]")))
-                            .collect::<Result<_, _>>()?;
-                        raw.enforce_node_allocatable = Some(items);
-                    }
-                }
-                "kind" | "apiVersion" => {}
-                _ if whole => {}
-                _ => return Err(ConfigError::UnknownField { field }),
-            }
-        }
-        build(raw)
+        build(RawSettings {
+            hard: entries(&fields.eviction_hard, "evictionHard"),
+            soft: entries(&fields.eviction_soft, "evictionSoft").unwrap_or_default(),
+            soft_grace_period: entries(
+                &fields.eviction_soft_grace_period,
+                "evictionSoftGracePeriod",
+            )
+            .unwrap_or_default(),
+            minimum_reclaim: entries(&fields.eviction_minimum_reclaim, "evictionMinimumReclaim")
+                .unwrap_or_default(),
+            max_pod_grace_period: fields
+                .eviction_max_pod_grace_period
+                .map(|s| (format!("{prefix}evictionMaxPodGracePeriod"), i64::from(s))),
+            pressure_transition_period: fields
+                .eviction_pressure_transition_period
+                .map(GoDuration::get),
+            enforce_node_allocatable: fields.enforce_node_allocatable.clone(),
+            grace_field: format!("{prefix}evictionSoftGracePeriod"),
+        })
     }
 
     /// Reads the kubelet's eviction flags. Flags not given follow the kubelet's defaults.
     pub fn from_flags(flags: &EvictionFlags<'_>) -> Result<EvictionConfig, ConfigError> {
         let mut raw = RawSettings {
-            grace_field: "--eviction-soft-grace-period",
+            grace_field: "--eviction-soft-grace-period".into(),
             ..RawSettings::default()
         };
         if let Some(text) = flags.eviction_hard {
@@ -332,10 +286,10 @@ impl EvictionConfig {
             raw.max_pod_grace_period = Some((field, i64::from(seconds)));
         }
         if let Some(text) = flags.eviction_pressure_transition_period {
-            raw.pressure_transition_period = Some((
-                "--eviction-pressure-transition-period".to_string(),
-                text.to_string(),
-            ));
+            raw.pressure_transition_period = Some(parse_non_negative_duration(
+                "--eviction-pressure-transition-period",
+                text,
+            )?);
         }
         if let Some(text) = flags.enforce_node_allocatable {
             raw.enforce_node_allocatable = Some(
@@ -350,24 +304,55 @@ impl EvictionConfig {
     }
 }
 
-/// A `signal: value` mapping; `None` when the field is null (unset).
-fn map_entries(value: &Value, field: &str) -> Result<Option<Vec<Entry>>, ConfigError> {
-    if value.is_null() {
-        return Ok(None);
+impl EvictionFields {
+    /// The eviction fields of a KubeletConfiguration document (its other fields ignored), or
+    /// of a mapping that holds only eviction fields (anything else refused by name); `prefix`
+    /// is put before paths in errors.
+    pub fn from_kubelet_value(
+        mut value: Value,
+        prefix: &str,
+    ) -> Result<EvictionFields, ConfigError> {
+        if value.is_null() {
+            return Ok(EvictionFields::default());
+        }
+        if let Value::Mapping(map) = &mut value {
+            if let Some(kind) = map.remove("kind") {
+                if kind.as_str() != Some("KubeletConfiguration") {
+                    return Err(ConfigError::Kind {
+                        found: match kind {
+                            Value::String(s) => s,
+                            other => serde_yaml_ng::to_string(&other)
+                                .unwrap_or_default()
+                                .trim()
+                                .to_string(),
+                        },
+                    });
+                }
+                map.retain(|k, _| k.as_str().is_some_and(|k| EVICTION_FIELDS.contains(&k)));
+            }
+            map.remove("apiVersion");
+        }
+        Self::deserialize_at(value, prefix)
     }
-    yaml::entries(value, field)?
-        .into_iter()
-        .map(|(signal, v)| {
-            let entry_field = format!("{field}[{signal}]");
-            let text = yaml::scalar_text(v, &entry_field)?;
-            Ok(Entry {
-                field: entry_field,
-                signal: signal.to_string(),
-                value: text,
-            })
+
+    /// The fields from a value that holds only them, every error naming its path below
+    /// `prefix` (`eviction.evictionHard.memory.available: ...`).
+    pub fn deserialize_at(value: Value, prefix: &str) -> Result<EvictionFields, ConfigError> {
+        serde_path_to_error::deserialize(value).map_err(|e| ConfigError::Field {
+            path: joined_path(prefix, &e.path().to_string()),
+            message: e.inner().to_string(),
         })
-        .collect::<Result<Vec<_>, ConfigError>>()
-        .map(Some)
+    }
+}
+
+/// `prefix` and a serde path (`.` when the error is at the top) as one path.
+fn joined_path(prefix: &str, path: &str) -> String {
+    match (prefix.trim_end_matches('.'), path) {
+        ("", ".") => "document".to_string(),
+        (p, ".") => p.to_string(),
+        ("", path) => path.to_string(),
+        (p, path) => format!("{p}.{path}"),
+    }
 }
 
 /// `k<v,k<v` or `k=v,k=v` as the kubelet's flag types split them; a later key wins.
@@ -485,17 +470,21 @@ fn parse_min_reclaim(entry: &Entry) -> Result<ThresholdValue, ConfigError> {
     Ok(ThresholdValue::Quantity(q))
 }
 
+/// A Go duration written as text (a grace period, a flag), through the config's one duration
+/// type.
 fn parse_non_negative_duration(field: &str, value: &str) -> Result<Duration, ConfigError> {
-    let nanos = parse_go_duration(value).map_err(|source| ConfigError::Duration {
-        field: field.to_string(),
-        value: value.to_string(),
-        source,
-    })?;
-    let nanos = u64::try_from(nanos).map_err(|_| ConfigError::Negative {
-        field: field.to_string(),
-        value: value.to_string(),
-    })?;
-    Ok(Duration::from_nanos(nanos))
+    match value.parse::<GoDuration>() {
+        Ok(d) => Ok(d.get()),
+        Err(DurationError::Negative) => Err(ConfigError::Negative {
+            field: field.to_string(),
+            value: value.to_string(),
+        }),
+        Err(source) => Err(ConfigError::Duration {
+            field: field.to_string(),
+            value: value.to_string(),
+            source,
+        }),
+    }
 }
 
 fn parse_thresholds(
@@ -599,10 +588,9 @@ fn build(raw: RawSettings) -> Result<EvictionConfig, ConfigError> {
         Some((_, seconds)) => seconds,
         None => 0,
     };
-    let pressure_transition_period = match &raw.pressure_transition_period {
-        Some((field, value)) => parse_non_negative_duration(field, value)?,
-        None => DEFAULT_PRESSURE_TRANSITION_PERIOD,
-    };
+    let pressure_transition_period = raw
+        .pressure_transition_period
+        .unwrap_or(DEFAULT_PRESSURE_TRANSITION_PERIOD);
     Ok(EvictionConfig {
         thresholds,
         max_pod_grace_period_seconds,

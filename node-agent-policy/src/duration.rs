@@ -1,4 +1,9 @@
-//! Go duration syntax (`time.ParseDuration`), as the kubelet reads `1m30s`.
+//! Go duration syntax (`time.ParseDuration`), as the kubelet reads `1m30s`, and [`GoDuration`],
+//! the one spelling of a duration in the agent's config file.
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 /// Why a string is not a Go duration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -13,6 +18,8 @@ pub enum DurationError {
     UnknownUnit(String),
     #[error("duration is out of range")]
     OutOfRange,
+    #[error("must not be negative")]
+    Negative,
 }
 
 /// Parses a Go duration into signed nanoseconds. Accepts what `time.ParseDuration` accepts:
@@ -98,6 +105,148 @@ pub fn parse_go_duration(s: &str) -> Result<i64, DurationError> {
     }
 }
 
+/// A duration in the agent's config: a Go duration (`30s`, `1m30s`, `100ms`), never negative.
+/// Every duration in the config file goes through this one type, as `metav1.Duration` does in
+/// Kubernetes component configs; it prints as Go's `Duration.String` prints (`1m30s`, `2m0s`,
+/// `100ms`), so the effective configuration reads back as the same value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct GoDuration(Duration);
+
+impl GoDuration {
+    pub const ZERO: GoDuration = GoDuration(Duration::ZERO);
+
+    pub const fn from_secs(secs: u64) -> Self {
+        Self(Duration::from_secs(secs))
+    }
+
+    pub const fn from_millis(millis: u64) -> Self {
+        Self(Duration::from_millis(millis))
+    }
+
+    /// The duration itself.
+    pub const fn get(self) -> Duration {
+        self.0
+    }
+
+    pub const fn is_zero(self) -> bool {
+        self.0.is_zero()
+    }
+}
+
+impl From<GoDuration> for Duration {
+    fn from(d: GoDuration) -> Duration {
+        d.0
+    }
+}
+
+impl TryFrom<Duration> for GoDuration {
+    type Error = DurationError;
+
+    /// A duration Go can hold (at most 2562047h47m16.854775807s).
+    fn try_from(d: Duration) -> Result<Self, DurationError> {
+        if d.as_nanos() > i64::MAX as u128 {
+            return Err(DurationError::OutOfRange);
+        }
+        Ok(Self(d))
+    }
+}
+
+impl FromStr for GoDuration {
+    type Err = DurationError;
+
+    fn from_str(s: &str) -> Result<Self, DurationError> {
+        let nanos = parse_go_duration(s)?;
+        let nanos = u64::try_from(nanos).map_err(|_| DurationError::Negative)?;
+        Ok(Self(Duration::from_nanos(nanos)))
+    }
+}
+
+impl fmt::Display for GoDuration {
+    /// Go's `time.Duration.String`: `0s`, `1.5µs`, `100ms`, `1.5s`, `1m30s`, `2h0m0s`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // At most i64::MAX nanoseconds (parsing and `TryFrom` keep it there).
+        let u = u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX);
+        const SECOND: u64 = 1_000_000_000;
+        if u == 0 {
+            return f.write_str("0s");
+        }
+        if u < SECOND {
+            let (unit, prec) = match u {
+                ..1_000 => ("ns", 0),
+                1_000..1_000_000 => ("\u{b5}s", 3),
+                _ => ("ms", 6),
+            };
+            return write!(f, "{}{unit}", with_fraction(u, prec));
+        }
+        let seconds = with_fraction(u % (60 * SECOND), 9);
+        let minutes = u / (60 * SECOND);
+        match (minutes / 60, minutes % 60) {
+            (0, 0) => write!(f, "{seconds}s"),
+            (0, m) => write!(f, "{m}m{seconds}s"),
+            (h, m) => write!(f, "{h}h{m}m{seconds}s"),
+        }
+    }
+}
+
+/// `v / 10^prec` with its fraction, trailing zeros (and a bare point) left out, as Go's
+/// `fmtFrac` and `fmtInt` write it.
+fn with_fraction(v: u64, prec: u32) -> String {
+    let scale = 10u64.pow(prec);
+    let (whole, fraction) = (v / scale, v % scale);
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let digits = format!("{fraction:0width$}", width = prec as usize);
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+impl Serialize for GoDuration {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for GoDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl de::Visitor<'_> for Visitor {
+            type Value = GoDuration;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a Go duration such as 30s, 1m30s or 100ms")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<GoDuration, E> {
+                v.parse().map_err(|e| {
+                    E::custom(format_args!(
+                        "{v:?} is not a Go duration such as 30s, 1m30s or 100ms: {e}"
+                    ))
+                })
+            }
+
+            /// A bare number is what the old `*_seconds` and `*_millis` fields took.
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<GoDuration, E> {
+                Err(E::custom(format_args!(
+                    "{v} has no unit; expected a Go duration such as {v}s or {v}ms"
+                )))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<GoDuration, E> {
+                Err(E::custom(format_args!(
+                    "{v} has no unit; expected a Go duration such as 30s, 1m30s or 100ms"
+                )))
+            }
+
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<GoDuration, E> {
+                Err(E::custom(format_args!(
+                    "{v} has no unit; expected a Go duration such as 1.5s"
+                )))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,6 +279,59 @@ mod tests {
         ];
         for (behaviour, input, nanos) in cases {
             assert_eq!(parse_go_duration(input), Ok(*nanos), "{behaviour}");
+        }
+    }
+
+    #[test]
+    fn config_durations_print_as_go_prints_them_and_read_back() {
+        let cases: &[(&str, &str)] = &[
+            ("0", "0s"),
+            ("0s", "0s"),
+            ("1ns", "1ns"),
+            ("1500ns", "1.5\u{b5}s"),
+            ("100ms", "100ms"),
+            ("1.25ms", "1.25ms"),
+            ("1s", "1s"),
+            ("1.5s", "1.5s"),
+            ("90s", "1m30s"),
+            ("2m", "2m0s"),
+            ("1h", "1h0m0s"),
+            ("1h0m0.000000001s", "1h0m0.000000001s"),
+            ("2562047h47m16.854775807s", "2562047h47m16.854775807s"),
+        ];
+        for (written, printed) in cases {
+            let d: GoDuration = written.parse().unwrap();
+            assert_eq!(d.to_string(), *printed, "{written}");
+            assert_eq!(printed.parse::<GoDuration>(), Ok(d), "{printed} reads back");
+        }
+        assert_eq!("-1s".parse::<GoDuration>(), Err(DurationError::Negative));
+    }
+
+    #[test]
+    fn config_durations_are_strings_with_a_unit() {
+        let read =
+            |yaml: &str| serde_yaml_ng::from_str::<GoDuration>(yaml).map_err(|e| e.to_string());
+        assert_eq!(read("1m30s"), Ok(GoDuration::from_secs(90)));
+        let rows: &[(&str, &str)] = &[
+            (
+                "30",
+                "30 has no unit; expected a Go duration such as 30s or 30ms",
+            ),
+            ("-30", "-30 has no unit"),
+            ("1.5", "1.5 has no unit"),
+            (
+                "soon",
+                "\"soon\" is not a Go duration such as 30s, 1m30s or 100ms: expected a Go duration",
+            ),
+            (
+                "-1s",
+                "\"-1s\" is not a Go duration such as 30s, 1m30s or 100ms: must not be negative",
+            ),
+            ("[1s]", "expected a Go duration such as 30s, 1m30s or 100ms"),
+        ];
+        for (yaml, needle) in rows {
+            let error = read(yaml).expect_err(yaml);
+            assert!(error.contains(needle), "{yaml}: {error}");
         }
     }
 

@@ -5,29 +5,30 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::observe::PodInfo;
 
 /// Pods never evicted, on top of the agent's own pod and the kubelet's critical pods
-/// (`exclusions:` in the agent's config).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// (`kubernetes.exclusions` in the agent's config).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Exclusions {
     pub namespaces: BTreeSet<String>,
     /// A pod matching this selector is excluded. Empty selects nothing.
     pub label_selector: LabelSelector,
 }
 
-/// The `metav1.LabelSelector` shape, in the config file's snake_case.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// The `metav1.LabelSelector` shape, spelt as Kubernetes spells it (`matchLabels`,
+/// `matchExpressions`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct LabelSelector {
     pub match_labels: BTreeMap<String, String>,
     pub match_expressions: Vec<LabelRequirement>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabelRequirement {
     pub key: String,
@@ -36,7 +37,7 @@ pub struct LabelRequirement {
     pub values: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LabelOperator {
     In,
     NotIn,
@@ -51,7 +52,7 @@ impl LabelSelector {
     }
 
     /// Whether `labels` satisfy every requirement. An empty selector matches nothing, so that
-    /// an absent `label_selector` excludes no pod.
+    /// an absent `labelSelector` excludes no pod.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         if self.is_empty() {
             return false;
@@ -141,8 +142,8 @@ impl std::fmt::Display for PassReason {
             Self::Mirror => "a mirror pod (the kubelet never evicts it)",
             Self::CriticalPriority => "priority at or above system-critical",
             Self::OwnPod => "the agent's own pod",
-            Self::ExcludedNamespace => "its namespace is in exclusions.namespaces",
-            Self::ExcludedByLabelSelector => "it matches exclusions.label_selector",
+            Self::ExcludedNamespace => "its namespace is in kubernetes.exclusions.namespaces",
+            Self::ExcludedByLabelSelector => "it matches kubernetes.exclusions.labelSelector",
             Self::NotEvictableNow(NotEvictableNow::Terminating) => "already terminating",
             Self::NotEvictableNow(NotEvictableNow::BlockedByDisruptionBudget) => {
                 "its PodDisruptionBudget blocked the last eviction"
@@ -217,7 +218,7 @@ mod tests {
         let eligibility = Eligibility {
             own_pod: Some(("node-agent".into(), "node-agent-x1".into())),
             exclusions: serde_yaml_ng::from_str(
-                "{namespaces: [kube-system], label_selector: {match_labels: {app: db}}}",
+                "{namespaces: [kube-system], labelSelector: {matchLabels: {app: db}}}",
             )
             .unwrap(),
             not_evictable_now: [
@@ -319,23 +320,23 @@ mod tests {
         let sel = |yaml: &str| serde_yaml_ng::from_str::<LabelSelector>(yaml).unwrap();
         let rows = [
             ("{}", false),
-            ("match_labels: {app: db}", true),
-            ("match_labels: {app: web}", false),
+            ("matchLabels: {app: db}", true),
+            ("matchLabels: {app: web}", false),
             (
-                "match_expressions: [{key: app, operator: In, values: [db, x]}]",
+                "matchExpressions: [{key: app, operator: In, values: [db, x]}]",
                 true,
             ),
             (
-                "match_expressions: [{key: app, operator: NotIn, values: [db]}]",
+                "matchExpressions: [{key: app, operator: NotIn, values: [db]}]",
                 false,
             ),
             (
-                "match_expressions: [{key: tier, operator: NotIn, values: [db]}]",
+                "matchExpressions: [{key: tier, operator: NotIn, values: [db]}]",
                 true,
             ),
-            ("match_expressions: [{key: app, operator: Exists}]", true),
+            ("matchExpressions: [{key: app, operator: Exists}]", true),
             (
-                "match_expressions: [{key: app, operator: DoesNotExist}]",
+                "matchExpressions: [{key: app, operator: DoesNotExist}]",
                 false,
             ),
         ];

@@ -1,6 +1,7 @@
 //! The policy core: one evaluation of (config, node, observations, pods, now, previous state),
 //! in the order of the kubelet's `synchronize`: thresholds met, minimum reclaim, grace
-//! periods, node conditions, then the threshold to reclaim and at most one pod to evict.
+//! periods, node conditions, then the pods to evict: every pod over a local storage limit, or
+//! for the threshold to reclaim at most one.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -96,8 +97,10 @@ pub struct Decision {
     pub conditions: Vec<NodeCondition>,
     /// The signal being reclaimed, when a threshold is past its grace period.
     pub reclaim: Option<Signal>,
-    /// At most one pod to evict.
-    pub evict: Option<Eviction>,
+    /// The pods to evict: every pod over a local storage limit that may be evicted (the
+    /// kubelet's `localStorageEviction` evicts them all in one synchronize), else at most one
+    /// for the threshold being reclaimed.
+    pub evictions: Vec<Eviction>,
     /// Pods ranked ahead of the evicted one (or of none) and passed over, in rank order.
     pub passed_over: Vec<PassedOver>,
     /// Pods over a local storage limit that may not be evicted (critical, excluded, not
@@ -117,7 +120,7 @@ impl Decision {
     /// A threshold is past its grace period and no pod may be evicted for it: the kubelet's
     /// "unable to evict any pods from the node".
     pub fn no_evictable_pod(&self) -> bool {
-        self.reclaim.is_some() && self.evict.is_none()
+        self.reclaim.is_some() && self.evictions.is_empty()
     }
 }
 
@@ -250,8 +253,8 @@ pub fn evaluate_among(
     // skips the rest of its synchronize).
     let over = over_local_storage_limits(pods, node.has_imagefs, eligibility);
     decision.over_limit_passed_over = over.kept;
-    if let Some(eviction) = over.evict {
-        decision.evict = Some(eviction);
+    if !over.evict.is_empty() {
+        decision.evictions = over.evict;
         return (decision, next_state);
     }
 
@@ -278,7 +281,7 @@ pub fn evaluate_among(
         }
         let (message, offending_containers) =
             eviction_message(resource, pod, Some((threshold_quantity, available)));
-        decision.evict = Some(Eviction {
+        decision.evictions.push(Eviction {
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),
             uid: pod.uid.clone(),
@@ -296,11 +299,11 @@ pub fn evaluate_among(
     (decision, next_state)
 }
 
-/// What the local storage limits ask for: the first pod, in pod order, over a limit that may
-/// be evicted, and every pod over a limit that may not (pods already terminating left out).
+/// What the local storage limits ask for: every pod, in pod order, over a limit that may be
+/// evicted, and every pod over a limit that may not (pods already terminating left out).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OverLimits {
-    pub evict: Option<Eviction>,
+    pub evict: Vec<Eviction>,
     pub kept: Vec<(PassedOver, StorageLimit)>,
 }
 
@@ -330,8 +333,8 @@ pub fn over_local_storage_limits(
                 },
                 exceeded.limit,
             )),
-            None if over.evict.is_none() => {
-                over.evict = Some(Eviction {
+            None => {
+                over.evict.push(Eviction {
                     namespace: pod.namespace.clone(),
                     name: pod.name.clone(),
                     uid: pod.uid.clone(),
@@ -345,7 +348,6 @@ pub fn over_local_storage_limits(
                     available: exceeded.used,
                 });
             }
-            None => {}
         }
     }
     over

@@ -2,8 +2,9 @@
 //!
 //! Data flows one way: [`config::EvictionConfig`] and [`observe::Observations`] go into
 //! [`evaluate::evaluate_among`] with the pods and which of them the agent may act on
-//! ([`eligible::Eligibility`]); it returns the thresholds met, the node conditions and at most
-//! one pod to evict as a [`evaluate::Decision`]. [`scenario::run`] replays a timeline through it.
+//! ([`eligible::Eligibility`]); it returns the thresholds met, the node conditions and the
+//! pods to evict as a [`evaluate::Decision`]. [`scenario::simulate`] replays a timeline
+//! through it.
 
 pub mod beside;
 pub mod config;
@@ -19,10 +20,12 @@ pub mod rank;
 pub mod requests;
 pub mod scenario;
 pub mod signal;
-mod yaml;
 
-pub use config::{ConfigError, EvictionConfig, EvictionFlags, Threshold, ThresholdValue};
-pub use duration::{parse_go_duration, DurationError};
+pub use config::{
+    ConfigError, EvictionConfig, EvictionFields, EvictionFlags, SignalMap, Threshold,
+    ThresholdValue,
+};
+pub use duration::{parse_go_duration, DurationError, GoDuration};
 pub use eligible::{
     Eligibility, Exclusions, LabelOperator, LabelRequirement, LabelSelector, NotEvictableNow,
     PassReason,
@@ -37,7 +40,7 @@ pub use observe::{
     ContainerInfo, ContainerUsage, FsUsage, NodeCapacity, Observation, Observations, PodInfo,
     PodUsage, Resources,
 };
-pub use quantity::{Format, Quantity, QuantityError};
+pub use quantity::{ByteSize, ByteSizeError, Format, Quantity, QuantityError};
 pub use requests::InitContainerInfo;
 pub use signal::{
     EvictionSignal, NodeCondition, Resource, Signal, UnknownEvictionSignal, UnknownSignal,

@@ -6,6 +6,8 @@ use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
 
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
 /// How a quantity prints, as in `resource.Format`: it follows the suffix it was written with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -301,9 +303,168 @@ impl fmt::Display for Quantity {
     }
 }
 
+/// An amount of bytes in the agent's config, written as a Kubernetes quantity (`1Mi`, `8Gi`,
+/// `500M`, or a plain number of bytes). Every size in the config file goes through this one
+/// type: a whole number of bytes (`1m` is a thousandth of one), not negative, within the int64
+/// range the API machinery holds. It prints in the quantity's canonical form.
+#[derive(Debug, Clone, Copy)]
+pub struct ByteSize {
+    bytes: u64,
+    quantity: Quantity,
+}
+
+/// Why a quantity is not a size in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    #[error(transparent)]
+    Quantity(#[from] QuantityError),
+    #[error("must not be negative")]
+    Negative,
+    #[error("is not a whole number of bytes (`m` is a thousandth; mebibytes are Mi)")]
+    Fraction,
+    #[error("is beyond what 64 bits of bytes hold")]
+    OutOfRange,
+}
+
+impl ByteSize {
+    /// `bytes` in binary form (`1048576` prints as `1Mi`); past `i64::MAX` it saturates there.
+    pub fn from_bytes(bytes: u64) -> Self {
+        let bytes = bytes.min(i64::MAX as u64);
+        Self {
+            bytes,
+            quantity: Quantity::from_int(bytes as i64, Format::BinarySi),
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl PartialEq for ByteSize {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for ByteSize {}
+
+impl FromStr for ByteSize {
+    type Err = ByteSizeError;
+
+    fn from_str(s: &str) -> Result<Self, ByteSizeError> {
+        let quantity: Quantity = s.parse()?;
+        if quantity.is_negative() {
+            return Err(ByteSizeError::Negative);
+        }
+        if quantity.nanos() % NANOS != 0 {
+            return Err(ByteSizeError::Fraction);
+        }
+        let bytes = quantity
+            .checked_value()
+            .map_err(|_| ByteSizeError::OutOfRange)?;
+        Ok(Self {
+            bytes: bytes.unsigned_abs(),
+            quantity,
+        })
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.quantity.fmt(f)
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl de::Visitor<'_> for Visitor {
+            type Value = ByteSize;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size as a Kubernetes quantity such as 512Mi, 8Gi or 1000000")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
+                v.parse().map_err(|e| {
+                    E::custom(format_args!(
+                        "{v:?} is not a size as a Kubernetes quantity such as 512Mi or 8Gi: {e}"
+                    ))
+                })
+            }
+
+            /// YAML reads `1048576` as a number; the API machinery takes numbers too.
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ByteSize, E> {
+                self.visit_str(&v.to_string())
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
+                self.visit_str(&v.to_string())
+            }
+
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<ByteSize, E> {
+                Err(E::custom(format_args!(
+                    "{v} is not a whole number of bytes; expected a Kubernetes quantity such as 512Mi"
+                )))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_are_whole_bytes_in_quantities() {
+        let read =
+            |yaml: &str| serde_yaml_ng::from_str::<ByteSize>(yaml).map_err(|e| e.to_string());
+        /// The bytes and how they print, or a fragment of the refusal.
+        type Expected = Result<(u64, &'static str), &'static str>;
+        #[rustfmt::skip]
+        let rows: &[(&str, Expected)] = &[
+            ("1Mi", Ok((1 << 20, "1Mi"))),
+            ("1048576", Ok((1 << 20, "1048576"))),
+            ("'4096'", Ok((4096, "4096"))),
+            ("1.5Gi", Ok((3 << 29, "1536Mi"))),
+            ("500M", Ok((500_000_000, "500M"))),
+            ("0", Ok((0, "0"))),
+            ("1m", Err("\"1m\" is not a size as a Kubernetes quantity such as 512Mi or 8Gi: is not a whole number of bytes")),
+            ("-1Gi", Err("must not be negative")),
+            ("20E", Err("is beyond what 64 bits of bytes hold")),
+            ("lots", Err("\"lots\" is not a size")),
+            ("1.5", Err("1.5 is not a whole number of bytes")),
+            ("-5", Err("must not be negative")),
+            ("{a: 1}", Err("expected a size as a Kubernetes quantity")),
+        ];
+        for (yaml, want) in rows {
+            match (read(yaml), want) {
+                (Ok(size), Ok((bytes, printed))) => {
+                    assert_eq!(
+                        (size.bytes(), size.to_string().as_str()),
+                        (*bytes, *printed),
+                        "{yaml}"
+                    );
+                    assert_eq!(
+                        printed.parse::<ByteSize>(),
+                        Ok(size),
+                        "{printed} reads back"
+                    );
+                }
+                (Err(e), Err(needle)) => assert!(e.contains(needle), "{yaml}: {e}"),
+                (got, _) => panic!("{yaml}: {got:?}, expected {want:?}"),
+            }
+        }
+        assert_eq!(ByteSize::from_bytes(1 << 20).to_string(), "1Mi");
+    }
 
     #[test]
     fn parses_and_prints_canonically() {

@@ -231,7 +231,7 @@ fn refused_configurations_name_the_field() {
             // decode a larger number.
             "max pod grace period beyond int32",
             "evictionMaxPodGracePeriod: 2147483648",
-            "evictionMaxPodGracePeriod: expected a whole number of seconds from 0 to 2147483647 (int32)",
+            "evictionMaxPodGracePeriod: invalid value: integer `2147483648`, expected i32",
         ),
         (
             "max pod grace period beyond any YAML integer",
@@ -241,12 +241,12 @@ fn refused_configurations_name_the_field() {
         (
             "malformed pressure transition period",
             "evictionPressureTransitionPeriod: 5 minutes",
-            "evictionPressureTransitionPeriod: \"5 minutes\" is not a duration",
+            "evictionPressureTransitionPeriod: \"5 minutes\" is not a Go duration",
         ),
         (
             "misspelt field in a bare mapping",
             "evictionhard: {memory.available: 1Gi}",
-            "evictionhard: unknown field",
+            "evictionhard: unknown field `evictionhard`, expected one of `evictionHard`",
         ),
         (
             "a document of another kind",
@@ -256,7 +256,22 @@ fn refused_configurations_name_the_field() {
         (
             "a threshold map that is not a mapping",
             "evictionHard: [memory.available]",
-            "evictionHard: expected a mapping",
+            "evictionHard: invalid type: sequence, expected a mapping of eviction signals",
+        ),
+        (
+            "a signal given twice",
+            "evictionHard: {memory.available: 1Gi, memory.available: 2Gi}",
+            "invalid YAML: evictionHard: duplicate entry with key \"memory.available\"",
+        ),
+        (
+            "a threshold that is not a scalar",
+            "evictionSoft: {memory.available: {value: 1Gi}}",
+            "evictionSoft.memory.available: invalid type: map, expected a quantity, a percentage or a Go duration",
+        ),
+        (
+            "a negative pressure transition period",
+            "evictionPressureTransitionPeriod: -1m",
+            "evictionPressureTransitionPeriod: \"-1m\" is not a Go duration such as 30s, 1m30s or 100ms: must not be negative",
         ),
         ("not YAML", "evictionHard: {", "invalid YAML"),
     ];

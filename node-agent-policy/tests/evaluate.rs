@@ -94,7 +94,7 @@ fn timeline(
 }
 
 fn evicted(decision: &Decision) -> Option<&str> {
-    decision.evict.as_ref().map(|e| e.name.as_str())
+    decision.evictions.first().map(|e| e.name.as_str())
 }
 
 const MEM: Signal = Signal::MemoryAvailable;
@@ -158,7 +158,7 @@ fn thresholds_and_grace_periods() {
     ];
     for (behaviour, yaml, steps, expected) in rows {
         let decisions = timeline(&config(yaml), &pods, &steps);
-        let got: Vec<bool> = decisions.iter().map(|d| d.evict.is_some()).collect();
+        let got: Vec<bool> = decisions.iter().map(|d| !d.evictions.is_empty()).collect();
         assert_eq!(got, expected, "{behaviour}");
     }
 }
@@ -199,7 +199,7 @@ fn minimum_reclaim_holds_a_threshold_that_was_acted_on() {
         "held until available reaches threshold plus minimum reclaim, then released"
     );
     assert!(
-        decisions[1].evict.is_some(),
+        !decisions[1].evictions.is_empty(),
         "a held threshold still drives eviction"
     );
 
@@ -567,7 +567,13 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
         Vec<(&'a str, PassReason)>,
     );
     let rows: Vec<Row> = vec![
-        ("every pod a candidate: the top one", Eligibility::default(), none, "top", vec![]),
+        (
+            "every pod a candidate: the top one",
+            Eligibility::default(),
+            none,
+            "top",
+            vec![],
+        ),
         (
             "top pod in an excluded namespace",
             excluding("{namespaces: [kube-system]}"),
@@ -577,7 +583,7 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
         ),
         (
             "top pod matches the excluding label selector",
-            excluding("{label_selector: {match_labels: {app: top}}}"),
+            excluding("{labelSelector: {matchLabels: {app: top}}}"),
             none,
             "middle",
             vec![("top", PassReason::ExcludedByLabelSelector)],
@@ -597,7 +603,10 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
             not_now(&[("uid-top", NotEvictableNow::BlockedByDisruptionBudget)]),
             none,
             "middle",
-            vec![("top", PassReason::NotEvictableNow(NotEvictableNow::BlockedByDisruptionBudget))],
+            vec![(
+                "top",
+                PassReason::NotEvictableNow(NotEvictableNow::BlockedByDisruptionBudget),
+            )],
         ),
         (
             "top pod refused, middle failed: the last one",
@@ -609,7 +618,10 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
             "last",
             vec![
                 ("top", PassReason::NotEvictableNow(NotEvictableNow::Refused)),
-                ("middle", PassReason::NotEvictableNow(NotEvictableNow::Failed)),
+                (
+                    "middle",
+                    PassReason::NotEvictableNow(NotEvictableNow::Failed),
+                ),
             ],
         ),
         (
@@ -617,21 +629,32 @@ fn the_next_ranked_pod_is_chosen_when_the_top_one_may_not_go() {
             not_now(&[("uid-top", NotEvictableNow::Terminating)]),
             none,
             "middle",
-            vec![("top", PassReason::NotEvictableNow(NotEvictableNow::Terminating))],
+            vec![(
+                "top",
+                PassReason::NotEvictableNow(NotEvictableNow::Terminating),
+            )],
         ),
         (
             "top pod's deletion requested (deletionTimestamp)",
             Eligibility::default(),
             |p| p[0].terminating = true,
             "middle",
-            vec![("top", PassReason::NotEvictableNow(NotEvictableNow::Terminating))],
+            vec![(
+                "top",
+                PassReason::NotEvictableNow(NotEvictableNow::Terminating),
+            )],
         ),
         (
             "a critical pod and an excluded one ahead of the candidate, in rank order",
-            excluding("{label_selector: {match_expressions: [{key: app, operator: In, values: [middle]}]}}"),
+            excluding(
+                "{labelSelector: {matchExpressions: [{key: app, operator: In, values: [middle]}]}}",
+            ),
             |p| p[0].is_static = true,
             "last",
-            vec![("top", PassReason::Static), ("middle", PassReason::ExcludedByLabelSelector)],
+            vec![
+                ("top", PassReason::Static),
+                ("middle", PassReason::ExcludedByLabelSelector),
+            ],
         ),
         (
             "a pod ranked below the chosen one is not listed as passed over",
@@ -734,7 +757,12 @@ fn pod_grace_periods() {
     ];
     for (behaviour, config, pod, expected) in rows {
         let decisions = timeline(&config, &[pod], steps);
-        let eviction = decisions.last().unwrap().evict.as_ref().expect(behaviour);
+        let eviction = decisions
+            .last()
+            .unwrap()
+            .evictions
+            .first()
+            .expect(behaviour);
         assert_eq!(eviction.grace_period_seconds, expected, "{behaviour}");
     }
 }
@@ -817,7 +845,7 @@ fn eviction_messages_match_the_kubelet_wording() {
     ];
     for (behaviour, yaml, pod, signals, expected, offending) in rows {
         let d = &timeline(&config(yaml), &[pod], &[(0, signals)])[0];
-        let eviction = d.evict.as_ref().expect(behaviour);
+        let eviction = d.evictions.first().expect(behaviour);
         assert_eq!(eviction.message, expected, "{behaviour}");
         let named: Vec<(String, String)> = eviction
             .offending_containers

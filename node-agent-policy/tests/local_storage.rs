@@ -75,7 +75,7 @@ fn a_pod_over_a_limit_goes_before_any_threshold_eviction_and_whatever_the_node()
     let pods = [pod("hungry", 4000, 0), pod("filler", 10, 150)];
     for memory_met in [true, false] {
         let d = evaluate(&pods, &Eligibility::default(), memory_met);
-        let e = d.evict.as_ref().expect("an eviction");
+        let e = d.evictions.first().expect("an eviction");
         assert_eq!(e.name, "filler", "memory met: {memory_met}");
         assert_eq!(e.signal, EvictionSignal::Limit(StorageLimit::EmptyDir));
         assert_eq!(
@@ -106,11 +106,11 @@ fn pods_over_a_limit_that_may_not_go_are_passed_over_and_noted() {
         &'a str,
         Eligibility,
         fn(&mut [PodInfo]),
-        Option<&'a str>,
+        Vec<&'a str>,
         Vec<(&'a str, PassReason)>,
     );
     let excluded = Eligibility {
-        exclusions: serde_yaml_ng::from_str("{label_selector: {match_labels: {keep: 'yes'}}}")
+        exclusions: serde_yaml_ng::from_str("{labelSelector: {matchLabels: {keep: 'yes'}}}")
             .unwrap(),
         ..Eligibility::default()
     };
@@ -124,24 +124,24 @@ fn pods_over_a_limit_that_may_not_go_are_passed_over_and_noted() {
     };
     let rows: Vec<Row> = vec![
         (
-            "the first over its limit, in pod order",
+            "every pod over its limit, in pod order, in one evaluation (the kubelet's localStorageEviction)",
             Eligibility::default(),
             |_| {},
-            Some("first"),
+            vec!["first", "second"],
             vec![],
         ),
         (
             "a static pod over its limit stays; the next one over goes",
             Eligibility::default(),
             |p| p[1].is_static = true,
-            Some("second"),
+            vec!["second"],
             vec![("first", PassReason::Static)],
         ),
         (
-            "a static pod after the one chosen is noted too",
+            "a static pod after the one that goes is noted too",
             Eligibility::default(),
             |p| p[2].is_static = true,
-            Some("first"),
+            vec!["first"],
             vec![("second", PassReason::Static)],
         ),
         (
@@ -151,7 +151,7 @@ fn pods_over_a_limit_that_may_not_go_are_passed_over_and_noted() {
                 p[1].priority = 2_000_000_000;
                 p[2].is_mirror = true;
             },
-            Some("hungry"),
+            vec!["hungry"],
             vec![
                 ("first", PassReason::CriticalPriority),
                 ("second", PassReason::Mirror),
@@ -163,14 +163,14 @@ fn pods_over_a_limit_that_may_not_go_are_passed_over_and_noted() {
             |p| {
                 p[1].labels = [("keep".to_string(), "yes".to_string())].into();
             },
-            Some("second"),
+            vec!["second"],
             vec![("first", PassReason::ExcludedByLabelSelector)],
         ),
         (
             "a pod its budget blocks stays for now",
             blocked,
             |_| {},
-            Some("second"),
+            vec!["second"],
             vec![(
                 "first",
                 PassReason::NotEvictableNow(NotEvictableNow::BlockedByDisruptionBudget),
@@ -185,11 +185,8 @@ fn pods_over_a_limit_that_may_not_go_are_passed_over_and_noted() {
         ];
         tweak(&mut pods);
         let d = evaluate(&pods, &eligibility, true);
-        assert_eq!(
-            d.evict.as_ref().map(|e| e.name.as_str()),
-            want,
-            "{behaviour}"
-        );
+        let evicted: Vec<&str> = d.evictions.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(evicted, want, "{behaviour}");
         let passed: Vec<(&str, PassReason)> = d
             .over_limit_passed_over
             .iter()
@@ -207,7 +204,7 @@ fn with_no_pod_over_a_limit_may_go_the_threshold_eviction_proceeds() {
     let mut pods = vec![pod("hungry", 4000, 0), pod("filler", 10, 150)];
     pods[1].is_static = true;
     let d = evaluate(&pods, &Eligibility::default(), true);
-    let e = d.evict.as_ref().expect("the memory eviction");
+    let e = d.evictions.first().expect("the memory eviction");
     assert_eq!(e.name, "hungry");
     assert_eq!(e.signal, EvictionSignal::Threshold(Signal::MemoryAvailable));
     assert_eq!(d.reclaim, Some(Signal::MemoryAvailable));

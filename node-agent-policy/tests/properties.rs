@@ -180,7 +180,7 @@ proptest! {
         );
         let met = available < GI;
         prop_assert_eq!(decision.reclaim.is_some(), met);
-        if let Some(e) = &decision.evict {
+        for e in &decision.evictions {
             let chosen = pods.iter().find(|p| p.name == e.name).expect("the chosen pod is one of ours");
             prop_assert!(!must_not_be_evicted(chosen, &eligibility), "chose {:?} under {:?}", chosen, eligibility);
         }
@@ -190,7 +190,7 @@ proptest! {
             .map(|i| &pods[i])
             .find(|p| !must_not_be_evicted(p, &eligibility));
         let want = if met { first_allowed.map(|p| p.name.as_str()) } else { None };
-        prop_assert_eq!(decision.evict.as_ref().map(|e| e.name.as_str()), want);
+        prop_assert_eq!(decision.evictions.first().map(|e| e.name.as_str()), want);
         prop_assert_eq!(decision.no_evictable_pod(), met && want.is_none());
         // Everything ranked ahead of the choice is accounted for, with a reason.
         let all_accounted = decision.passed_over.iter().all(|p| {

@@ -1,11 +1,21 @@
-//! The node agent: loads the kernel programs, reads what they report, and (in later stages)
-//! turns pressure into eviction decisions through the policy core in `node-agent-policy`.
+//! The node agent: loads the kernel programs, reads what they report ([`kernel`]), and turns
+//! pressure into eviction decisions through the policy core in `node-agent-policy`, acted on by
+//! the one executor in `node-agent-executor` ([`daemon`]).
 
 pub mod btf;
 pub mod cgroup;
 pub mod daemon;
 pub mod ebpf;
+pub mod kernel;
 pub mod simulate;
 pub mod sys;
 pub mod telemetry;
 pub mod trace;
+
+/// An error with its chain of sources, `outer: inner: innermost`: how every error is logged.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}

@@ -26,10 +26,12 @@ node:
 config:
   evictionHard: {memory.available: 500Mi}
 pods:
-  - name: web
-    containers:
-      - name: app
-        requests: {memory: 1Gi}
+  - pod:
+      metadata: {name: web}
+      spec:
+        containers:
+          - name: app
+            resources: {requests: {memory: 1Gi}}
     usage: {memory: 1536Mi}
 steps:
   - at: 0s
@@ -50,9 +52,9 @@ fn a_valid_scenario_prints_one_json_line_per_step() {
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
         concat!(
-            r#"{"at":"0s","thresholdsMet":["memory.available"],"conditions":["MemoryPressure"],"evicted":{"namespace":"default","name":"web","signal":"memory.available","gracePeriodSeconds":1,"message":"The node was low on resource: memory. Threshold quantity: 500Mi, available: 400Mi. Container app was using 1536Mi, request is 1Gi, has larger consumption of memory. "}}"#,
+            r#"{"at":"0s","thresholdsMet":["memory.available"],"conditions":["MemoryPressure"],"evictions":[{"namespace":"default","name":"web","signal":"memory.available","gracePeriodSeconds":1,"message":"The node was low on resource: memory. Threshold quantity: 500Mi, available: 400Mi. Container app was using 1536Mi, request is 1Gi, has larger consumption of memory. "}]}"#,
             "\n",
-            r#"{"at":"10s","thresholdsMet":[],"conditions":["MemoryPressure"],"evicted":null}"#,
+            r#"{"at":"10s","thresholdsMet":[],"conditions":["MemoryPressure"],"evictions":[]}"#,
             "\n",
         )
     );

@@ -90,6 +90,8 @@ pub struct Answered {
 }
 
 type EvictReply = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
+/// A test's own answer to a request, before the fake cluster's (`None`: the usual answer).
+pub type Hook = Arc<dyn Fn(&Seen) -> Option<Reply> + Send + Sync>;
 
 /// What the fake cluster serves; tests change it while the daemon runs.
 pub struct ClusterState {
@@ -104,6 +106,10 @@ pub struct ClusterState {
     pub node: NodeStore,
     /// The kubelet's `/stats/summary` pods; none by default.
     pub summary_pods: Vec<Value>,
+    /// Answers the test gives itself (a hostile kubelet or API server), first.
+    pub hook: Option<Hook>,
+    /// How long every event POST takes to be answered (a slow API server); none by default.
+    pub event_delay: Duration,
 }
 
 impl Default for ClusterState {
@@ -114,6 +120,8 @@ impl Default for ClusterState {
             answered: Vec::new(),
             evict_reply: None,
             summary_pods: Vec::new(),
+            hook: None,
+            event_delay: Duration::ZERO,
             node: NodeStore::new(json!({"kind": "Node", "apiVersion": "v1",
                 "metadata": {"name": NODE, "resourceVersion": "1"},
                 "spec": {"taints": [{"key": "dedicated", "value": "e2e", "effect": "NoSchedule"}]},
@@ -149,7 +157,22 @@ pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send 
         let at_ns = monotonic_ns();
         let path = seen.path.split('?').next().unwrap_or("");
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reply) = s.hook.clone().and_then(|hook| hook(seen)) {
+            return reply;
+        }
         let reply = match (seen.method.as_str(), path) {
+            // The API server as pod source: the pods as a list, a watch that stays open.
+            ("GET", "/api/v1/pods") if seen.path.contains("watch=true") => {
+                return Reply::watch(Vec::new(), true)
+            }
+            ("GET", "/api/v1/pods") => {
+                s.pod_lists += 1;
+                return Reply::json(
+                    200,
+                    json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": s.pods})
+                        .to_string(),
+                );
+            }
             ("GET", "/pods") => {
                 s.pod_lists += 1;
                 return Reply::json(
@@ -188,7 +211,10 @@ pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send 
                     None => Reply::json(201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}).to_string()),
                 }
             }
-            ("POST", p) if p.ends_with("/events") => Reply::json(201, seen.body.to_string()),
+            ("POST", p) if p.ends_with("/events") => Reply {
+                delay: s.event_delay,
+                ..Reply::json(201, seen.body.to_string())
+            },
             ("DELETE" | "PATCH", _) => Reply::json(200, "{}"),
             _ => Reply::status(404, "NotFound", "not served by the fake cluster"),
         };
@@ -210,7 +236,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 }
 
 /// The agent's config for a test: capacity 1Gi, `memory.available<threshold`, Kubernetes
-/// mode against `fake`, plus the test's own lines for `kubernetes:` and `agent:`.
+/// mode against `fake`, plus the test's own lines for `kubernetes:` and the top level.
 pub struct Config<'a> {
     pub fake: &'a Fake,
     pub node: &'a TestCgroup,
@@ -219,18 +245,20 @@ pub struct Config<'a> {
     pub threshold: &'a str,
     /// Extra `kubernetes:` lines, each indented by two spaces.
     pub kube: &'a str,
-    /// Extra `agent:` lines, each indented by two spaces.
+    /// Extra top-level lines (the agent's own settings), not indented.
     pub agent: &'a str,
 }
 
 impl Config<'_> {
     pub fn text(&self) -> String {
         format!(
-            "eviction:\n  evictionHard: {{memory.available: {threshold}}}\n\
-             kubernetes:\n  pod_source: kubelet\n  node_name: {NODE}\n  kubelet: {{url: '{url}', ca_file: '{ca}'}}\n  \
-             api_server: {{url: '{url}', ca_file: '{ca}'}}\n  token_path: '{token}'\n{kube}\
-             agent:\n  listen: '127.0.0.1:{port}'\n  trace_socket: '{socket}'\n  node_cgroup: '{cg}'\n  memory_capacity: 1Gi\n  \
-             resync_interval: 60s\n  pod_refresh_interval: 200ms\n  fork_limit: 0\n{agent}",
+            "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
+             eviction:\n  evictionHard: {{memory.available: {threshold}}}\n\
+             kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  podRefreshInterval: 200ms\n  \
+             kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
+             apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n{kube}\
+             listen: '127.0.0.1:{port}'\ntraceSocket: '{socket}'\nnodeCgroup: '{cg}'\nmemoryCapacity: 1Gi\n\
+             resyncInterval: 60s\nforkLimit: 0\n{agent}",
             threshold = self.threshold,
             url = self.fake.url(),
             ca = self.fake.pki.ca_file.display(),
@@ -269,8 +297,16 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(config: &Path, port: u16) -> anyhow::Result<Daemon> {
-        let process =
-            AgentProcess::spawn(&["run".as_ref(), "--config".as_ref(), config.as_os_str()])?;
+        Self::start_in(config, port, None)
+    }
+
+    /// Starts it as a member of `cgroup` from its first instruction (its memory is charged
+    /// there), or where the test runs.
+    pub fn start_in(config: &Path, port: u16, cgroup: Option<&Path>) -> anyhow::Result<Daemon> {
+        let process = AgentProcess::spawn_in(
+            cgroup,
+            &["run".as_ref(), "--config".as_ref(), config.as_os_str()],
+        )?;
         let mut daemon = Daemon {
             process,
             port,

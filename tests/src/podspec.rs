@@ -1,6 +1,6 @@
 //! The DaemonSet's pod template, translated into the CRI requests the kubelet would send, so a
-//! test runs the agent exactly as `deploy/daemonset.yaml` says: one place for the security
-//! context and mounts, proven by the test that runs it.
+//! test runs the agent exactly as `deploy/daemonset/daemonset.yaml` says: one place for the
+//! security context and mounts, proven by the test that runs it.
 //!
 //! The translation follows the kubelet (`pkg/kubelet/kuberuntime`: `security_context.go`,
 //! `kuberuntime_container_linux.go`, `kuberuntime_sandbox.go`): capabilities by name as

@@ -72,17 +72,17 @@ impl World {
         })
     }
 
-    /// The config with the test's `kubernetes:` and `agent:` lines; evictions paced at 60 a
+    /// The config with the test's `kubernetes:` and top-level lines; evictions paced at 60 a
     /// minute unless the test says otherwise.
     pub fn config(&self, kube: &str, agent: &str) -> String {
         self.config_with_threshold("824Mi", kube, agent)
     }
 
     pub fn config_with_threshold(&self, threshold: &str, kube: &str, agent: &str) -> String {
-        let kube = if kube.contains("evictions_per_minute") {
+        let kube = if kube.contains("evictionsPerMinute") {
             kube.to_string()
         } else {
-            format!("  evictions_per_minute: 60\n{kube}")
+            format!("  evictionsPerMinute: 60\n{kube}")
         };
         Config {
             fake: &self.fake,

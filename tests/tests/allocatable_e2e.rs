@@ -1,5 +1,5 @@
 //! `allocatableMemory.available` against the Node's own `status.allocatable.memory`, end to
-//! end: `agent.allocatable_memory` is not set, the figure lives only on the fake API server's
+//! end: `allocatableMemory` is not set, the figure lives only on the fake API server's
 //! Node object (strict wire format), the memory is real, in pod cgroups of the kubelet's layout,
 //! and the kernel line on kubepods reports the crossing. An absent field makes the signal
 //! unknown, naming it; a change of the Node's figure moves the kernel line at once.
@@ -46,12 +46,11 @@ fn world(label: &str, allocatable: Option<&str>) -> anyhow::Result<World> {
 
 /// The agent on a 1Gi node whose own `memory.available<1Mi` is never met here; the kubelet
 /// copies that hard threshold onto `allocatableMemory.available`. No
-/// `agent.allocatable_memory`: the Node's figure is read every `resync`.
+/// `allocatableMemory`: the Node's figure is read every `resync`.
 fn start(w: &World, resync: &str) -> anyhow::Result<Daemon> {
-    let text = w.config_with_threshold("1Mi", "", "").replace(
-        "resync_interval: 60s",
-        &format!("resync_interval: {resync}"),
-    );
+    let text = w
+        .config_with_threshold("1Mi", "", "")
+        .replace("resyncInterval: 60s", &format!("resyncInterval: {resync}"));
     let mut daemon = w.start_text(&text)?;
     daemon.wait_log(
         "measured against the Node's status.allocatable.memory",

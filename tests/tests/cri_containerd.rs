@@ -1,17 +1,24 @@
 //! The CRI client and node-level reclaim against a real containerd (root): pods and
 //! containers created as the kubelet creates them, images imported from tars written here,
-//! disk usage measured on a small filesystem of the test's own.
+//! disk usage measured on a small filesystem of the test's own. A reclaim is carried out by
+//! the executor's runtime lane, the one runner of a reclaim plan.
 
 use std::time::{Duration, Instant};
 
 use node_agent_cri::{
     model::{ContainerState, PodRef},
-    reclaim::{
-        FsLayout, GcPolicy, ImageGcPolicy, ImageHistory, PlanInput, PodPhase, PodStates,
-        ReclaimPlan, StepResult,
-    },
+    reclaim::{FsLayout, GcPolicy, ImageGcPolicy, PodPhase, PodStates, StepResult},
+    CriSettings,
 };
-use node_agent_policy::Signal;
+use node_agent_executor::{
+    reclaim::{Reclaim, ReclaimResult, Runtime},
+    Action, Executor, Outcome, Settings,
+};
+use node_agent_kube::{
+    config::PdbPolicy,
+    fake::{Fake, Reply, Seen},
+};
+use node_agent_policy::{Eligibility, Signal};
 use node_agent_tests::{
     containerd::{Containerd, Options, PAUSE_IMAGE},
     oci::ImageSpec,
@@ -240,7 +247,7 @@ fn image_fs_usage_follows_an_import_and_a_removal() {
 }
 
 #[test]
-fn a_reclaim_plan_carried_out_frees_real_bytes_and_spares_what_is_in_use() {
+fn a_reclaim_carried_out_by_the_executor_frees_real_bytes_and_spares_what_is_in_use() {
     runtime()
         .block_on(async {
             let ctrd = Containerd::start(Options {
@@ -296,11 +303,56 @@ fn a_reclaim_plan_carried_out_frees_real_bytes_and_spares_what_is_in_use() {
             ctrd.wait_state(&dead, ContainerState::Exited, Duration::from_secs(20))
                 .await?;
 
-            // The agent watched the node for a while: history from an earlier observation.
-            let mut history = ImageHistory::default();
-            let first = cri.listing().await?;
-            history.detect(&first.images, &first.containers, jiff::Timestamp::now());
-            let listing = eventually(
+            // The executor's runtime lane, not in dry run: a cluster (the strict fake) takes the
+            // node event the reclaim leaves.
+            let api = Fake::start(|s: &Seen, _| match s.method.as_str() {
+                "POST" if s.path.contains("/events") => Reply::json(201, s.body.to_string()),
+                _ => Reply::status(404, "NotFound", "not found"),
+            })
+            .await;
+            let runtime = Runtime {
+                settings: CriSettings {
+                    endpoint: ctrd.endpoint(),
+                    timeout: Duration::from_secs(10),
+                },
+                gc: GcPolicy {
+                    images: ImageGcPolicy {
+                        min_age: Duration::ZERO,
+                        keep: vec![PAUSE_IMAGE.into()],
+                    },
+                    ..Default::default()
+                },
+            };
+            let (_settings, settings) = tokio::sync::watch::channel(Settings {
+                cluster: Some(api.context("api server", 1, "worker-1")),
+                generation: 0,
+                dry_run: false,
+                pdb_policy: PdbPolicy::Respect,
+                eligibility: Eligibility::default(),
+                taint: false,
+                runtime: Some(runtime),
+                heartbeat: node_agent_executor::CONDITION_HEARTBEAT,
+            });
+            let (executor, mut outcomes) = Executor::spawn(settings);
+            // The agent watched the node for a while: images first seen at an earlier
+            // detection, which also notes the ones in use then.
+            executor.submit(Action::DetectImages);
+            let Some(Outcome::ImagesDetected(Ok(detected))) = outcomes.recv().await else {
+                anyhow::bail!("image detection did not report a count");
+            };
+            assert_eq!(
+                detected.images, 4,
+                "the three test images and the pause image"
+            );
+            let image_fs = detected
+                .image_fs
+                .expect("containerd names its image filesystem");
+            assert!(
+                image_fs.starts_with(&ctrd.root().display().to_string()),
+                "{image_fs} is below containerd's root {}",
+                ctrd.root().display()
+            );
+            eventually(
                 "the dead container's writable layer is measured",
                 Duration::from_secs(15),
                 || async {
@@ -311,31 +363,24 @@ fn a_reclaim_plan_carried_out_frees_real_bytes_and_spares_what_is_in_use() {
                         .and_then(|s| s.writable_layer.as_ref())
                         .and_then(|w| w.used_bytes)
                         .is_some_and(|b| b >= 4 * MIB);
-                    Ok(measured.then_some(l))
+                    Ok(measured.then_some(()))
                 },
             )
             .await?;
 
-            let pods = PodStates {
-                sources_ready: true,
-                pods: [(RUNNING_UID.to_string(), PodPhase::Active)].into(),
-            };
-            let policy = GcPolicy {
-                images: ImageGcPolicy {
-                    min_age: Duration::ZERO,
-                    keep: vec![PAUSE_IMAGE.into()],
-                },
-                ..Default::default()
-            };
-            let plan = ReclaimPlan::new(PlanInput {
+            let (_, available_before) = ctrd.small_fs_usage()?;
+            executor.submit(Action::Reclaim(Box::new(Reclaim {
                 signal: Signal::NodeFsAvailable,
                 layout: FsLayout::Shared,
-                listing: &listing,
-                pods: &pods,
-                history: &history,
-                policy: &policy,
-                now: jiff::Timestamp::now(),
-            });
+                pods: PodStates {
+                    sources_ready: true,
+                    pods: [(RUNNING_UID.to_string(), PodPhase::Active)].into(),
+                },
+            })));
+            let Some(Outcome::Reclaim(outcome)) = outcomes.recv().await else {
+                anyhow::bail!("no reclaim outcome");
+            };
+            let plan = outcome.plan.as_ref().expect("the runtime was listed");
             eprintln!("{plan}");
             let removed_containers: Vec<&str> =
                 plan.containers.iter().map(|c| c.id.as_str()).collect();
@@ -348,7 +393,7 @@ fn a_reclaim_plan_carried_out_frees_real_bytes_and_spares_what_is_in_use() {
             assert_eq!(
                 removed_images,
                 [unused.id.as_str(), dead_pods.id.as_str()],
-                "never used first, then the one last used at the earlier observation"
+                "never used first, then the one last used at the earlier detection"
             );
             assert_eq!(plan.images[1].after_containers, std::slice::from_ref(&dead));
             assert!(
@@ -356,17 +401,25 @@ fn a_reclaim_plan_carried_out_frees_real_bytes_and_spares_what_is_in_use() {
                 "{}",
                 plan.expected_bytes()
             );
-
-            let (_, available_before) = ctrd.small_fs_usage()?;
-            let report = cri.carry_out(&plan).await;
+            assert_eq!(
+                outcome.result,
+                ReclaimResult::Reclaimed,
+                "{}",
+                outcome.summary()
+            );
             assert!(
-                report
+                outcome
+                    .report
                     .outcomes
                     .iter()
                     .all(|o| o.result == StepResult::Removed),
                 "{:#?}",
-                report.outcomes
+                outcome.report.outcomes
             );
+            assert!(outcome.event_error.is_none(), "{:?}", outcome.event_error);
+            let events: Vec<Seen> = api.seen();
+            assert_eq!(events.len(), 1, "one node event: {:?}", api.calls());
+            assert_eq!(events[0].body["reason"], "FreedDiskSpace");
             let (_, available_after) = ctrd.small_fs_usage()?;
             let freed = available_after.saturating_sub(available_before);
             // Each image's layer takes its 8 MiB twice (compressed content and unpacked snapshot);

@@ -11,7 +11,7 @@ use std::{
 use node_agent_kube::fake::Reply;
 use node_agent_tests::{
     cluster::{attach_trace, free_port, monotonic_ns, next_record, wait_until, Daemon, PodSpec},
-    move_into, require_root, scaled, set_memory_limit, time_scale,
+    move_into, require_root, scaled, time_scale,
     world::{eviction_after_kubepods_crossing, wait, World},
     AgentProcess, Helper, TestCgroup,
 };
@@ -199,7 +199,7 @@ fn a_disruption_budget_429_moves_on_to_the_next_pod_and_leaves_the_blocked_one_a
             )
         }
     }));
-    let daemon = w.start("  pdb_policy: respect\n", "")?;
+    let daemon = w.start("  pdbPolicy: respect\n", "")?;
     let trace = attach_trace(&w.socket, &[])?;
     let _calm = w.load("calm", 120)?;
     let _hog = w.load("hog", 100)?;
@@ -250,7 +250,7 @@ fn after_an_api_outage_the_next_eviction_follows_within_a_second() -> anyhow::Re
         }
     }));
     let daemon = w.start(
-        "  evictions_per_minute: 600\n  retry: {attempts: 2, initial_backoff_millis: 50, max_backoff_millis: 100}
+        "  evictionsPerMinute: 600\n  retry: {attempts: 2, initialBackoff: 50ms, maxBackoff: 100ms}
 ",
         "",
     )?;
@@ -348,7 +348,7 @@ fn a_reload_to_dry_run_stops_every_further_request() -> anyhow::Result<()> {
     let w = World::new("e2e-reload-dry", &[hog(), calm()], MEM_HELPER)?;
     // The hog's cgroup stays (the fake does not kill it): after a 3 s wait the next pod is due,
     // by then under dry run.
-    let kube = "  eviction_wait_timeout_seconds: 3\n";
+    let kube = "  evictionWaitTimeout: 3s\n";
     let mut daemon = w.start(kube, "")?;
     let trace = attach_trace(&w.socket, &[])?;
     let _calm = w.load("calm", 120)?;
@@ -358,7 +358,7 @@ fn a_reload_to_dry_run_stops_every_further_request() -> anyhow::Result<()> {
         (first["name"].as_str(), first["result"].as_str()),
         (Some("hog"), Some("evicted"))
     );
-    w.reload(&mut daemon, kube, "  dry_run: true\n")?;
+    w.reload(&mut daemon, kube, "dryRun: true\n")?;
     let next = next_record(&trace, "eviction", wait())?;
     assert_eq!(
         (next["name"].as_str(), next["result"].as_str()),
@@ -393,7 +393,7 @@ fn an_exclusion_added_by_reload_is_never_evicted() -> anyhow::Result<()> {
         &[batch_hog.clone(), calm()],
         MEM_HELPER,
     )?;
-    let kube = "  eviction_wait_timeout_seconds: 1\n";
+    let kube = "  evictionWaitTimeout: 1s\n";
     let mut daemon = w.start(kube, "")?;
     w.reload(
         &mut daemon,
@@ -418,41 +418,19 @@ fn an_exclusion_added_by_reload_is_never_evicted() -> anyhow::Result<()> {
     daemon.stop()
 }
 
-#[test]
-fn an_oom_kill_in_a_pod_is_reported_on_the_node_under_the_agents_own_reason() -> anyhow::Result<()>
-{
-    require_root();
-    let w = World::new("e2e-oom", &[hog(), calm()], MEM_HELPER)?;
-    // The pod's own limit: the OOM killer acts inside the pod, not the agent.
-    let pod_dir = w.dir_of("hog").parent().unwrap().to_path_buf();
-    set_memory_limit(&pod_dir, 32 << 20)?;
-    let daemon = w.start("", "")?;
-    let mut helper = Helper::spawn(MEM_HELPER, &["oom".into()])?;
-    move_into(w.dir_of("hog"), helper.pid())?;
-    helper.go()?;
-    helper.wait_killed(scaled(Duration::from_secs(20)))?;
-    wait_until(wait(), "the NodeAgentOOMKill event", || {
-        w.cluster()
-            .answered
-            .iter()
-            .any(|a| a.body["reason"] == "NodeAgentOOMKill")
-    })?;
-    let event = w
-        .cluster()
-        .answered
-        .iter()
-        .find(|a| a.body["reason"] == "NodeAgentOOMKill")
-        .cloned()
-        .unwrap();
-    let note = event.body["note"].as_str().unwrap_or_default().to_string();
-    assert!(
-        note.contains("mem-helper"),
-        "names the killed process: {note}"
-    );
-    assert!(note.contains("in pod shop/hog"), "names the pod: {note}");
-    assert_eq!(event.body["regarding"]["kind"], "Node");
-    w.assert_nothing_refused();
-    daemon.stop()
+/// `node-agent check-config --on-node FILE` on this node, as its DaemonSet would run it:
+/// whether it takes the file, and what it said on stderr.
+fn check_config(file: &std::path::Path) -> anyhow::Result<(bool, String)> {
+    let out = std::process::Command::new(node_agent_tests::agent_bin())
+        .arg("check-config")
+        .arg("--on-node")
+        .arg(file)
+        .env("NODE_NAME", node_agent_tests::cluster::NODE)
+        .output()?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
 }
 
 #[test]
@@ -460,22 +438,33 @@ fn a_reload_is_taken_whole_or_refused_naming_what_is_wrong() -> anyhow::Result<(
     require_root();
     let w = World::new("e2e-reload", &[hog(), calm()], MEM_HELPER)?;
     let mut daemon = w.start("", "")?;
-    let refusals: [(&str, &str, &str); 3] = [
+    // The config it runs on is one `check-config --on-node` takes, as it would the file on a
+    // node; each refused one below it refuses in the same words as the running agent.
+    let (taken, said) = check_config(&w.config)?;
+    assert!(taken, "{said}");
+    let header = "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n";
+    let refusals: [(String, &str, &str); 4] = [
         (
-            "eviction:\n  evictionHard: {memory.available: '<lots'}\n",
+            format!("{header}eviction:\n  evictionHard: {{memory.available: '<lots'}}\n"),
             "invalid config; keeping the previous one",
-            "memory.available",
+            "eviction.evictionHard[memory.available]: \"<lots\" holds an operator",
         ),
         (
-            "",
+            String::new(),
             "invalid config; keeping the previous one",
             "config file is empty",
         ),
         (
-            &w.config("", "")
+            w.config("", "")
+                .replace("resyncInterval: 60s", "agent:\n  resync_interval: 60s"),
+            "invalid config; keeping the previous one",
+            "agent.resync_interval is now resyncInterval (top level)",
+        ),
+        (
+            w.config("", "")
                 .replace(&format!("127.0.0.1:{}", w.port), "127.0.0.1:1"),
             "config reload refused",
-            "agent.listen",
+            "listen cannot change while the agent runs",
         ),
     ];
     for (i, (text, line, names)) in refusals.iter().enumerate() {
@@ -488,6 +477,20 @@ fn a_reload_is_taken_whole_or_refused_naming_what_is_wrong() -> anyhow::Result<(
         )?;
         assert!(logged.contains(names), "says what was wrong: {logged}");
         assert!(daemon.process.child.try_wait()?.is_none(), "still running");
+        let (taken, said) = check_config(&w.config)?;
+        if *line == "config reload refused" {
+            // A valid file, refused only as a change of a running agent's listener.
+            assert!(taken, "{said}");
+        } else {
+            let refused = said
+                .split_once(": refused: ")
+                .map(|(_, why)| why.trim_end())
+                .unwrap_or_else(|| panic!("check-config took it: {said}"));
+            assert!(
+                !taken && logged.contains(refused),
+                "{refused:?} in {logged}"
+            );
+        }
     }
     let health = daemon.get("/healthz")?;
     assert!(
@@ -509,7 +512,7 @@ fn a_reload_is_taken_whole_or_refused_naming_what_is_wrong() -> anyhow::Result<(
         daemon
             .metric("node_agent_config_reloads_total{result=\"invalid\"}")?
             .unwrap_or(0.0)
-            >= 2.0
+            >= 3.0
     );
     // The real process behind /metrics: its own figures from /proc/self, its build, and
     // the memory mechanism this kernel gave it (exactly one).
@@ -539,7 +542,7 @@ fn a_reload_is_taken_whole_or_refused_naming_what_is_wrong() -> anyhow::Result<(
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard: {memory.available: 900Mi}\n",
     )?;
     let agent = format!(
-        "  pressure_poll_interval: 50ms\n  kubelet_config: '{}'\n",
+        "pressurePollInterval: 50ms\nkubeletConfig: '{}'\n",
         kubelet.display()
     );
     w.reload(&mut daemon, "", &agent)?;
@@ -568,8 +571,9 @@ fn standalone_mode_decides_in_dry_run_and_shows_it_on_stdout() -> anyhow::Result
     std::fs::write(
         &config,
         format!(
-            "eviction:\n  evictionHard: {{memory.available: 900Mi}}\nagent:\n  listen: '127.0.0.1:{}'\n  \
-             trace_socket: '{}'\n  node_cgroup: '{}'\n  memory_capacity: 1Gi\n  resync_interval: 60s\n",
+            "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
+             eviction:\n  evictionHard: {{memory.available: 900Mi}}\nlisten: '127.0.0.1:{}'\n\
+             traceSocket: '{}'\nnodeCgroup: '{}'\nmemoryCapacity: 1Gi\nresyncInterval: 60s\n",
             free_port()?,
             dir.join("trace.sock").display(),
             node.cgroup_path()
@@ -616,7 +620,7 @@ fn pods_beyond_allocatable_memory_are_evicted_for_allocatable_memory_available(
     // memory.available onto allocatableMemory.available: met past 199Mi in kubepods.
     std::fs::write(
         &w.config,
-        w.config_with_threshold("1Mi", "", "  allocatable_memory: 200Mi\n"),
+        w.config_with_threshold("1Mi", "", "allocatableMemory: 200Mi\n"),
     )?;
     let mut daemon = Daemon::start(&w.config, w.port)?;
     // The config wins over the Node's own figure, and says so once.

@@ -1,9 +1,12 @@
 //! deploy/ as an operator renders it: `kubectl kustomize` (Debian's kubectl, or whichever is
 //! on PATH), then PyPI's `kubernetes-validate --strict` against the OpenAPI schemas of the
 //! oldest supported Kubernetes (1.30, the first with ValidatingAdmissionPolicy v1 and
-//! node-bound service account tokens) and of 1.33. The monitoring component's alert rules go
-//! through Prometheus' `promtool check rules` and `promtool test rules`. `cargo xtask test`
-//! installs the tools and names them in KUBECTL, KUBERNETES_VALIDATE and PROMTOOL.
+//! node-bound service account tokens) and of 1.33 — the base and every component, each enabled
+//! as the operator would (one line in a copy of deploy/kustomization.yaml). The generated
+//! ConfigMap is checked with the agent's own `node-agent check-config`. The monitoring
+//! component's alert rules go through Prometheus' `promtool check rules` and `promtool test
+//! rules`. `cargo xtask test` installs the tools and names them in KUBECTL,
+//! KUBERNETES_VALIDATE, PROMTOOL and NODE_AGENT_BIN.
 
 use std::{
     path::{Path, PathBuf},
@@ -107,7 +110,6 @@ fn the_default_install_renders_validates_and_carries_the_node_bound_policy() {
         "ServiceAccount/node-agent",
         "ClusterRole/node-agent",
         "ClusterRoleBinding/node-agent",
-        "ConfigMap/node-agent-config",
         "ValidatingAdmissionPolicy/node-agent-own-node",
         "ValidatingAdmissionPolicyBinding/node-agent-own-node",
         "DaemonSet/node-agent",
@@ -138,7 +140,7 @@ fn the_default_install_renders_validates_and_carries_the_node_bound_policy() {
         );
     }
 
-    // The DaemonSet: Linux nodes only, and the image kustomize's `images:` sets.
+    // The DaemonSet: Linux nodes only, the image kustomize's `images:` sets, observing only.
     let ds = docs
         .iter()
         .find(|d| d["kind"] == "DaemonSet")
@@ -146,6 +148,30 @@ fn the_default_install_renders_validates_and_carries_the_node_bound_policy() {
     let pod = &ds["spec"]["template"]["spec"];
     assert_eq!(pod["nodeSelector"]["kubernetes.io/os"], "linux");
     assert_eq!(pod["containers"][0]["image"], "localhost/node-agent:0.1.0");
+    assert_eq!(
+        pod["containers"][0]["args"],
+        serde_json::json!(["--dry-run"])
+    );
+
+    // The ConfigMap: generated from config.yaml under a name hashed from it, which the
+    // DaemonSet mounts; the agent itself takes what it holds.
+    let cm = config_map(&docs);
+    let name = cm["metadata"]["name"].as_str().unwrap();
+    assert!(
+        name.starts_with("node-agent-config-") && name.len() > "node-agent-config-".len(),
+        "{name}"
+    );
+    assert_eq!(cm["metadata"]["namespace"], "node-agent");
+    assert_eq!(mounted_config(ds), name);
+    let config = cm["data"]["config.yaml"]
+        .as_str()
+        .expect("data.config.yaml");
+    assert_eq!(
+        config,
+        std::fs::read_to_string(deploy_dir().join("config.yaml")).expect("config.yaml")
+    );
+    let report = check_config(config);
+    assert!(report.contains("is valid."), "{report}");
 
     // No pods delete and no pods/status patch by default.
     let role = docs
@@ -172,6 +198,250 @@ fn the_default_install_renders_validates_and_carries_the_node_bound_policy() {
             "the default role grants {verbs:?} on {resources:?}"
         );
     }
+}
+
+fn config_map(docs: &[Value]) -> &Value {
+    let maps: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "ConfigMap").collect();
+    assert_eq!(maps.len(), 1, "one ConfigMap");
+    maps[0]
+}
+
+/// The name of the ConfigMap a DaemonSet mounts at /etc/node-agent.
+fn mounted_config(ds: &Value) -> &str {
+    ds["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find_map(|v| v["configMap"]["name"].as_str())
+        .expect("a configMap volume")
+}
+
+/// `node-agent check-config` on a config's text (NODE_AGENT_BIN): its report; panics unless
+/// it takes the file.
+fn check_config(text: &str) -> String {
+    let dir = tempfile_dir("check-config");
+    let file = dir.0.join("config.yaml");
+    std::fs::write(&file, text).expect("config file");
+    let agent = std::env::var("NODE_AGENT_BIN")
+        .expect("NODE_AGENT_BIN names the agent binary (set by `cargo xtask test`)");
+    let out = run_bounded(Command::new(agent).arg("check-config").arg(&file));
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "check-config refused the shipped config: {report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    report
+}
+
+/// A directory of this test's, removed when dropped.
+fn tempfile_dir(name: &str) -> RemoveOnDrop {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{name}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    RemoveOnDrop(dir)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("copy dir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy file");
+        }
+    }
+}
+
+/// deploy/ copied, with `components` enabled in its kustomization.yaml as the operator enables
+/// them (the commented `components:` list made real) and `config.yaml` replaced by `config` if
+/// given; rendered and validated. The copy goes when the guard is dropped.
+fn render_install(
+    name: &str,
+    components: &[&str],
+    config: Option<&str>,
+) -> (RemoveOnDrop, Vec<Value>) {
+    let dir = tempfile_dir(name);
+    let root = dir.0.join("deploy");
+    copy_dir(&deploy_dir(), &root);
+    if !components.is_empty() {
+        let mut k =
+            std::fs::read_to_string(root.join("kustomization.yaml")).expect("kustomization");
+        k.push_str("components:\n");
+        for c in components {
+            k.push_str(&format!("  - components/{c}\n"));
+        }
+        std::fs::write(root.join("kustomization.yaml"), k).expect("kustomization");
+    }
+    if let Some(config) = config {
+        std::fs::write(root.join("config.yaml"), config).expect("config.yaml");
+    }
+    let (text, docs) = render(&root);
+    // The Operator's kinds are not in the schemas.
+    let builtin: String = docs
+        .iter()
+        .filter(|d| d["apiVersion"] != "monitoring.coreos.com/v1")
+        .map(|d| format!("---\n{}", serde_yaml_ng::to_string(d).expect("YAML")))
+        .collect();
+    validate(
+        name,
+        if builtin.len() < text.len() {
+            &builtin
+        } else {
+            &text
+        },
+    );
+    (dir, docs)
+}
+
+fn daemon_sets(docs: &[Value]) -> Vec<&Value> {
+    docs.iter().filter(|d| d["kind"] == "DaemonSet").collect()
+}
+
+/// The node affinity term of a DaemonSet's pods, as (key, operator, values).
+fn affinity(ds: &Value) -> Option<(String, String, Value)> {
+    let term = &ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+        ["matchExpressions"][0];
+    Some((
+        term["key"].as_str()?.to_string(),
+        term["operator"].as_str()?.to_string(),
+        term["values"].clone(),
+    ))
+}
+
+#[test]
+fn a_config_change_is_a_new_configmap_that_rolls_the_daemonset() {
+    let (_a, before) = render_install("config-before", &[], None);
+    let changed = std::fs::read_to_string(deploy_dir().join("config.yaml"))
+        .expect("config.yaml")
+        .replace(
+            "    memory.available: \"200Mi\"",
+            "    memory.available: \"300Mi\"",
+        );
+    let (_b, after) = render_install("config-after", &[], Some(&changed));
+    let (old, new) = (config_map(&before), config_map(&after));
+    assert_ne!(
+        old["metadata"]["name"], new["metadata"]["name"],
+        "the name follows the content"
+    );
+    let (ds_old, ds_new) = (daemon_sets(&before)[0], daemon_sets(&after)[0]);
+    assert_eq!(
+        mounted_config(ds_new),
+        new["metadata"]["name"].as_str().unwrap()
+    );
+    // The pod template changes by that name alone: the DaemonSet's rolling update (one node
+    // at a time, minReadySeconds) carries the new config, and `rollout undo` takes it back.
+    let mut template = ds_new["spec"]["template"].clone();
+    let volume = template["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|v| v.get("configMap").is_some())
+        .unwrap();
+    volume["configMap"]["name"] = old["metadata"]["name"].clone();
+    assert_eq!(template, ds_old["spec"]["template"]);
+    assert_eq!(
+        ds_new["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+        1
+    );
+    assert_eq!(ds_new["spec"]["minReadySeconds"], 30);
+}
+
+#[test]
+fn the_enforce_component_drops_dry_run_on_every_node() {
+    let (_dir, docs) = render_install("enforce", &["enforce"], None);
+    let sets = daemon_sets(&docs);
+    assert_eq!(sets.len(), 1);
+    let container = &sets[0]["spec"]["template"]["spec"]["containers"][0];
+    assert!(container.get("args").is_none(), "{container}");
+    assert_eq!(
+        container["command"],
+        serde_json::json!([
+            "/usr/local/bin/node-agent",
+            "run",
+            "--config",
+            "/etc/node-agent/config.yaml"
+        ])
+    );
+}
+
+#[test]
+fn enforcing_by_node_label_splits_the_nodes_between_two_daemonsets() {
+    let (_dir, docs) = render_install(
+        "enforce-by-label",
+        &["enforce-by-node-label", "privileged"],
+        None,
+    );
+    let sets = daemon_sets(&docs);
+    let names: Vec<&str> = sets
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["node-agent", "node-agent-enforce"]);
+    let (observe, enforce) = (sets[0], sets[1]);
+    let label = serde_json::json!(["true"]);
+    assert_eq!(
+        affinity(observe),
+        Some((
+            "node-agent.io/enforce".into(),
+            "NotIn".into(),
+            label.clone()
+        ))
+    );
+    assert_eq!(
+        affinity(enforce),
+        Some(("node-agent.io/enforce".into(), "In".into(), label))
+    );
+    let container = |d: &Value| d["spec"]["template"]["spec"]["containers"][0].clone();
+    assert_eq!(container(observe)["args"], serde_json::json!(["--dry-run"]));
+    assert!(container(enforce).get("args").is_none());
+    // Apart from that, the same agent: image, privileges (the privileged component applies to
+    // both when listed after), mounts, the one ConfigMap.
+    for key in [
+        "image",
+        "securityContext",
+        "volumeMounts",
+        "resources",
+        "command",
+    ] {
+        assert_eq!(container(observe)[key], container(enforce)[key], "{key}");
+    }
+    assert_eq!(container(enforce)["securityContext"]["privileged"], true);
+    assert_eq!(container(enforce)["image"], "localhost/node-agent:0.1.0");
+    assert_eq!(mounted_config(observe), mounted_config(enforce));
+    assert_eq!(
+        mounted_config(observe),
+        config_map(&docs)["metadata"]["name"].as_str().unwrap()
+    );
+    // Selectors that never take each other's pods; both still the agent's for the Service and
+    // `kubectl logs -l app.kubernetes.io/name=node-agent`.
+    let selector = |d: &Value| d["spec"]["selector"]["matchLabels"].clone();
+    assert_ne!(selector(observe), selector(enforce));
+    for d in [observe, enforce] {
+        let labels = &d["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(labels["app.kubernetes.io/name"], "node-agent");
+        for (k, v) in selector(d).as_object().unwrap() {
+            assert_eq!(&labels[k], v, "{k}");
+        }
+    }
+    assert_eq!(enforce["spec"]["minReadySeconds"], 30);
+}
+
+#[test]
+fn the_privileged_component_renders_and_validates() {
+    let (_dir, docs) = render_install("privileged", &["privileged"], None);
+    let sets = daemon_sets(&docs);
+    assert_eq!(
+        sets[0]["spec"]["template"]["spec"]["containers"][0]["securityContext"],
+        serde_json::json!({"privileged": true, "readOnlyRootFilesystem": true})
+    );
 }
 
 #[test]
@@ -217,25 +487,6 @@ fn the_override_add_on_renders_and_validates_with_its_two_grants() {
     );
 }
 
-/// `to` as a path relative to `from` (kustomize refuses absolute paths).
-fn relative(from: &Path, to: &Path) -> PathBuf {
-    let from = from.canonicalize().expect("from");
-    let to = to.canonicalize().expect("to");
-    let common = from
-        .components()
-        .zip(to.components())
-        .take_while(|(a, b)| a == b)
-        .count();
-    let mut path = PathBuf::new();
-    for _ in from.components().skip(common) {
-        path.push("..");
-    }
-    for part in to.components().skip(common) {
-        path.push(part);
-    }
-    path
-}
-
 /// Runs promtool (PROMTOOL) with `args`; panics with what it said unless it succeeds.
 fn promtool(args: &[&str], dir: &Path) -> String {
     let out = run_bounded(Command::new(tool("PROMTOOL")).args(args).current_dir(dir));
@@ -273,6 +524,18 @@ tests:
         values: '0 1x10'
       - series: 'node_agent_signal_unknown{job="node-agent",instance="a:9464",node="n1",eviction_signal="pid.available"}'
         values: '0x10'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="a:9464",node="n1",result="ok"}'
+        values: '0 1 1 2 2 2'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="a:9464",node="n1",result="invalid"}'
+        values: '0 0 0 1 1 1'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="a:9464",node="n1",result="refused"}'
+        values: '0x5'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="b:9464",node="n2",result="ok"}'
+        values: '0 1 2 3 4 5'
+      - series: 'node_agent_kube_source_ready{job="node-agent",instance="a:9464",node="n1",source="pods"}'
+        values: '1 0x10'
+      - series: 'node_agent_kube_source_ready{job="node-agent",instance="a:9464",node="n1",source="cluster"}'
+        values: '1x10'
     alert_rule_test:
       - eval_time: 4m
         alertname: NodeAgentDown
@@ -290,7 +553,7 @@ tests:
           - exp_labels: {severity: warning, job: node-agent, instance: "a:9464", node: n1}
             exp_annotations:
               summary: node-agent on n1 lost kernel events
-              description: 6 kernel events were dropped in 10 minutes because the ring buffer was full (agent.ring_bytes).
+              description: 6 kernel events were dropped in 10 minutes because the ring buffer was full (ringBufferSize).
       - eval_time: 5m
         alertname: NodeAgentEvictionsFailing
         exp_alerts:
@@ -315,33 +578,32 @@ tests:
             exp_annotations:
               summary: node-agent on n1 cannot read nodefs.available
               description: The source of nodefs.available has been unreadable for 5 minutes; that signal triggers no eviction.
+      - eval_time: 2m
+        alertname: NodeAgentConfigReloadRefused
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: NodeAgentConfigReloadRefused
+        exp_alerts:
+          - exp_labels: {severity: warning, job: node-agent, instance: "a:9464", node: n1, result: invalid}
+            exp_annotations:
+              summary: node-agent on n1 refused a new config (invalid)
+              description: "The agent keeps running on its previous config: a reload ended invalid in the last 15 minutes. Check the file with node-agent check-config and see the agent's log for the field named."
+      - eval_time: 2m
+        alertname: NodeAgentBlind
+        exp_alerts: []
+      - eval_time: 4m
+        alertname: NodeAgentBlind
+        exp_alerts:
+          - exp_labels: {severity: critical, job: node-agent, instance: "a:9464", node: n1, source: pods}
+            exp_annotations:
+              summary: node-agent on n1 cannot read its pods source
+              description: The pods source has not delivered for 2 minutes, so the agent cannot evict on that node; its /readyz and log say why (a kubelet certificate the agent cannot verify, RBAC, an unreachable API server).
 "#;
 
 #[test]
 fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("monitoring-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let _cleanup = RemoveOnDrop(dir.clone());
-    let deploy = relative(&dir, &deploy_dir());
-    std::fs::write(
-        dir.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
-            deploy.display(),
-            deploy.join("components/monitoring").display()
-        ),
-    )
-    .expect("kustomization");
-    let (_, docs) = render(&dir);
-    // The built-in kinds against the schemas (the Operator's kinds are not in them).
-    let builtin: String = docs
-        .iter()
-        .filter(|d| d["apiVersion"] != "monitoring.coreos.com/v1")
-        .map(|d| format!("---\n{}", serde_yaml_ng::to_string(d).expect("YAML")))
-        .collect();
-    validate("monitoring", &builtin);
+    let (guard, docs) = render_install("monitoring", &["monitoring"], None);
+    let dir = guard.0.clone();
     let kinds = kinds(&docs);
     for expected in [
         "DaemonSet/node-agent",
@@ -354,14 +616,20 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
             "{expected} in {kinds:?}"
         );
     }
-    // The Service reaches the DaemonSet's pods on the port the ServiceMonitor scrapes.
+    // The Service reaches the DaemonSet's pods (by the label every agent DaemonSet's pods
+    // carry) on the port the ServiceMonitor scrapes.
     let find = |kind: &str| docs.iter().find(|d| d["kind"] == kind).expect(kind);
     let (daemonset, service, monitor) =
         (find("DaemonSet"), find("Service"), find("ServiceMonitor"));
+    let labels = &daemonset["spec"]["template"]["metadata"]["labels"];
+    let selector = service["spec"]["selector"].as_object().expect("selector");
     assert_eq!(
-        service["spec"]["selector"],
-        daemonset["spec"]["template"]["metadata"]["labels"]
+        selector.keys().collect::<Vec<_>>(),
+        ["app.kubernetes.io/name"]
     );
+    for (k, v) in selector {
+        assert_eq!(&labels[k], v, "{k}");
+    }
     let container_port = &daemonset["spec"]["template"]["spec"]["containers"][0]["ports"][0];
     assert_eq!(
         service["spec"]["ports"][0]["targetPort"],
@@ -385,7 +653,7 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
     )
     .expect("rules file");
     let said = promtool(&["check", "rules", "rules.yaml"], &dir);
-    assert!(said.contains("SUCCESS: 5 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 7 rules found"), "{said}");
     std::fs::write(dir.join("tests.yaml"), ALERT_TESTS).expect("tests file");
     promtool(&["test", "rules", "tests.yaml"], &dir);
 }

@@ -1,5 +1,5 @@
 //! The agent's image (`cargo xtask image`) in a real containerd, run with the security context
-//! and mounts of `deploy/daemonset.yaml` translated as the kubelet would: it must load its
+//! and mounts of `deploy/daemonset/daemonset.yaml` translated as the kubelet would: it must load its
 //! kernel programs, report a real OOM kill on the host and answer `/healthz`. Then each added
 //! capability is taken away in turn and the agent must fail to start: the set is minimal.
 //!
@@ -32,7 +32,7 @@ const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 fn daemonset() -> anyhow::Result<PodTemplate> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset/daemonset.yaml");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let template = PodTemplate::from_daemonset(&text)?;
@@ -101,7 +101,7 @@ async fn run_agent_with(
         files,
         env: extra_env,
     } = custom.unwrap_or(Custom {
-        config: "agent:\n  listen: '0.0.0.0:{port}'\n",
+        config: "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\nlisten: '0.0.0.0:{port}'\n",
         files: &[],
         env: &[],
     });
@@ -348,18 +348,13 @@ fn the_image_runs_with_the_daemonsets_privileges_and_reports_a_host_oom_kill() {
         .unwrap();
 }
 
-/// The ConfigMap's `cri.endpoint`, as shipped.
+/// The shipped config's `cri.endpoint` (deploy/config.yaml, the ConfigMap's content).
 fn shipped_cri_endpoint() -> anyhow::Result<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/configmap.yaml");
-    let cm: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path)?)?;
-    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(
-        cm["data"]["config.yaml"]
-            .as_str()
-            .context("data.config.yaml in the ConfigMap")?,
-    )?;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config.yaml");
+    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path)?)?;
     Ok(config["cri"]["endpoint"]
         .as_str()
-        .context("cri.endpoint in the ConfigMap")?
+        .context("cri.endpoint in deploy/config.yaml")?
         .to_string())
 }
 
@@ -379,11 +374,12 @@ fn the_agent_reaches_the_runtime_through_the_daemonsets_socket_mount() {
             let ca = std::fs::read(&pki.ca_file)?;
             let endpoint = shipped_cri_endpoint()?;
             let config = format!(
-                "kubernetes:\n  api_server: {{url: 'https://127.0.0.1:1', ca_file: /etc/node-agent/ca.crt}}\n  \
-                 kubelet: {{url: 'https://127.0.0.1:2', ca_file: /etc/node-agent/ca.crt}}\n  \
-                 token_path: /etc/node-agent/token\n  retry: {{attempts: 1}}\n\
+                "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
+                 kubernetes:\n  apiServer: {{url: 'https://127.0.0.1:1', caFile: /etc/node-agent/ca.crt}}\n  \
+                 kubelet: {{url: 'https://127.0.0.1:2', caFile: /etc/node-agent/ca.crt}}\n  \
+                 tokenPath: /etc/node-agent/token\n  retry: {{attempts: 1}}\n\
                  cri:\n  endpoint: {endpoint}\n\
-                 agent:\n  listen: '0.0.0.0:{{port}}'\n"
+                 listen: '0.0.0.0:{{port}}'\n"
             );
             let files: &[(&str, &[u8])] = &[("ca.crt", &ca), ("token", b"token\n")];
             let env: &[(&str, &str)] = &[("RUST_LOG", "info,node_agent=debug")];
@@ -469,8 +465,9 @@ fn without_any_one_of_its_capabilities_the_agent_refuses_to_start() {
                 eprintln!("without {missing}: exit code {exit}; the agent said:\n{log}");
                 assert_ne!(exit, 0, "without {missing} the agent fails: {log}");
                 assert!(
-                    log.contains("Operation not permitted"),
-                    "without {missing} the kernel refuses the agent, and it says so: {log}"
+                    log.contains("Operation not permitted")
+                        && log.contains("needs root, or CAP_BPF and CAP_PERFMON"),
+                    "without {missing} the kernel refuses the agent, and it says which capabilities it needs: {log}"
                 );
             }
             anyhow::Ok(())

@@ -11,7 +11,7 @@ use std::{
 
 use node_agent::{
     ebpf::MemoryMechanism,
-    telemetry::{Format, Metrics},
+    telemetry::{Format, KubeOperation, Metrics, Trigger},
 };
 use node_agent_kube::evict::EvictionResult;
 use node_agent_policy::Signal;
@@ -73,18 +73,18 @@ fn populated() -> std::sync::Arc<Metrics> {
     m.set_memory_mechanism(MemoryMechanism::CounterSampler);
     m.set_condition("MemoryPressure", true);
     m.eviction(Signal::MemoryAvailable.into(), EvictionResult::Evicted);
-    m.oom_kill("default");
-    m.oom_kill("");
+    m.oom_kill("default", "app", "cgroup_limit", true);
+    m.oom_kill("", "", "node", false);
     m.kernel_event("memory_threshold");
     m.ring_lost(3);
     m.decode_error();
-    m.decision_latency("memory_threshold", 0.0015);
-    m.decision_latency("resync", f64::NAN);
-    m.evaluation("resync");
+    m.decision_latency(Trigger::MemoryThreshold, 0.0015);
+    m.decision_latency(Trigger::Resync, f64::NAN);
+    m.evaluation(Trigger::Resync);
     m.stale_data("pods");
     m.config_reload("ok");
     m.set_tracked_cgroups(12, 0, false);
-    m.kube_error("pod event");
+    m.kube_error(KubeOperation::PodEvent);
     m.set_no_evictable_pod(Some(Signal::MemoryAvailable));
     m.telemetry_connection_closed("idle");
     m.set_kernel_counters(

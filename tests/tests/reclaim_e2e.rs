@@ -4,6 +4,9 @@
 //! agent must delete the image through the CRI, observe the filesystem again and evict
 //! nothing — as the kubelet's `reclaimNodeLevelResources` does — and say so in the trace, in a
 //! node event and on `/metrics`. In dry run it must delete nothing and evict (in dry run).
+//! The filesystem layout comes from the runtime's `ImageFsInfo` compared by device: a
+//! configured `imagefsPath` on the same filesystem (as a one-disk node with the shipped
+//! config has it) still reclaims first.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -34,6 +37,8 @@ struct World {
     node: TestCgroup,
     dir: PathBuf,
     port: u16,
+    /// More top-level lines (the agent's own settings), not indented.
+    agent: String,
     rt: tokio::runtime::Runtime,
 }
 
@@ -62,6 +67,7 @@ impl World {
             state,
             fake,
             dir,
+            agent: String::new(),
             rt,
         })
     }
@@ -92,12 +98,14 @@ impl World {
             .small_fs()
             .expect("the fixture has its small filesystem");
         let config = format!(
-            "eviction:\n  evictionHard: {{nodefs.available: '{threshold}'}}\n\
-             kubernetes:\n  pod_source: kubelet\n  node_name: {NODE}\n  kubelet: {{url: '{url}', ca_file: '{ca}'}}\n  \
-             api_server: {{url: '{url}', ca_file: '{ca}'}}\n  token_path: '{token}'\n  evictions_per_minute: 60\n\
-             cri:\n  endpoint: 'unix://{sock}'\n  image_minimum_gc_age: 0s\n  keep_images: ['{PAUSE_IMAGE}']\n\
-             agent:\n  dry_run: {dry_run}\n  listen: '127.0.0.1:{port}'\n  trace_socket: '{trace}'\n  node_cgroup: '{cg}'\n  \
-             memory_capacity: 1Gi\n  nodefs_path: '{fs}'\n  resync_interval: 1s\n  pod_refresh_interval: 200ms\n  fork_limit: 0\n",
+            "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
+             eviction:\n  evictionHard: {{nodefs.available: '{threshold}'}}\n\
+             kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  podRefreshInterval: 200ms\n  \
+             kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
+             apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n  evictionsPerMinute: 60\n\
+             cri:\n  endpoint: 'unix://{sock}'\n  imageMinimumGCAge: 0s\n  keepImages: ['{PAUSE_IMAGE}']\n\
+             dryRun: {dry_run}\nlisten: '127.0.0.1:{port}'\ntraceSocket: '{trace}'\nnodeCgroup: '{cg}'\n\
+             memoryCapacity: 1Gi\nnodefsPath: '{fs}'\nresyncInterval: 1s\nforkLimit: 0\n{agent}",
             url = self.fake.url(),
             ca = self.fake.pki.ca_file.display(),
             token = self.fake.token_file.display(),
@@ -106,6 +114,7 @@ impl World {
             trace = self.dir.join("trace.sock").display(),
             cg = self.node.cgroup_path(),
             fs = fs.display(),
+            agent = self.agent,
         );
         let path = self.dir.join("config.yaml");
         std::fs::write(&path, config)?;
@@ -143,7 +152,20 @@ impl World {
 
 #[test]
 fn an_unused_image_is_deleted_and_no_pod_is_evicted_when_that_frees_enough() -> anyhow::Result<()> {
-    let world = World::new("reclaim")?;
+    reclaims_instead_of_evicting(World::new("reclaim")?)
+}
+
+/// The shipped config's `imagefsPath: /var/lib/containerd` on a one-disk node: the path
+/// is on the nodefs filesystem, so images are reclaimed for `nodefs.available` as the kubelet
+/// does (the layout was once decided from the setting alone, and evicted at once).
+#[test]
+fn an_imagefs_path_on_the_nodefs_filesystem_still_reclaims_first() -> anyhow::Result<()> {
+    let mut world = World::new("reclaim-one-disk")?;
+    world.agent = format!("imagefsPath: '{}'\n", world.ctrd.root().display());
+    reclaims_instead_of_evicting(world)
+}
+
+fn reclaims_instead_of_evicting(world: World) -> anyhow::Result<()> {
     // First a threshold the import cannot meet: an image is never reclaimed while it is being
     // imported (the test's image has no minimum GC age), only once it is whole.
     let mut daemon = world.start(MIB, false)?;

@@ -44,7 +44,8 @@ impl Daemon {
         let mut file = std::fs::File::create(&config)?;
         writeln!(
             file,
-            "agent: {{listen: '127.0.0.1:{port}', trace_socket: '{}', resync_interval: 60s}}",
+            "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
+             listen: '127.0.0.1:{port}'\ntraceSocket: '{}'\nresyncInterval: 60s",
             socket.display()
         )?;
         let agent = AgentProcess::spawn(

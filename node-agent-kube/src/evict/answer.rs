@@ -18,7 +18,7 @@ const SEVERAL_BUDGETS: &str = "more than one PodDisruptionBudget";
 pub enum Classified {
     /// The answer settles the attempt.
     Done(Attempt),
-    /// A PodDisruptionBudget forbids the eviction: `pdb_policy` decides what follows.
+    /// A PodDisruptionBudget forbids the eviction: `pdbPolicy` decides what follows.
     DisruptionBudget {
         message: String,
         retry_after: Option<std::time::Duration>,

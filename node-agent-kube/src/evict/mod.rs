@@ -1,4 +1,4 @@
-//! One eviction through the API: the policy/v1 Eviction, and under `pdb_policy: override` for
+//! One eviction through the API: the policy/v1 Eviction, and under `pdbPolicy: override` for
 //! a hard threshold the kubelet's own delete-and-mark. Every answer the API server may give is
 //! turned into an [`Attempt`]: what happened, why, and how long the server asked to wait.
 //!
@@ -45,7 +45,7 @@ pub enum EvictionResult {
     DryRun,
     /// A PodDisruptionBudget refused (and policy respects it, or the threshold is soft).
     BlockedByPdb,
-    /// The agent's own pacing (`evictions_per_minute`) has no token now; nothing was sent.
+    /// The agent's own pacing (`evictionsPerMinute`) has no token now; nothing was sent.
     RateLimited,
     /// The API server answered 429 without naming a disruption budget: it sheds load.
     ApiRateLimited,
@@ -182,7 +182,7 @@ pub fn evicted_status_patch(e: &Eviction, now: SystemTime) -> serde_json::Value 
 }
 
 fn pod_path(e: &Eviction) -> String {
-    format!("/api/v1/namespaces/{}/pods/{}", e.namespace, e.name)
+    crate::api::pod_path(&e.namespace, &e.name)
 }
 
 /// Sends `req` with the context's retries, asking `dry_run` before every try: dry run holds

@@ -40,6 +40,11 @@ const ROUTES: &[(&str, &str, Kind)] = &[
         "/apis/events.k8s.io/v1/namespaces/*/events",
         Kind::Event,
     ),
+    (
+        "PATCH",
+        "/apis/events.k8s.io/v1/namespaces/*/events/*",
+        Kind::EventSeries,
+    ),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +56,7 @@ enum Kind {
     Delete,
     Eviction,
     Event,
+    EventSeries,
 }
 
 fn matches(pattern: &str, path: &str) -> Option<Vec<String>> {
@@ -61,13 +67,39 @@ fn matches(pattern: &str, path: &str) -> Option<Vec<String>> {
     let mut wild = Vec::new();
     for (p, s) in p.iter().zip(&s) {
         match *p {
-            "*" if !s.is_empty() => wild.push((*s).to_string()),
+            // The API server routes on the raw path and decodes each segment after.
+            "*" if !s.is_empty() => wild.push(percent_decode(s)),
             "*" => return None,
             p if p == *s => {}
             _ => return None,
         }
     }
     Some(wild)
+}
+
+/// A path segment as the server reads it: `%XX` turned back into its byte (invalid escapes
+/// kept as written).
+pub fn percent_decode(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 pub(super) fn bad_request(message: &str) -> Reply {
@@ -153,7 +185,10 @@ pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply
     }
     let content_type = req.content_type.as_deref().unwrap_or("");
     let media = content_type.split(';').next().unwrap_or("").trim();
-    let patch = matches!(kind, Kind::Node | Kind::NodeStatus | Kind::PodStatus);
+    let patch = matches!(
+        kind,
+        Kind::Node | Kind::NodeStatus | Kind::PodStatus | Kind::EventSeries
+    );
     if (patch && !PATCH_TYPES.contains(&media)) || (!patch && media != "application/json") {
         return Err(Reply::status(
             415,
@@ -167,6 +202,7 @@ pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply
         Kind::Eviction => eviction(&body, &wild[0], &wild[1]),
         Kind::Delete => delete_options(&body),
         Kind::Event => event(&body, &wild[0]),
+        Kind::EventSeries => event_series(&body, media, &wild[1]),
         Kind::Node => super::taints::node_patch(&body, media, &wild[0]),
         Kind::NodeStatus => node_status(&body, media),
         Kind::PodStatus => pod_status(&body, media),
@@ -266,11 +302,66 @@ fn event(body: &Value, namespace: &str) -> Result<(), Reply> {
     {
         causes.push(("regarding", "Required value"));
     }
+    // A namespaced object's events live in its namespace.
+    if body["regarding"]["kind"] == "Pod"
+        && (body["regarding"]["namespace"].as_str() != Some(namespace)
+            || body["regarding"]["uid"].as_str().unwrap_or("").is_empty())
+    {
+        causes.push((
+            "regarding.namespace",
+            "a pod's event is in the pod's namespace and names its UID",
+        ));
+    }
+    if let Some(related) = body.get("related") {
+        if related["kind"].as_str().unwrap_or("").is_empty()
+            || related["name"].as_str().unwrap_or("").is_empty()
+        {
+            causes.push(("related", "kind and name are required"));
+        }
+    }
+    if body.get("series").is_some() {
+        causes.push((
+            "series",
+            "a new event has no series: its repeats are counted by updating it",
+        ));
+    }
     if causes.is_empty() {
         Ok(())
     } else {
         Err(invalid("Event", name, &causes))
     }
+}
+
+/// An event's repeats counted: a merge patch of `series` only, with a count of at least 2 (the
+/// event itself is the first) and the last time it was seen.
+fn event_series(body: &Value, media: &str, name: &str) -> Result<(), Reply> {
+    if media != "application/merge-patch+json" {
+        return Err(Reply::status(
+            415,
+            "UnsupportedMediaType",
+            "an event's series is written with a merge patch",
+        ));
+    }
+    let keys: Vec<&String> = body
+        .as_object()
+        .map(|o| o.keys().collect())
+        .unwrap_or_default();
+    let count = body.pointer("/series/count").and_then(Value::as_i64);
+    let last = body
+        .pointer("/series/lastObservedTime")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if keys != ["series"] || count.is_none_or(|c| c < 2) || last.is_empty() {
+        return Err(invalid(
+            "Event",
+            name,
+            &[(
+                "series",
+                "count (at least 2) and lastObservedTime, and nothing else",
+            )],
+        ));
+    }
+    Ok(())
 }
 
 pub(super) fn merge_patch_object(body: &Value, media: &str) -> Result<(), Reply> {

@@ -1,55 +1,24 @@
-//! `node-agent simulate`: replays a timeline of observations through [`evaluate`] and reports
-//! one JSON object per step. Parsing validates the whole scenario before any step runs, so an
-//! invalid scenario produces an error and no output.
+//! `node-agent simulate`'s replay: a timeline of observations through [`evaluate`], one output
+//! per step. Pure: the scenario arrives parsed and validated (the file format, with pods in the
+//! daemon's own pod model, is `node-agent`'s), so an invalid scenario never starts.
 
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{ConfigError, EvictionConfig};
+use crate::config::EvictionConfig;
 use crate::evaluate::{evaluate, PolicyState};
 use crate::node_reclaim::{observe_freed, reclaim_kinds, still_met_after_reclaim, Freed, FsLayout};
 use crate::observe::{ContainerUsage, NodeCapacity, Observation, Observations, PodInfo, PodUsage};
 use crate::signal::Signal;
-use crate::yaml::WrongType;
-
-mod parse;
-pub use parse::parse;
-
-/// Why a scenario is refused. Every variant names the field.
-#[derive(Debug, thiserror::Error)]
-pub enum ScenarioError {
-    #[error("scenario is not valid YAML or JSON: {source}")]
-    Syntax {
-        #[source]
-        source: serde_yaml_ng::Error,
-    },
-    #[error("{field}: expected {expected}")]
-    Field { field: String, expected: String },
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-}
-
-impl From<WrongType> for ScenarioError {
-    fn from(e: WrongType) -> Self {
-        ScenarioError::Field {
-            field: e.field,
-            expected: e.expected.to_string(),
-        }
-    }
-}
-
-fn field_error(field: impl Into<String>, expected: impl Into<String>) -> ScenarioError {
-    ScenarioError::Field {
-        field: field.into(),
-        expected: expected.into(),
-    }
-}
 
 /// A parsed, validated scenario.
 #[derive(Debug, Clone)]
 pub struct Scenario {
+    /// The node's capacities; `has_imagefs` follows `fs_layout`.
     pub node: NodeCapacity,
+    /// Where images and writable layers live: the one layout ranking and reclaim use.
+    pub fs_layout: FsLayout,
     pub config: EvictionConfig,
     pub pods: Vec<PodInfo>,
     pub steps: Vec<Step>,
@@ -71,7 +40,8 @@ pub struct Step {
     pub reclaimable: Option<Freed>,
 }
 
-/// A change to a pod's usage; fields left `None` (volumes not named) keep their value.
+/// A change to a pod's usage; fields left `None` (volumes and containers not named) keep
+/// their value.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UsageUpdate {
     pub memory: Option<u64>,
@@ -80,6 +50,8 @@ pub struct UsageUpdate {
     pub inodes: Option<u64>,
     /// Bytes used by volumes, by volume name.
     pub volumes: Vec<(String, u64)>,
+    /// Each named container's own figures, as the kubelet's summary gives them.
+    pub containers: Vec<(String, ContainerUsage)>,
 }
 
 /// One output line.
@@ -93,7 +65,9 @@ pub struct StepOutput {
     /// `reclaimable`); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reclaimed: Option<ReclaimedOutput>,
-    pub evicted: Option<EvictedOutput>,
+    /// Every pod evicted at this step: one for a threshold, every pod over a local storage
+    /// limit at once.
+    pub evictions: Vec<EvictedOutput>,
 }
 
 /// A node-level reclaim at a step: what it freed and whether that was enough (no threshold
@@ -107,7 +81,7 @@ pub struct ReclaimedOutput {
     pub enough: bool,
 }
 
-/// The pod evicted at a step.
+/// A pod evicted at a step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EvictedOutput {
@@ -123,11 +97,6 @@ impl StepOutput {
     pub fn to_json_line(&self) -> String {
         serde_json::to_string(self).expect("a step output is always representable as JSON")
     }
-}
-
-/// Parses and replays a scenario (YAML or JSON).
-pub fn run(text: &str) -> Result<Vec<StepOutput>, ScenarioError> {
-    Ok(simulate(&parse(text)?))
 }
 
 /// Replays a parsed scenario. A pod evicted at one step is gone from later steps.
@@ -167,14 +136,14 @@ pub fn simulate(scenario: &Scenario) -> Vec<StepOutput> {
         state = next;
         // The kubelet reclaims node-level resources before evicting for a disk signal, and
         // evicts only if a threshold (with its minimum reclaim) is still met afterwards.
-        let layout = FsLayout::from_has_imagefs(scenario.node.has_imagefs);
+        let layout = scenario.fs_layout;
         let reclaimed = match (decision.reclaim, reclaimable.as_mut()) {
             (Some(signal), Some(left)) if !reclaim_kinds(signal, layout).is_empty() => {
                 let freed = std::mem::take(left);
                 observe_freed(&mut observations, layout, freed);
                 let enough = !still_met_after_reclaim(&scenario.config, &observations);
                 if enough {
-                    decision.evict = None;
+                    decision.evictions.clear();
                 }
                 Some(ReclaimedOutput {
                     signal: signal.as_str().to_string(),
@@ -185,16 +154,20 @@ pub fn simulate(scenario: &Scenario) -> Vec<StepOutput> {
             }
             _ => None,
         };
-        let evicted = decision.evict.take().map(|e| {
-            pods.retain(|p| !(p.namespace == e.namespace && p.name == e.name));
-            EvictedOutput {
-                namespace: e.namespace,
-                name: e.name,
-                signal: e.signal.as_str().to_string(),
-                grace_period_seconds: e.grace_period_seconds,
-                message: e.message,
-            }
-        });
+        let evictions: Vec<EvictedOutput> = decision
+            .evictions
+            .drain(..)
+            .map(|e| {
+                pods.retain(|p| !(p.namespace == e.namespace && p.name == e.name));
+                EvictedOutput {
+                    namespace: e.namespace,
+                    name: e.name,
+                    signal: e.signal.as_str().to_string(),
+                    grace_period_seconds: e.grace_period_seconds,
+                    message: e.message,
+                }
+            })
+            .collect();
         let mut conditions: Vec<String> = decision
             .conditions
             .iter()
@@ -210,13 +183,14 @@ pub fn simulate(scenario: &Scenario) -> Vec<StepOutput> {
                 .collect(),
             conditions,
             reclaimed,
-            evicted,
+            evictions,
         });
     }
     out
 }
 
-fn apply_usage(pod: &mut PodInfo, update: &UsageUpdate) {
+/// Sets what `update` names of the pod's usage.
+pub fn apply_usage(pod: &mut PodInfo, update: &UsageUpdate) {
     let usage = pod.usage.get_or_insert_with(PodUsage::default);
     if let Some(v) = update.memory {
         usage.memory_working_set_bytes = v;
@@ -239,9 +213,24 @@ fn apply_usage(pod: &mut PodInfo, update: &UsageUpdate) {
     // The scenario has one disk figure per pod: it counts on whichever filesystem is short.
     usage.imagefs = usage.nodefs;
     let usage = usage.clone();
-    // A single container is the whole pod: its writable layer is the pod's disk figure less
-    // its volumes, and it writes no logs. With several, per-container use is unknown.
+    for (name, figures) in &update.containers {
+        if let Some(c) = pod.containers.iter_mut().find(|c| &c.name == name) {
+            let current = c.usage.get_or_insert_with(ContainerUsage::default);
+            current.memory_working_set_bytes = figures
+                .memory_working_set_bytes
+                .or(current.memory_working_set_bytes);
+            current.rootfs_bytes = figures.rootfs_bytes.or(current.rootfs_bytes);
+            current.logs_bytes = figures.logs_bytes.or(current.logs_bytes);
+        }
+    }
+    // A single container without figures of its own is the whole pod: its writable layer is
+    // the pod's disk figure less its volumes, and it writes no logs. With several, a
+    // container's use is what the scenario gives for it.
+    let named = |name: &str| update.containers.iter().any(|(n, _)| n == name);
     if let [container] = pod.containers.as_mut_slice() {
+        if named(&container.name) {
+            return;
+        }
         let volumes = usage
             .volumes
             .values()

@@ -1,8 +1,9 @@
 //! A cache from cgroup id to cgroup path and pod, for one hierarchy.
 //!
-//! Kernel events name cgroups by id: the memcg tracepoints' `id` and the v1/v2 memory cgroup of
-//! an OOM victim are the kernfs id of the cgroup directory in the hierarchy that holds the
-//! memory controller; `bpf_get_current_cgroup_id()` is the v2 one. On 64-bit kernels that id is
+//! Kernel events name cgroups by id: a memory line's cgroup (the memcg's css, read by the
+//! kernel programs) and the memory cgroup of an OOM victim are the kernfs id of the cgroup
+//! directory in the hierarchy that holds the memory controller; `bpf_get_current_cgroup_id()`
+//! is the v2 one. On 64-bit kernels that id is
 //! the directory's inode number (`kernfs_id_ino()`, fs/kernfs/kernfs-internal.h), which
 //! readdir also reports (`kernfs_fop_readdir()` passes `kernfs_ino(pos)` to `dir_emit()`), so a
 //! walk costs one `getdents` per directory and no `stat` per entry.

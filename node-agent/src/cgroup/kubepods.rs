@@ -21,7 +21,20 @@
 //! `cri-containerd-<id>.scope`, `crio-<id>.scope`, `docker-<id>.scope`. CRI-O also puts each
 //! container's monitor process in `crio-conmon-<id>.scope`.
 
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
+
+/// The kubelet's pods cgroup as it names it directly below its cgroup root: `kubepods` with
+/// the cgroupfs driver, `kubepods.slice` with systemd's.
+pub const KUBEPODS: [&str; 2] = ["kubepods", "kubepods.slice"];
+
+/// The kubelet's pods cgroup directly below `node_dir` (a directory in a cgroup hierarchy), if
+/// there is one.
+pub fn kubepods_dir(node_dir: &Path) -> Option<PathBuf> {
+    KUBEPODS
+        .iter()
+        .map(|k| node_dir.join(k))
+        .find(|d| d.is_dir())
+}
 
 /// The pod's quality-of-service class, as the kubelet placed its cgroup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -93,8 +106,10 @@ pub fn parse(path: &Path) -> Option<PodCgroup> {
     })
 }
 
+/// The pods cgroup anywhere in a path: one of [`KUBEPODS`], or below a `cgroupRoot` other than
+/// `/` under systemd (`kubelet-kubepods.slice`).
 fn is_kubepods(name: &str) -> bool {
-    name == "kubepods" || name == "kubepods.slice" || name.ends_with("-kubepods.slice")
+    KUBEPODS.contains(&name) || name.ends_with("-kubepods.slice")
 }
 
 /// `[burstable|besteffort/]pod<uid>/...` below `kubepods`.

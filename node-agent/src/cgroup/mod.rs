@@ -5,22 +5,20 @@
 //! - [`paths`]: per-version file names and parsers (usage, limit, working set, pids).
 //! - [`kubepods`]: cgroup path → pod UID, QoS class, container id (both kubelet drivers).
 //! - [`index`]: cgroup id → path and pod for one hierarchy, rescanned as cgroups come and go.
-//! - [`tracker`]: the cgroups the kernel programs count and watch, for the daemon and `trace`.
-//! - [`attribution`]: a kernel event attributed to its cgroup, pod and container.
+//!
+//! Nothing here talks to the kernel programs: the kernel feed (`crate::kernel`) tracks cgroups
+//! for them and attributes their events.
 
-pub mod attribution;
 pub mod hierarchy;
 pub mod index;
 pub mod kubepods;
 mod mounts;
 pub mod paths;
-pub mod tracker;
 
 pub use hierarchy::{detect, CgroupVersion, Hierarchy, HierarchyError, HostMode, Layout};
 pub use index::{CgroupEntry, CgroupIndex, Changes, IndexError, RescanSchedule};
-pub use kubepods::{PodCgroup, PodScope, QosClass};
+pub use kubepods::{kubepods_dir, PodCgroup, PodScope, QosClass};
 pub use mounts::{cgroup2_mount, parse_cgroup2_mount, MountError};
-pub use tracker::{CgroupControl, CgroupTracker, ForkLimit, TrackError, Tracked};
 
 use std::{io, os::unix::fs::MetadataExt as _, path::Path};
 

@@ -1,8 +1,8 @@
-//! What `allocatableMemory.available` is measured against: `agent.allocatable_memory` when it
+//! What `allocatableMemory.available` is measured against: `allocatableMemory` when it
 //! is set (the config wins), else in Kubernetes mode the Node's own `status.allocatable.memory`,
 //! else (standalone) nothing: the signal is not observed.
 //!
-//! The Node is read by a task of its own every `resync_interval` (a `GET` of the agent's Node;
+//! The Node is read by a task of its own every `resyncInterval` (a `GET` of the agent's Node;
 //! the kubelet changes the figure only when it restarts with other reservations, so a watch of
 //! every Node status update would wake the agent for nothing). Data flows one way: the task's
 //! latest answer is an input of the loop, which takes a new figure at once — the kubepods kernel
@@ -18,13 +18,13 @@ use node_agent_kube::{
 };
 use tokio::{sync::watch, task::JoinHandle};
 
-use super::{Daemon, Trigger};
-use crate::telemetry::Metrics;
+use super::feed::Cluster;
+use crate::telemetry::{KubeOperation, Metrics};
 
 /// Allocatable memory as a reading of the node takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Allocatable {
-    /// Not observed: standalone without `agent.allocatable_memory`, or the Node not read yet.
+    /// Not observed: standalone without `allocatableMemory`, or the Node not read yet.
     NotObserved,
     /// In bytes.
     Bytes(i64),
@@ -61,13 +61,6 @@ impl Drop for Reader {
     }
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
-    std::iter::successors(Some(e), |e| e.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
-}
-
 impl Reader {
     /// Reads the Node now and then every `every`; the channel starts at `current`.
     fn spawn(
@@ -87,13 +80,14 @@ impl Reader {
                     Ok(bytes) => Allocatable::Bytes(bytes),
                     Err(e) => {
                         if e.is_unreachable() {
-                            // Counted and logged by the client's backoff already.
-                            metrics.kube_error("node allocatable");
+                            // Counted by the client's backoff; the cluster connection's state
+                            // (`daemon::feed`) logs the outage once and names it on /readyz.
+                            metrics.kube_error(KubeOperation::NodeAllocatable);
                             if matches!(*tx.borrow(), Allocatable::Bytes(_)) {
                                 continue;
                             }
                         }
-                        Allocatable::Unknown(chain(&e))
+                        Allocatable::Unknown(crate::error_chain(&e))
                     }
                 };
                 tx.send_if_modified(|current| {
@@ -125,94 +119,90 @@ pub(super) async fn changed(feed: &mut AllocatableFeed) {
     }
 }
 
-impl Daemon {
-    /// At start and after each reload: the source the config asks for, the Node reader
-    /// started, restarted (a new connection or interval) or stopped, and the figure the next
-    /// reading uses. A reader that is restarted keeps the figure until its first answer.
-    pub(super) fn sync_allocatable(&mut self) {
-        let settings = &self.config.settings;
-        let (from, figure) = match (settings.allocatable_memory, &self.cluster) {
+impl AllocatableFeed {
+    /// At start and after each reload: the source the config asks for (`configured`, else the
+    /// Node through `cluster`, else none), the Node reader started, restarted (a new connection
+    /// or interval) or stopped. Returns the figure the next reading uses; a reader that is
+    /// restarted keeps `current` until its first answer.
+    pub(super) fn sync(
+        &mut self,
+        configured: Option<i64>,
+        cluster: Option<&Cluster>,
+        every: Duration,
+        generation: u64,
+        current: &Allocatable,
+        metrics: &Arc<Metrics>,
+    ) -> Allocatable {
+        let (from, figure) = match (configured, cluster) {
             (Some(bytes), _) => {
-                self.allocatable.reader = None;
+                self.reader = None;
                 (Some(Origin::Config), Allocatable::Bytes(bytes))
             }
             (None, Some(cluster)) => {
-                let every = settings.resync_interval;
-                let generation = self.acts.settings.borrow().generation;
                 let kept = self
-                    .allocatable
                     .reader
                     .as_ref()
                     .is_some_and(|r| r.every == every && r.generation == generation);
                 if !kept {
-                    let current = match self.allocatable.said {
-                        Some(Origin::Node) => self.node.allocatable.clone(),
+                    let current = match self.said {
+                        Some(Origin::Node) => current.clone(),
                         _ => Allocatable::NotObserved,
                     };
-                    self.allocatable.reader = Some(Reader::spawn(
+                    self.reader = Some(Reader::spawn(
                         cluster.api.clone(),
                         every,
                         generation,
                         current,
-                        self.telemetry.metrics.clone(),
+                        metrics.clone(),
                     ));
                 }
-                let reader = self.allocatable.reader.as_mut().expect("started above");
+                let reader = self.reader.as_mut().expect("started above");
                 (
                     Some(Origin::Node),
                     reader.updates.borrow_and_update().clone(),
                 )
             }
             (None, None) => {
-                self.allocatable.reader = None;
+                self.reader = None;
                 (None, Allocatable::NotObserved)
             }
         };
-        if from != self.allocatable.said {
-            self.say(from);
+        if from != self.said {
+            say(from, configured, cluster.is_some(), every);
         }
-        self.allocatable.said = from;
-        if figure != self.node.allocatable {
-            self.node.allocatable = figure;
-            self.kernel.triggers.forget();
-        }
+        self.said = from;
+        figure
     }
 
-    fn say(&self, from: Option<Origin>) {
-        let kubernetes = self.cluster.is_some();
-        match (from, self.config.settings.allocatable_memory) {
-            (Some(Origin::Config), Some(bytes)) if kubernetes => tracing::info!(bytes,
-                "allocatableMemory.available is measured against agent.allocatable_memory: the config wins, the Node's {FIELD} is not read"),
-            (Some(Origin::Config), Some(bytes)) => tracing::info!(bytes,
-                "allocatableMemory.available is measured against agent.allocatable_memory"),
-            (Some(Origin::Node), _) => tracing::info!(
-                every = ?self.config.settings.resync_interval,
-                "allocatableMemory.available is measured against the Node's {FIELD} (agent.allocatable_memory is not set), read every resync_interval"),
-            _ => tracing::info!(
-                "allocatableMemory.available is not observed: standalone without agent.allocatable_memory"),
-        }
+    /// The Node reader's newest figure, once [`changed`] said there is one.
+    pub(super) fn latest(&mut self) -> Option<Allocatable> {
+        Some(self.reader.as_mut()?.updates.borrow_and_update().clone())
     }
+}
 
-    /// The Node's figure changed: taken at once, the kernel lines re-armed by an evaluation now.
-    pub(super) async fn node_allocatable_changed(&mut self) {
-        let Some(reader) = self.allocatable.reader.as_mut() else {
-            return;
-        };
-        let next = reader.updates.borrow_and_update().clone();
-        if next == self.node.allocatable {
-            return;
-        }
-        let was = std::mem::replace(&mut self.node.allocatable, next.clone());
-        self.kernel.triggers.forget();
-        // Unknown is logged by the evaluation (the source unreadable, with the reason).
-        self.evaluate(Trigger::named("resync")).await;
-        match (was, next) {
-            (Allocatable::Bytes(was), Allocatable::Bytes(bytes)) => tracing::info!(was, bytes,
-                "the Node's {FIELD} changed: allocatableMemory.available is measured against it from now, the kernel line on kubepods re-armed"),
-            (_, Allocatable::Bytes(bytes)) => tracing::info!(bytes,
-                "the Node's {FIELD} read: allocatableMemory.available is measured against it, with a kernel line on kubepods"),
-            _ => {}
-        }
+fn say(from: Option<Origin>, configured: Option<i64>, kubernetes: bool, every: Duration) {
+    match (from, configured) {
+        (Some(Origin::Config), Some(bytes)) if kubernetes => tracing::info!(bytes,
+            "allocatableMemory.available is measured against the config's allocatableMemory: the config wins, the Node's {FIELD} is not read"),
+        (Some(Origin::Config), Some(bytes)) => tracing::info!(bytes,
+            "allocatableMemory.available is measured against the config's allocatableMemory"),
+        (Some(Origin::Node), _) => tracing::info!(
+            ?every,
+            "allocatableMemory.available is measured against the Node's {FIELD} (allocatableMemory is not set), read every resyncInterval"),
+        _ => tracing::info!(
+            "allocatableMemory.available is not observed: standalone without allocatableMemory"),
+    }
+}
+
+/// Says how the Node's figure changed (an unknown one is said by the evaluation, as its
+/// source unreadable with the reason).
+pub(super) fn say_changed(was: &Allocatable, next: &Allocatable) {
+    match (was, next) {
+        (Allocatable::Bytes(was), Allocatable::Bytes(bytes)) => tracing::info!(was, bytes,
+            "the Node's {FIELD} changed: allocatableMemory.available is measured against it from now, the kernel line on kubepods re-armed"),
+        (_, Allocatable::Bytes(bytes)) => tracing::info!(bytes,
+            "the Node's {FIELD} read: allocatableMemory.available is measured against it, with a kernel line on kubepods"),
+        _ => {}
     }
 }
 

@@ -1,21 +1,27 @@
 //! Beside the kubelet, at the edge: reads the kubelet's own config file and says, at start and
 //! on every reload, which of its eviction thresholds would be acted on before the agent's (the
-//! comparison is the policy's pure `beside::kubelet_acts_first`). Nothing here stops the agent:
-//! a missing file is one info line, an unparsable one a warning naming the file and the error.
+//! comparison is the policy's pure `beside::kubelet_acts_first`; `node-agent check-config`
+//! prints the same findings through [`read`]). Nothing here stops the agent: a missing file is
+//! one info line, an unparsable one a warning naming the file and the error.
+//! The file is read off the loop ([`check_off_loop`]): it lives on the kubelet's filesystem,
+//! which may hang.
 
-use std::path::Path;
-
-use node_agent_policy::{beside::kubelet_acts_first, EvictionConfig};
-
-use super::{
-    config::AgentConfig,
-    observe::{read_node, NodeSources},
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
 };
+
+use node_agent_policy::{beside::kubelet_acts_first, EvictionConfig, Signal};
+
+/// A check reading the kubelet's file is under way (one at a time: a hung filesystem ties up
+/// one thread, not one per reload).
+static CHECKING: AtomicBool = AtomicBool::new(false);
 
 /// What became of the kubelet's config file.
 #[derive(Debug)]
 pub enum KubeletConfig {
-    /// Not configured (`agent.kubelet_config: null`).
+    /// Not configured (`kubeletConfig: null`).
     NotSet,
     Missing,
     Unreadable(String),
@@ -23,30 +29,54 @@ pub enum KubeletConfig {
 }
 
 /// Reads and parses the kubelet's eviction settings (a KubeletConfiguration document; the
-/// kubelet's defaults apply where it sets none, as in the kubelet).
+/// kubelet's defaults apply where it sets none, as in the kubelet). The file is read as the
+/// agent's own is: a regular file, at most [`MAX_CONFIG_BYTES`](super::config::read::MAX_CONFIG_BYTES).
 pub fn read(path: Option<&Path>) -> KubeletConfig {
     let Some(path) = path else {
         return KubeletConfig::NotSet;
     };
-    match std::fs::read_to_string(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => KubeletConfig::Missing,
+    if !path.exists() {
+        return KubeletConfig::Missing;
+    }
+    match super::config::read::read_capped(path) {
         Err(e) => KubeletConfig::Unreadable(e.to_string()),
-        Ok(text) => match EvictionConfig::from_kubelet_yaml(&text) {
+        Ok(bytes) => match EvictionConfig::from_kubelet_yaml(&String::from_utf8_lossy(&bytes)) {
             Ok(c) => KubeletConfig::Read(Box::new(c)),
-            Err(e) => KubeletConfig::Unreadable(
-                std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(": "),
-            ),
+            Err(e) => KubeletConfig::Unreadable(crate::error_chain(&e)),
         },
     }
 }
 
-/// Logs, for the config in force, each kubelet threshold the agent would not act before (one
-/// warning each).
-pub fn warn_if_kubelet_acts_first(config: &AgentConfig, node: &NodeSources) {
-    let path = config.settings.kubelet_config.as_deref();
+/// [`warn_if_kubelet_acts_first`] on a thread of its own, unless one is still running.
+pub fn check_off_loop(
+    eviction: EvictionConfig,
+    path: Option<PathBuf>,
+    capacities: BTreeMap<Signal, i64>,
+) {
+    if path.is_none() || CHECKING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("kubelet-check".into())
+        .spawn(move || {
+            warn_if_kubelet_acts_first(&eviction, path.as_deref(), &|s| {
+                capacities.get(&s).copied()
+            });
+            CHECKING.store(false, Ordering::Release);
+        });
+    if let Err(e) = spawned {
+        CHECKING.store(false, Ordering::Release);
+        tracing::warn!(error = %e, "the kubelet's thresholds are not compared: no thread");
+    }
+}
+
+/// Logs, for the agent's thresholds, each kubelet threshold the agent would not act before
+/// (one warning each). `capacity` resolves percentages: the node's capacity per signal.
+pub fn warn_if_kubelet_acts_first(
+    eviction: &EvictionConfig,
+    path: Option<&Path>,
+    capacity: &dyn Fn(Signal) -> Option<i64>,
+) {
     let file = path.map(|p| p.display().to_string()).unwrap_or_default();
     let kubelet = match read(path) {
         KubeletConfig::NotSet => return,
@@ -60,9 +90,7 @@ pub fn warn_if_kubelet_acts_first(config: &AgentConfig, node: &NodeSources) {
         }
         KubeletConfig::Read(c) => c,
     };
-    let reading = read_node(node);
-    let capacity = |s| reading.observations.get(&s).map(|o| o.capacity);
-    let findings = kubelet_acts_first(&kubelet, &config.eviction, &capacity);
+    let findings = kubelet_acts_first(&kubelet, eviction, capacity);
     for f in &findings {
         tracing::warn!(file, signal = %f.kubelet.signal, "beside the kubelet: {f}");
     }
@@ -98,9 +126,10 @@ mod tests {
             panic!("bad parsed")
         };
         assert!(why.contains("evictionHard"), "{why}");
-        let KubeletConfig::Unreadable(_) = read(Some(dir.path())) else {
+        let KubeletConfig::Unreadable(why) = read(Some(dir.path())) else {
             panic!("a directory read")
         };
+        assert!(why.contains("not a regular file (a directory)"), "{why}");
         let KubeletConfig::Read(c) = read(Some(&good)) else {
             panic!("good not read")
         };

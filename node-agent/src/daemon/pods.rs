@@ -3,14 +3,109 @@
 //! mode, the cgroups that stand in for pods.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
+    time::SystemTime,
 };
 
-use node_agent_kube::pods::model::ContainerRef;
+use node_agent_kube::{
+    config::KubeConfig,
+    pods::{model::ContainerRef, PodSnapshot},
+};
 use node_agent_policy::{ContainerInfo, ContainerUsage, PodInfo, PodUsage};
 
-use crate::cgroup::{paths, CgroupIndex, CgroupVersion, PodScope};
+use super::feed::Cluster;
+use crate::{
+    cgroup::{paths, CgroupIndex, CgroupVersion, PodScope},
+    kernel::PodNames,
+};
+
+/// Pod names from the latest snapshot, for attribution.
+pub struct SnapshotNames<'a>(pub Option<&'a PodSnapshot>);
+
+impl PodNames for SnapshotNames<'_> {
+    fn pod(&self, uid: &str) -> Option<(String, String)> {
+        let p = self.0?.by_uid(uid)?;
+        Some((p.namespace.clone(), p.name.clone()))
+    }
+    fn container(&self, id: &str) -> Option<String> {
+        Some(self.0?.containers.get(id)?.name.clone())
+    }
+}
+
+/// The pods to rank, whether they may be acted on, and the ids the pod source lists.
+pub struct Pods {
+    pub pods: Vec<PodInfo>,
+    pub fresh: bool,
+    pub listed: Option<HashSet<String>>,
+}
+
+/// The pods to rank now: the pod source's (fresh enough to act on or not), or in standalone
+/// mode the workload cgroups.
+pub fn current(
+    cluster: Option<(&Cluster, &KubeConfig)>,
+    index: &CgroupIndex,
+    node_cgroup: &Path,
+) -> Pods {
+    let Some((cluster, kube)) = cluster else {
+        return Pods {
+            pods: standalone_workloads(index, node_cgroup)
+                .into_iter()
+                .map(|(name, _)| standalone_pod(&name, None))
+                .collect(),
+            fresh: true,
+            listed: None,
+        };
+    };
+    let snapshot = cluster.snapshots.borrow();
+    let Some(snapshot) = snapshot.as_ref() else {
+        return Pods {
+            pods: Vec::new(),
+            fresh: false,
+            listed: None,
+        };
+    };
+    let fresh = match snapshot.check_fresh(SystemTime::now(), kube.staleness_bound()) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!(error = %e, "pod data");
+            false
+        }
+    };
+    Pods {
+        listed: Some(snapshot.pods.iter().map(PodInfo::id).collect()),
+        pods: snapshot.pods.clone(),
+        fresh,
+    }
+}
+
+/// `ranked` with memory read now from their cgroups (standalone: the workloads read anew).
+pub fn with_memory_now(
+    cluster: Option<&Cluster>,
+    ranked: &[PodInfo],
+    index: &CgroupIndex,
+    node_cgroup: &Path,
+    version: CgroupVersion,
+) -> Vec<PodInfo> {
+    match cluster {
+        Some(cluster) => {
+            let snapshot = cluster.snapshots.borrow();
+            let containers = snapshot.as_ref().map(|s| &s.containers);
+            let empty = Default::default();
+            with_fresh_memory(
+                ranked,
+                index,
+                node_cgroup,
+                version,
+                containers.unwrap_or(&empty),
+            )
+        }
+        None => standalone_workloads(index, node_cgroup)
+            .into_iter()
+            .map(|(name, dir)| standalone_pod(&name, working_set(&dir, version)))
+            .collect(),
+    }
+}
 
 /// The namespace standalone workloads are reported in.
 pub const STANDALONE_NAMESPACE: &str = "standalone";

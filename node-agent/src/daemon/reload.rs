@@ -1,17 +1,186 @@
-//! Re-reading the config on SIGHUP or when the file changes. A new config takes effect whole
-//! and at once — the executor's mode and pacing, exclusions, intervals, thresholds (kernel lines
-//! re-armed), fork limits on every tracked cgroup, signal sources, the cluster connection — or
-//! it is refused whole: an invalid file, naming what is wrong, or a change of a setting that
-//! cannot change while the agent runs, naming that setting. Never a half-applied config.
+//! Where the config comes from, and a new one taken whole or refused whole.
+//!
+//! The file is watched off the loop, by a thread of its own ([`ConfigWatcher`]): it reads the
+//! file (capped at [`MAX_CONFIG_BYTES`], regular files only, so a FIFO or a device never blocks
+//! it), parses and checks it against the machine, and hands the loop a config ready to apply,
+//! or the error naming what is wrong. A change is detected by content, not by mtime (a
+//! ConfigMap's symlink swap can keep the mtime), and is taken only once two readings a poll
+//! apart agree, so a half-written file is never applied. SIGHUP asks for a reading now; it is
+//! taken once two readings [`SETTLE`] apart agree. A hung filesystem holds up the watcher's
+//! thread only: the loop never waits for it.
+//!
+//! A new config takes effect whole and at once — the executor's mode, exclusions and pacing,
+//! intervals, thresholds (kernel lines re-armed), fork limits on every tracked cgroup, signal
+//! sources, the cluster connection — or it is refused whole: an invalid file, naming what is
+//! wrong, or a change of a setting that cannot change while the agent runs, naming that
+//! setting. Never a half-applied config.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::mpsc as std_mpsc,
+    time::Duration,
+};
 
 use node_agent_policy::{EvictionConfig, PolicyState};
+use tokio::sync::mpsc;
 
-use super::{
-    config::AgentConfig,
-    feed::{same_connection, Cluster},
-    wiring::{executor_settings, fork_limit},
-    Daemon, Timers, Trigger,
-};
+use super::config::{AgentConfig, ConfigError, Overrides};
+use crate::cgroup::Hierarchy;
+
+pub use super::config::read::{read_capped, ReadError};
+
+/// How often the watcher reads the file.
+pub const POLL: Duration = Duration::from_secs(1);
+/// After a SIGHUP, the second reading that must agree with the first.
+pub const SETTLE: Duration = Duration::from_millis(100);
+
+/// Why a new config was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+}
+
+/// A config for the loop to apply, or why there is none.
+#[derive(Debug)]
+pub struct Candidate {
+    pub why: &'static str,
+    pub config: Result<Box<AgentConfig>, Refusal>,
+}
+
+/// What the watcher needs to parse and check a file as the agent did at start.
+#[derive(Debug, Clone)]
+pub struct Checks {
+    pub overrides: Overrides,
+    pub memory: Hierarchy,
+    pub node_dir: PathBuf,
+}
+
+impl Checks {
+    /// Parses and checks a file's content: the same verdict as at start.
+    pub fn load(&self, bytes: &[u8]) -> Result<AgentConfig, ConfigError> {
+        let config = AgentConfig::from_bytes(bytes, &self.overrides)?;
+        super::config::checks::check_on_machine(&config.settings, &self.memory, &self.node_dir)?;
+        Ok(config)
+    }
+}
+
+/// The thread that watches the config file; dropping it stops the thread at its next reading.
+pub struct ConfigWatcher {
+    asks: std_mpsc::Sender<()>,
+    candidates: mpsc::Receiver<Candidate>,
+}
+
+impl ConfigWatcher {
+    /// Watches `path`, whose content `applied` the running config was read from.
+    pub fn start(path: PathBuf, applied: Vec<u8>, checks: Checks) -> std::io::Result<Self> {
+        let (asks, asked) = std_mpsc::channel();
+        let (tx, candidates) = mpsc::channel(1);
+        std::thread::Builder::new()
+            .name("config-watch".into())
+            .spawn(move || watch(&path, applied, &checks, &asked, &tx))?;
+        Ok(Self { asks, candidates })
+    }
+
+    /// SIGHUP: read the file now.
+    pub fn ask(&self) {
+        let _ = self.asks.send(());
+    }
+
+    /// The next config to apply (or refusal to report).
+    pub async fn next(&mut self) -> Option<Candidate> {
+        self.candidates.recv().await
+    }
+}
+
+fn watch(
+    path: &Path,
+    mut applied: Vec<u8>,
+    checks: &Checks,
+    asked: &std_mpsc::Receiver<()>,
+    tx: &mpsc::Sender<Candidate>,
+) {
+    // A change seen once: taken when the next reading agrees.
+    let mut pending: Option<Vec<u8>> = None;
+    // The last read error sent, so a lasting one is reported once.
+    let mut failing: Option<ReadError> = None;
+    loop {
+        let sighup = match asked.recv_timeout(POLL) {
+            Ok(()) => {
+                // A storm of SIGHUPs is one reading.
+                while asked.try_recv().is_ok() {}
+                true
+            }
+            Err(std_mpsc::RecvTimeoutError::Timeout) => false,
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        let read = if sighup {
+            read_settled(path)
+        } else {
+            read_capped(path)
+        };
+        let candidate = |why, config| Candidate { why, config };
+        let send = match read {
+            Err(e) if sighup || failing.as_ref() != Some(&e) => {
+                failing = Some(e.clone());
+                pending = None;
+                let why = if sighup {
+                    "SIGHUP"
+                } else {
+                    "config file changed"
+                };
+                Some(candidate(why, Err(e.into())))
+            }
+            Err(_) => None,
+            Ok(bytes) => {
+                failing = None;
+                if sighup {
+                    pending = None;
+                    applied.clone_from(&bytes);
+                    Some(candidate("SIGHUP", load(checks, &bytes)))
+                } else if bytes == applied {
+                    pending = None;
+                    None
+                } else if pending.as_ref() == Some(&bytes) {
+                    pending = None;
+                    applied.clone_from(&bytes);
+                    Some(candidate("config file changed", load(checks, &bytes)))
+                } else {
+                    pending = Some(bytes);
+                    None
+                }
+            }
+        };
+        if let Some(c) = send {
+            if tx.blocking_send(c).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn load(checks: &Checks, bytes: &[u8]) -> Result<Box<AgentConfig>, Refusal> {
+    checks.load(bytes).map(Box::new).map_err(Refusal::from)
+}
+
+/// Two readings [`SETTLE`] apart that agree (a few tries), else [`ReadError::Unsettled`].
+fn read_settled(path: &Path) -> Result<Vec<u8>, ReadError> {
+    let mut last = read_capped(path)?;
+    for _ in 0..5 {
+        std::thread::sleep(SETTLE);
+        let next = read_capped(path)?;
+        if next == last {
+            return Ok(next);
+        }
+        last = next;
+    }
+    Err(ReadError::Unsettled {
+        path: path.to_path_buf(),
+        settle: SETTLE,
+    })
+}
 
 /// The setting a reload may not change (the listener, the socket and the ring are bound or
 /// sized at start; the node cgroup anchors every reading; a cluster cannot appear or vanish
@@ -19,13 +188,13 @@ use super::{
 pub fn unchangeable(old: &AgentConfig, new: &AgentConfig) -> Option<&'static str> {
     let (o, n) = (&old.settings, &new.settings);
     if o.listen != n.listen {
-        Some("agent.listen")
+        Some("listen")
     } else if o.trace_socket != n.trace_socket {
-        Some("agent.trace_socket")
+        Some("traceSocket")
     } else if o.ring_bytes != n.ring_bytes {
-        Some("agent.ring_bytes")
+        Some("ringBufferSize")
     } else if o.node_cgroup != n.node_cgroup {
-        Some("agent.node_cgroup")
+        Some("nodeCgroup")
     } else if old.kubernetes.is_some() != new.kubernetes.is_some() {
         Some("kubernetes (the section added or removed)")
     } else {
@@ -59,161 +228,34 @@ pub fn remap_state(old: &EvictionConfig, new: &EvictionConfig, state: &PolicySta
     next
 }
 
-impl Daemon {
-    pub(super) fn config_changed(&mut self) -> bool {
-        let Some(path) = &self.source.path else {
-            return false;
-        };
-        let mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        if mtime != self.source.mtime {
-            self.source.mtime = mtime;
-            return true;
-        }
-        false
-    }
-
-    /// Re-reads the config and applies all of it, or refuses it and keeps the running one.
-    pub(super) async fn reload(&mut self, why: &str) {
-        let Some(path) = self.source.path.clone() else {
-            tracing::info!(
-                reason = why,
-                "no config file to reload (standalone defaults)"
-            );
-            return;
-        };
-        // This reading covers the file as it is now: the change watcher need not read it again.
-        self.source.mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-        let metrics = self.telemetry.metrics.clone();
-        // The same machine checks as at start, against the node cgroup in use.
-        let loaded = AgentConfig::load(&path, &self.source.overrides).and_then(|new| {
-            super::config::checks::check_on_machine(
-                &new.settings,
-                &self.layout.memory,
-                &self.node.node_dir,
-            )?;
-            Ok(new)
-        });
-        let new = match loaded {
-            Ok(new) => new,
-            Err(e) => {
-                metrics.config_reload("invalid");
-                let chain =
-                    std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(": ");
-                tracing::error!(reason = why, error = %chain, "invalid config; keeping the previous one");
-                return;
-            }
-        };
-        if let Some(field) = unchangeable(&self.config, &new) {
-            metrics.config_reload("refused");
-            tracing::error!(reason = why, field, "config reload refused: {field} cannot change while the agent runs (restart it to change this); keeping the previous config");
-            return;
-        }
-        // A new way to reach the cluster (or a new pod refresh interval): connected before
-        // anything changes, so a bad CA file refuses the reload instead of half-applying it.
-        let reconnect = match (&self.config.kubernetes, &new.kubernetes) {
-            (Some(old), Some(k))
-                if !same_connection(old, k)
-                    || self.config.settings.pod_refresh_interval
-                        != new.settings.pod_refresh_interval =>
-            {
-                match Cluster::connect(
-                    k,
-                    new.settings.pod_refresh_interval,
-                    self.kube_counters.clone(),
-                    metrics.clone(),
-                ) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        metrics.config_reload("refused");
-                        tracing::error!(reason = why, error = %e, "config reload refused: the new kubernetes connection cannot be made; keeping the previous config");
-                        return;
-                    }
-                }
-            }
-            _ => None,
-        };
-        let mut generation = self.acts.settings.borrow().generation;
-        if let Some(cluster) = reconnect {
-            self.cluster = Some(cluster);
-            generation += 1;
-        }
-        // The executor first: dry run and exclusions hold from this moment.
-        let settings = executor_settings(
-            &new,
-            self.cluster.as_ref(),
-            &self.source.overrides,
-            generation,
-        );
-        self.acts.settings.send_replace(settings);
-
-        self.policy = remap_state(&self.config.eviction, &new.eviction, &self.policy);
-        let old = std::mem::replace(&mut self.config, new);
-        let new = &self.config;
-        self.node.memory_capacity = new.settings.memory_capacity;
-        self.node.nodefs = new.settings.nodefs_path.clone();
-        self.node.imagefs = new.settings.imagefs_path.clone();
-        let (o, n) = (&old.settings, &new.settings);
-        if (o.resync_interval, o.pressure_poll_interval)
-            != (n.resync_interval, n.pressure_poll_interval)
-        {
-            self.timers = Timers::new(new);
-        }
-        let limit = fork_limit(new);
-        if let Err(e) = self
-            .kernel
-            .tracker
-            .set_fork_limit(&mut self.kernel.programs, limit)
-        {
-            tracing::error!(error = %e, "applying the new fork limit to the tracked cgroups");
-        }
-        // Thresholds at once: every kernel line is written anew at the next reading (now).
-        self.kernel.triggers.forget();
-        self.sync_allocatable();
-        self.set_pid_trigger();
-        self.acts.state.reset_reported();
-        super::kubelet::warn_if_kubelet_acts_first(&self.config, &self.node);
-        self.acts
-            .state
-            .set_node_reclaim(super::wiring::node_reclaim(&self.config));
-        metrics.config_reload("ok");
-        tracing::info!(
-            reason = why,
-            dry_run = self.config.dry_run(),
-            "config reloaded; every setting applies now"
-        );
-        self.evaluate(Trigger::named("reload")).await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::daemon::config::Overrides;
+    use crate::daemon::config::read::MAX_CONFIG_BYTES;
 
     fn config(text: &str) -> AgentConfig {
         let o = Overrides {
             node_name: Some("n1".into()),
             ..Overrides::default()
         };
-        AgentConfig::parse(text, &o).unwrap()
+        AgentConfig::parse(&format!("{H}{text}"), &o).unwrap()
     }
+
+    /// The version header every config file starts with.
+    const H: &str = "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n";
 
     #[test]
     fn settings_bound_at_start_refuse_the_reload_by_name() {
-        let base =
-            "eviction: {evictionHard: {memory.available: 1Gi}}\nagent: {listen: '127.0.0.1:1'}\n";
+        let base = "eviction: {evictionHard: {memory.available: 1Gi}}\nlisten: '127.0.0.1:1'\n";
         let rows = [
-            ("agent: {listen: '127.0.0.1:2'}", Some("agent.listen")),
-            ("agent: {listen: '127.0.0.1:1', trace_socket: /tmp/other.sock}", Some("agent.trace_socket")),
-            ("agent: {listen: '127.0.0.1:1', ring_bytes: 8192}", Some("agent.ring_bytes")),
-            ("agent: {listen: '127.0.0.1:1', node_cgroup: /elsewhere}", Some("agent.node_cgroup")),
-            ("agent: {listen: '127.0.0.1:1'}\nkubernetes: {}", Some("kubernetes (the section added or removed)")),
-            ("agent: {listen: '127.0.0.1:1', dry_run: true, resync_interval: 1s, fork_limit: 5}\neviction: {evictionHard: {memory.available: 2Gi}}", None),
+            ("listen: '127.0.0.1:2'", Some("listen")),
+            ("listen: '127.0.0.1:1'\ntraceSocket: /tmp/other.sock", Some("traceSocket")),
+            ("listen: '127.0.0.1:1'\nringBufferSize: 8Ki", Some("ringBufferSize")),
+            ("listen: '127.0.0.1:1'\nnodeCgroup: /elsewhere", Some("nodeCgroup")),
+            ("listen: '127.0.0.1:1'\nkubernetes: {}", Some("kubernetes (the section added or removed)")),
+            ("listen: '127.0.0.1:1'\ndryRun: true\nresyncInterval: 1s\nforkLimit: 5\neviction: {evictionHard: {memory.available: 2Gi}}", None),
         ];
         for (new, want) in rows {
             assert_eq!(unchangeable(&config(base), &config(new)), want, "{new}");
@@ -258,5 +300,135 @@ mod tests {
             2,
             "the removed memory threshold is forgotten"
         );
+    }
+
+    #[test]
+    fn only_a_regular_file_within_the_cap_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid path; mkfifo only creates the node.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let big = dir.path().join("big.yaml");
+        std::fs::write(&big, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).unwrap();
+        let ok = dir.path().join("ok.yaml");
+        std::fs::write(&ok, H).unwrap();
+        let rows: [(&str, &Path, &str); 4] = [
+            (
+                "a FIFO is refused without opening it (it would block)",
+                &fifo,
+                "a FIFO",
+            ),
+            ("a directory", dir.path(), "a directory"),
+            ("too large", &big, "larger than 1048576 bytes"),
+            (
+                "missing",
+                Path::new("/no/such/config.yaml"),
+                "reading config file /no/such/config.yaml",
+            ),
+        ];
+        for (what, path, needle) in rows {
+            let err = read_capped(path).unwrap_err().to_string();
+            assert!(err.contains(needle), "{what}: {err}");
+        }
+        assert_eq!(read_capped(&ok).unwrap(), H.as_bytes());
+    }
+
+    fn checks() -> Checks {
+        let layout = crate::cgroup::detect().expect("cgroups");
+        Checks {
+            overrides: Overrides {
+                node_name: Some("n1".into()),
+                ..Overrides::default()
+            },
+            node_dir: layout.memory.mount().to_path_buf(),
+            memory: layout.memory,
+        }
+    }
+
+    /// The next candidate within `limit`, or `None`.
+    fn next(w: &mut ConfigWatcher, limit: Duration) -> Option<Candidate> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(c) = w.candidates.try_recv() {
+                return Some(c);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn dry_run(c: &Candidate) -> bool {
+        c.config.as_ref().expect("a valid config").dry_run()
+    }
+
+    /// A file written in two steps is applied only once it stays whole for two readings; a
+    /// symbolic link swapped to a file with the same mtime is seen by its content; a SIGHUP
+    /// storm is one reading.
+    #[test]
+    fn the_watcher_takes_only_whole_files_by_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        let whole = format!("{H}dryRun: true\n");
+        std::fs::write(&path, &whole).unwrap();
+        let mut w =
+            ConfigWatcher::start(path.clone(), whole.as_bytes().to_vec(), checks()).unwrap();
+        assert!(next(&mut w, POLL * 2).is_none(), "nothing changed");
+
+        // Half written: valid YAML that would turn dry run off, then completed at once.
+        std::fs::write(&path, format!("{H}dryRun: false\n")).unwrap();
+        std::thread::sleep(POLL / 2);
+        std::fs::write(&path, format!("{H}dryRun: true\nforkLimit: 7\n")).unwrap();
+        let c = next(&mut w, POLL * 4).expect("the whole file is taken");
+        assert_eq!(c.why, "config file changed");
+        assert!(dry_run(&c), "the half-written file was never applied");
+        assert_eq!(c.config.as_ref().unwrap().settings.fork_limit, 7);
+
+        // A ConfigMap update: a link swapped to another file of the same mtime.
+        let (a, b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
+        std::fs::write(&a, format!("{H}dryRun: true\nforkLimit: 8\n")).unwrap();
+        std::fs::write(&b, format!("{H}dryRun: true\nforkLimit: 9\n")).unwrap();
+        let mtime = std::fs::metadata(&a).unwrap().modified().unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&b)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        let link = dir.path().join("link.yaml");
+        std::os::unix::fs::symlink(&a, &link).unwrap();
+        let mut w =
+            ConfigWatcher::start(link.clone(), std::fs::read(&a).unwrap(), checks()).unwrap();
+        let tmp = dir.path().join("link.tmp");
+        std::os::unix::fs::symlink(&b, &tmp).unwrap();
+        std::fs::rename(&tmp, &link).unwrap();
+        let c = next(&mut w, POLL * 4).expect("the swap is seen");
+        assert_eq!(c.config.as_ref().unwrap().settings.fork_limit, 9);
+
+        // A hundred SIGHUPs: one reading (or two), never a hundred.
+        for _ in 0..100 {
+            w.ask();
+        }
+        let mut seen = 0;
+        while let Some(c) = next(&mut w, POLL * 2) {
+            assert_eq!(c.why, "SIGHUP");
+            seen += 1;
+        }
+        assert!((1..=2).contains(&seen), "{seen}");
+    }
+
+    #[test]
+    fn a_lasting_read_error_is_reported_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, H).unwrap();
+        let mut w = ConfigWatcher::start(path.clone(), H.as_bytes().to_vec(), checks()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let c = next(&mut w, POLL * 3).expect("the missing file is reported");
+        assert!(
+            matches!(c.config, Err(Refusal::Read(ReadError::Io { .. }))),
+            "{c:?}"
+        );
+        assert!(next(&mut w, POLL * 3).is_none(), "once, not every poll");
     }
 }

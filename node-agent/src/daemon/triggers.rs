@@ -9,21 +9,18 @@
 //! the hierarchy's root (the root's counter does not include tasks living in it); else each
 //! top-level cgroup, which catches one workload running away (growth spread over several is
 //! caught by the next poll or re-sync). While the headroom is gone the lines stay where they
-//! are, and the daemon re-reads the node every `pressure_poll_interval` instead.
+//! are, and the daemon re-reads the node every `pressurePollInterval` instead.
 //!
 //! `allocatableMemory.available` (allocatable − the kubepods cgroup's working set) has the same
 //! shape on the kubepods cgroup alone: its line there is set by the tighter headroom of the two.
 
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, path::PathBuf};
 
 use node_agent_policy::{EvictionConfig, Signal};
 
-use super::observe::{kubepods_dir, NodeReading};
+use super::node::{NodeLayout, NodeReading};
 use crate::{
-    cgroup::{paths, CgroupIndex, CgroupVersion},
+    cgroup::{paths, CgroupIndex},
     ebpf::{ControlError, KernelPrograms},
 };
 
@@ -47,18 +44,16 @@ pub fn most_lenient(config: &EvictionConfig, signal: Signal, capacity: i64) -> O
 }
 
 pub struct Triggers {
-    node_dir: PathBuf,
-    is_root: bool,
+    layout: NodeLayout,
     targets: Vec<(u64, PathBuf)>,
     lines: HashMap<u64, u64>,
     fired: bool,
 }
 
 impl Triggers {
-    pub fn new(node_dir: &Path, mount: &Path) -> Self {
+    pub fn new(layout: &NodeLayout) -> Self {
         Self {
-            node_dir: node_dir.to_path_buf(),
-            is_root: node_dir == mount,
+            layout: layout.clone(),
             targets: Vec::new(),
             lines: HashMap::new(),
             fired: false,
@@ -83,15 +78,15 @@ impl Triggers {
 
     /// Picks the target cgroups again (pods and cgroups come and go).
     pub fn refresh_targets(&mut self, index: &CgroupIndex) {
-        let kubepods = kubepods_dir(&self.node_dir);
-        let dirs: Vec<PathBuf> = match kubepods {
+        let layout = &self.layout;
+        let dirs: Vec<PathBuf> = match layout.kubepods() {
             Some(k) => vec![k],
-            None if !self.is_root => vec![self.node_dir.clone()],
+            None if !layout.is_root => vec![layout.node_dir.clone()],
             None => {
-                let below = self
+                let below = layout
                     .node_dir
                     .strip_prefix(index.root())
-                    .unwrap_or(Path::new(""))
+                    .unwrap_or(std::path::Path::new(""))
                     .to_path_buf();
                 index
                     .entries()
@@ -116,8 +111,9 @@ impl Triggers {
         programs: &mut KernelPrograms,
         config: &EvictionConfig,
         reading: &NodeReading,
-        version: CgroupVersion,
+        layout: &NodeLayout,
     ) -> Result<(), ControlError> {
+        let version = layout.version();
         let node = headroom(config, reading, Signal::MemoryAvailable);
         // `allocatableMemory.available` falls as the kubepods cgroup grows: that cgroup's line
         // is set by the tighter of the two headrooms.
@@ -126,7 +122,7 @@ impl Triggers {
             self.fired = false;
             return Ok(());
         }
-        let kubepods = kubepods_dir(&self.node_dir);
+        let kubepods = layout.kubepods();
         self.fired = false;
         for (id, dir) in &self.targets {
             let h = match (node, allocatable) {

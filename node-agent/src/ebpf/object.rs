@@ -80,7 +80,7 @@ pub enum MemoryMechanism {
     /// iterator (6.1+); used where fexit cannot attach.
     CounterSampler,
     /// Neither: memory thresholds are not evaluated by the kernel programs; the daemon
-    /// re-reads cgroupfs every `pressure_poll_interval` instead.
+    /// re-reads cgroupfs every `pressurePollInterval` instead.
     Unavailable,
 }
 
@@ -341,6 +341,14 @@ pub(crate) fn classify_program_error(
     match e {
         aya::programs::ProgramError::SyscallError(aya::sys::SyscallError { io_error, .. })
             if is_permission(&io_error) =>
+        {
+            LoadError::NotPermitted { source: io_error }
+        }
+        // BPF_PROG_LOAD of a tracing program without CAP_PERFMON (CAP_BPF alone creates the
+        // maps): EPERM before the verifier runs. Only EPERM: the verifier rejects a program
+        // with EACCES, and that is not about privileges.
+        aya::programs::ProgramError::LoadError { io_error, .. }
+            if io_error.raw_os_error() == Some(libc::EPERM) =>
         {
             LoadError::NotPermitted { source: io_error }
         }

@@ -6,6 +6,7 @@ mod kube;
 mod process;
 mod reclaim;
 mod record;
+mod sources;
 #[cfg(test)]
 mod tests;
 mod text;
@@ -16,6 +17,8 @@ use kernel::{KernelCounters, KernelStats};
 use kube::KubeCounters;
 use node_agent_kube::{api::Counters, evict::EvictionResult};
 use node_agent_policy::{Signal, StorageLimit};
+
+use super::labels::{KubeOperation, Trigger};
 use process::ProcessCollector;
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -45,22 +48,6 @@ pub const OBSERVED_SIGNALS: [Signal; 7] = [
     Signal::PidAvailable,
 ];
 
-/// What triggers an evaluation (the daemon's `Trigger` names): their counters exist from the
-/// start.
-pub const TRIGGERS: [&str; 11] = [
-    "start",
-    "memory_threshold",
-    "pid_threshold",
-    "oom_kill",
-    "eviction_outcome",
-    "reclaim_outcome",
-    "pacing",
-    "pressure_poll",
-    "resync",
-    "reload",
-    "local_storage",
-];
-
 /// The kinds of kernel events counted in `node_agent_kernel_events_total`.
 pub const KERNEL_EVENT_KINDS: [&str; 4] = [
     "oom_kill",
@@ -69,8 +56,8 @@ pub const KERNEL_EVENT_KINDS: [&str; 4] = [
     "fork_storm",
 ];
 
-/// The Kubernetes operations whose failures are counted under a fixed name.
-const KUBE_OPERATIONS: [&str; 3] = ["kubelet pods", "pod event", "node condition"];
+/// What ran out at an OOM kill: a cgroup's limit, the whole node, or the kernel did not say.
+pub const OOM_REASONS: [&str; 3] = ["cgroup_limit", "node", "unknown"];
 
 /// `eviction_signal`: the kubelet's own label name for its signal names.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -107,8 +94,15 @@ struct EvictionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct NamespaceLabels {
+struct OomLabels {
     namespace: String,
+    container: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OomReasonLabels {
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -118,7 +112,7 @@ struct KindLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TriggerLabels {
-    trigger: String,
+    trigger: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -137,8 +131,13 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneLabels {
+    lane: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabels {
-    operation: String,
+    operation: &'static str,
 }
 
 type LatencyFamily = Family<TriggerLabels, Histogram, fn() -> Histogram>;
@@ -161,7 +160,8 @@ pub struct Metrics {
     threshold_met: Family<ThresholdLabels, Gauge>,
     node_condition: Family<ConditionLabels, Gauge>,
     evictions: Family<EvictionLabels, Counter>,
-    oom_kills: Family<NamespaceLabels, Counter>,
+    oom_kills: Family<OomLabels, Counter>,
+    oom_kills_foreseen: Family<OomReasonLabels, Counter>,
     kernel_events: Family<KindLabels, Counter>,
     ringbuf_lost_events: Counter,
     ringbuf_decode_errors: Counter,
@@ -180,8 +180,11 @@ pub struct Metrics {
     kube_counters: Arc<OnceLock<Arc<Counters>>>,
     kernel_stats: Arc<KernelStats>,
     telemetry_connections_closed: Family<ReasonLabels, Counter>,
+    executor_refused: Family<LaneLabels, Counter>,
     /// Node-level reclaim's families, in their own module.
     reclaim: reclaim::ReclaimMetrics,
+    /// The sources' readiness and the listener's accept errors, in their own module.
+    sources: sources::SourceMetrics,
 }
 
 impl Metrics {
@@ -197,6 +200,7 @@ impl Metrics {
             node_condition: Family::default(),
             evictions: Family::default(),
             oom_kills: Family::default(),
+            oom_kills_foreseen: Family::default(),
             kernel_events: Family::default(),
             ringbuf_lost_events: Counter::default(),
             ringbuf_decode_errors: Counter::default(),
@@ -215,7 +219,9 @@ impl Metrics {
             kube_counters: Arc::default(),
             kernel_stats: Arc::default(),
             telemetry_connections_closed: Family::default(),
+            executor_refused: Family::default(),
             reclaim: reclaim::ReclaimMetrics::default(),
+            sources: sources::SourceMetrics::default(),
         };
         metrics.precreate();
         Arc::new(metrics.registered())
@@ -250,9 +256,9 @@ impl Metrics {
             self.signal_unknown
                 .get_or_create_owned(&SignalLabels { eviction_signal });
         }
-        for trigger in TRIGGERS {
+        for trigger in Trigger::ALL {
             let labels = TriggerLabels {
-                trigger: trigger.to_owned(),
+                trigger: trigger.as_str(),
             };
             self.evaluations.get_or_create_owned(&labels);
             self.decision_latency_invalid.get_or_create_owned(&labels);
@@ -265,10 +271,18 @@ impl Metrics {
         self.stale_data.get_or_create_owned(&SourceLabels {
             source: "pods".to_owned(),
         });
-        for operation in KUBE_OPERATIONS {
+        for operation in KubeOperation::ALL {
             self.kube_errors.get_or_create_owned(&OperationLabels {
-                operation: operation.to_owned(),
+                operation: operation.as_str(),
             });
+        }
+        for reason in OOM_REASONS {
+            self.oom_kills_foreseen
+                .get_or_create_owned(&OomReasonLabels { reason });
+        }
+        for lane in node_agent_executor::LANES {
+            self.executor_refused
+                .get_or_create_owned(&LaneLabels { lane });
         }
         for reason in ["client_limit", "capacity", "idle"] {
             self.telemetry_connections_closed
@@ -283,6 +297,7 @@ impl Metrics {
             .register_collector(Box::new(ProcessCollector::default()));
         let r = self.registry.sub_registry_with_prefix("node_agent");
         self.reclaim.register(r);
+        self.sources.register(r);
         // prometheus-client appends `_total` to counter names and the unit to the others', and
         // a full stop to each help text.
         r.register_with_unit(
@@ -330,8 +345,13 @@ impl Metrics {
         );
         r.register(
             "oom_kills",
-            "Kernel OOM kills by pod namespace (none for cgroups outside pods)",
+            "Kernel OOM kills by pod namespace and container (none for cgroups outside pods) and whether a cgroup limit or the whole node ran out",
             self.oom_kills.clone(),
+        );
+        r.register(
+            "oom_kills_foreseen",
+            "Kernel OOM kills preceded within a minute by memory pressure the agent saw, by what ran out",
+            self.oom_kills_foreseen.clone(),
         );
         r.register(
             "kernel_events",
@@ -414,6 +434,11 @@ impl Metrics {
             "Connections to this listener closed by the agent, by reason (client_limit, capacity, idle)",
             self.telemetry_connections_closed.clone(),
         );
+        r.register(
+            "executor_refused",
+            "Actions the executor did not take because their lane was full (a burst of node events), by lane",
+            self.executor_refused.clone(),
+        );
         r.register_collector(Box::new(KubeCounters(self.kube_counters.clone())));
         r.register_collector(Box::new(KernelCounters(self.kernel_stats.clone())));
         self
@@ -423,6 +448,11 @@ impl Metrics {
     /// Node-level reclaim's counters.
     pub fn reclaim(&self) -> &reclaim::ReclaimMetrics {
         &self.reclaim
+    }
+
+    /// Whether the sources deliver, and the listener's accept errors.
+    pub fn sources(&self) -> &sources::SourceMetrics {
+        &self.sources
     }
 
     pub fn export_kube_counters(&self, counters: Arc<Counters>) {

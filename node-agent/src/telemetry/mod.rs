@@ -8,6 +8,7 @@
 
 mod connections;
 mod health;
+mod labels;
 mod metrics;
 mod server;
 #[cfg(test)]
@@ -18,7 +19,8 @@ mod tests;
 use std::net::SocketAddr;
 
 pub use health::Health;
-pub use metrics::{ConvertError, Format, Metrics, DECISION_LATENCY_BUCKETS, TRIGGERS};
+pub use labels::{KubeOperation, Trigger};
+pub use metrics::{ConvertError, Format, Metrics, DECISION_LATENCY_BUCKETS};
 pub use server::{bind, Server};
 
 #[derive(Debug, thiserror::Error)]

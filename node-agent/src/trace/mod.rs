@@ -9,15 +9,12 @@ mod table;
 use std::{io::Write as _, path::PathBuf, time::Duration};
 
 pub use filter::{Filter, FilterError, OutputFormat};
-pub use record::{CgroupRef, Crossing, OomConstraint, PodRef, Qos, Record};
+pub use record::{CgroupRef, Crossing, OomConstraint, PodRef, Pressure, Qos, Record, SawBefore};
 
 use crate::{
-    cgroup::{
-        self,
-        attribution::{attribute, NoNames},
-        CgroupTracker, ForkLimit,
-    },
-    ebpf::{KernelEvent, KernelPrograms, LoadOptions},
+    cgroup,
+    ebpf::LoadOptions,
+    kernel::{FeedError, ForkLimit, KernelFeed, NoNames},
 };
 
 /// Why `trace` stopped or could not start. Every variant names what was wrong.
@@ -36,11 +33,9 @@ pub enum TraceError {
     #[error(transparent)]
     Sys(#[from] crate::sys::SysError),
     #[error(transparent)]
-    Load(#[from] crate::ebpf::LoadError),
+    Feed(#[from] FeedError),
     #[error(transparent)]
     Control(#[from] crate::ebpf::ControlError),
-    #[error(transparent)]
-    Track(#[from] cgroup::TrackError),
     #[error("reading the id of cgroup {path}")]
     CgroupId {
         path: PathBuf,
@@ -215,66 +210,58 @@ pub fn run(args: TraceArgs) -> Result<(), TraceError> {
         }
     }
     runtime.block_on(async move {
-        let mut programs = KernelPrograms::load_with(&LoadOptions { ring_bytes: args.ring_bytes, ..LoadOptions::default() })?;
-        tracing::info!(%layout, memory = %programs.memory_mechanism(), "tracing");
-        if !thresholds.is_empty() && programs.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable {
+        let fork_limit = (args.fork_limit > 0).then_some(ForkLimit { max_forks: args.fork_limit, window: args.fork_window });
+        let options = LoadOptions { ring_bytes: args.ring_bytes, ..LoadOptions::default() };
+        let (mut feed, _) = KernelFeed::start(&options, &root, fork_limit)?;
+        tracing::info!(%layout, memory = %feed.memory_mechanism(), "tracing");
+        if !thresholds.is_empty() && feed.memory_mechanism() == crate::ebpf::MemoryMechanism::Unavailable {
             tracing::warn!("no in-kernel memory mechanism attaches on this kernel: --memory-threshold is not evaluated");
         }
-        let fork_limit = (args.fork_limit > 0).then_some(ForkLimit { max_forks: args.fork_limit, window: args.fork_window });
-        let mut tracker = CgroupTracker::new(&root, fork_limit)?;
-        tracker.refresh(&mut programs)?;
         for t in &thresholds {
             let id = cgroup::cgroup_id(&t.path).map_err(|source| TraceError::CgroupId { path: t.path.clone(), source })?;
-            programs.set_memory_threshold(id, t.bytes, hysteresis)?;
+            feed.programs().set_memory_threshold(id, t.bytes, hysteresis)?;
         }
-        programs.set_pid_threshold(pid_limit, args.pid_available_below, args.pid_available_below / 10)?;
-        let mut events = programs.events()?;
+        feed.programs().set_pid_threshold(pid_limit, args.pid_available_below, args.pid_available_below / 10)?;
 
-        let page_size = crate::sys::page_size();
         let mut out = std::io::stdout().lock();
         if args.output == OutputFormat::Table {
             writeln!(out, "{}", Record::TABLE_HEADER).map_err(TraceError::Output)?;
         }
         let mut stop = Stop::new(args.duration).map_err(TraceError::Runtime)?;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
-        let mut lost_before: u64 = programs.lost_events()?.iter().sum();
+        let print = |rec: &Record, out: &mut std::io::StdoutLock<'_>| -> Result<(), TraceError> {
+            if filter.matches(rec) {
+                writeln!(out, "{}", filter.render(rec, args.output)).map_err(TraceError::Output)?;
+            }
+            Ok(())
+        };
         loop {
             tokio::select! {
-                batch = events.next_batch() => {
-                    for record in batch.map_err(TraceError::Stream)? {
-                        match record {
-                            Ok(KernelEvent::CgroupChange(_)) => tracker.mark_changed(),
-                            Ok(event) => {
-                                let Some(a) = attribute(&event, tracker.index(), &NoNames, page_size) else { continue };
-                                let rec = Record::event(&a, crate::sys::ktime_rfc3339(a.ktime_ns));
-                                if filter.matches(&rec) {
-                                    writeln!(out, "{}", filter.render(&rec, args.output)).map_err(TraceError::Output)?;
-                                }
-                            }
-                            Err(e) => tracing::warn!(error = %e, "undecodable kernel record"),
-                        }
+                records = feed.recv() => {
+                    let batch = feed.attribute(records?, &NoNames);
+                    for e in &batch.undecodable {
+                        tracing::warn!(error = %e, "undecodable kernel record");
+                    }
+                    for a in &batch.events {
+                        print(&Record::event(a, crate::sys::ktime_rfc3339(a.ktime_ns)), &mut out)?;
                     }
                     out.flush().map_err(TraceError::Output)?;
                 }
                 _ = housekeeping.tick() => {
-                    let per_cpu = programs.lost_events()?;
-                    let total: u64 = per_cpu.iter().sum();
-                    if total > lost_before {
-                        let rec = Record::EventsLost { time: crate::sys::now_rfc3339(), lost: total - lost_before, total_per_cpu: per_cpu };
-                        lost_before = total;
-                        if filter.matches(&rec) {
-                            writeln!(out, "{}", filter.render(&rec, args.output)).map_err(TraceError::Output)?;
-                            out.flush().map_err(TraceError::Output)?;
-                        }
+                    let done = feed.housekeeping();
+                    if let Some(lost) = done.lost {
+                        let rec = Record::EventsLost { time: crate::sys::now_rfc3339(), lost: lost.lost, total_per_cpu: lost.total_per_cpu };
+                        print(&rec, &mut out)?;
+                        out.flush().map_err(TraceError::Output)?;
                     }
-                    if let Err(e) = tracker.refresh_if_due(&mut programs) {
-                        tracing::warn!(error = %e, "rescanning cgroups");
+                    for e in &done.errors {
+                        tracing::warn!(error = %crate::error_chain(e), "kernel feed housekeeping");
                     }
                 }
                 () = stop.wait() => break,
             }
         }
-        // Dropping `programs` detaches every program.
+        // Dropping the feed detaches every program.
         Ok(())
     })
 }

@@ -5,16 +5,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use node_agent_kube::{
-    evict::EvictionResult,
-    executor::Report,
+use node_agent_executor::{
     reclaim::{ReclaimOutcome, ReclaimResult},
+    Report,
 };
+use node_agent_kube::evict::EvictionResult;
 use node_agent_policy::{EvictionSignal, Signal};
 
-use crate::cgroup::{
-    attribution::{Attributed, Constraint, Direction, Happened, Subject},
-    QosClass,
+use crate::{
+    cgroup::QosClass,
+    kernel::attribution::{Attributed, Constraint, Direction, Happened, Subject},
 };
 
 /// The cgroup an event concerns.
@@ -154,7 +154,7 @@ mod by_name {
         }
     }
 
-    impl Named for node_agent_kube::reclaim::ReclaimResult {
+    impl Named for node_agent_executor::reclaim::ReclaimResult {
         fn name(&self) -> &'static str {
             self.as_str()
         }
@@ -170,6 +170,49 @@ mod by_name {
         fn from_name(s: &str) -> Result<Self, String> {
             s.parse()
         }
+    }
+}
+
+/// The record an OOM kill carries: what came before it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SawBefore {
+    /// The first pressure seen in the window, how long before the kill, and what it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<Pressure>,
+    /// The last thing the agent did about memory in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<String>,
+    /// Evictions in flight at the kill (namespace/name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_flight: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pressure {
+    /// `memory.available` (a threshold met) or a cgroup path (a kernel line crossed).
+    pub what: String,
+    pub before_ms: u64,
+}
+
+impl std::fmt::Display for SawBefore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.pressure {
+            Some(p) => write!(
+                f,
+                "node-agent saw memory pressure ({}) {:.1}s before",
+                p.what,
+                p.before_ms as f64 / 1000.0
+            )?,
+            None => write!(f, "node-agent saw no memory pressure in the minute before")?,
+        }
+        if let Some(d) = &self.decision {
+            write!(f, "; {d}")?;
+        }
+        match self.in_flight.as_slice() {
+            [] => {}
+            pods => write!(f, "; eviction in flight: {}", pods.join(", "))?,
+        }
+        Ok(())
     }
 }
 
@@ -193,6 +236,9 @@ pub enum Record {
         anon_rss_bytes: u64,
         file_rss_bytes: u64,
         shmem_rss_bytes: u64,
+        /// What the agent saw and did in the minute before (the daemon's stream only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        saw_before: Option<Box<SawBefore>>,
     },
     MemoryThreshold {
         time: String,
@@ -283,6 +329,14 @@ pub enum Record {
 }
 
 impl Record {
+    /// An OOM kill's record with what the agent saw before it.
+    pub fn with_saw_before(mut self, saw: SawBefore) -> Record {
+        if let Record::OomKill { saw_before, .. } = &mut self {
+            *saw_before = Some(Box::new(saw));
+        }
+        self
+    }
+
     /// The record of an attributed kernel event; `time` renders its kernel timestamp.
     pub fn event(a: &Attributed, time: String) -> Record {
         let ktime_ns = a.ktime_ns;
@@ -306,6 +360,7 @@ impl Record {
                 anon_rss_bytes: k.anon_rss_bytes,
                 file_rss_bytes: k.file_rss_bytes,
                 shmem_rss_bytes: k.shmem_rss_bytes,
+                saw_before: None,
             },
             Happened::MemoryThreshold {
                 cgroup,

@@ -1,7 +1,7 @@
 //! The table rendering of records: one row per record, for people, within [`ROW_WIDTH`]
 //! characters, in human units. JSON Lines (`--output json`) keep every field and raw figures.
 
-use node_agent_kube::reclaim::ReclaimResult;
+use node_agent_executor::reclaim::ReclaimResult;
 use node_agent_policy::Resource;
 
 use super::record::{Crossing, OomConstraint, Record};
@@ -29,13 +29,14 @@ impl Record {
                 file_rss_bytes,
                 shmem_rss_bytes,
                 oom_score_adj,
+                saw_before,
                 ..
             } => (
                 time,
                 cgroup.label(),
                 pid.to_string(),
                 format!(
-                    "{comm} killed ({}); rss anon {} file {} shmem {}; adj {oom_score_adj}",
+                    "{comm} killed ({}); rss anon {} file {} shmem {}; adj {oom_score_adj}{}",
                     match constraint {
                         OomConstraint::CgroupLimit => "cgroup limit",
                         OomConstraint::System => "system",
@@ -43,7 +44,10 @@ impl Record {
                     },
                     bytes(*anon_rss_bytes),
                     bytes(*file_rss_bytes),
-                    bytes(*shmem_rss_bytes)
+                    bytes(*shmem_rss_bytes),
+                    saw_before
+                        .as_ref()
+                        .map_or(String::new(), |s| format!("; {s}")),
                 ),
             ),
             Record::MemoryThreshold {
@@ -263,19 +267,15 @@ mod tests {
     use node_agent_common::{
         ForkStormEvent, MemoryThresholdEvent, DIRECTION_UP, KIND_MEMORY_THRESHOLD,
     };
-    use node_agent_kube::{
-        evict::{Attempt, EvictionResult},
-        executor::Report,
-    };
+    use node_agent_executor::Report;
+    use node_agent_kube::evict::{Attempt, EvictionResult};
     use node_agent_policy::{Format, Quantity, Resource, Signal};
 
     use super::*;
     use crate::{
-        cgroup::{
-            attribution::{attribute, NoNames},
-            CgroupIndex,
-        },
+        cgroup::CgroupIndex,
         ebpf::KernelEvent,
+        kernel::attribution::{attribute, NoNames},
     };
 
     #[test]

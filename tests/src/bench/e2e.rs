@@ -39,7 +39,7 @@ use crate::{move_into, Helper};
 
 const SECTION: &str = "latency";
 const MIB: u64 = 1 << 20;
-/// `agent.memory_capacity: 1Gi` and `memory.available<824Mi`: the threshold is met once the
+/// `memoryCapacity: 1Gi` and `memory.available<824Mi`: the threshold is met once the
 /// node's working set passes 200 MiB.
 const LINE_WORKING_SET: u64 = 200 * MIB;
 /// The ramping pod holds this much before its ramp, and ramps this far past the line.
@@ -371,7 +371,7 @@ pub fn run(
         node_cgroup: node_cgroup_name(node.path()),
         socket: &socket,
         port: free_port()?,
-        // `memory_capacity: 1Gi` and `memory.available<824Mi`: the threshold is met once the
+        // `memoryCapacity: 1Gi` and `memory.available<824Mi`: the threshold is met once the
         // node's working set passes 200 MiB (LINE_WORKING_SET).
         memory_available: "824Mi",
         memory_capacity: Some("1Gi"),

@@ -147,11 +147,11 @@ pub struct DaemonConfig<'a> {
     pub port: u16,
     /// `evictionHard: {memory.available: ...}`.
     pub memory_available: &'a str,
-    /// `agent.memory_capacity` (default: the node's MemTotal).
+    /// `memoryCapacity` (default: the node's MemTotal).
     pub memory_capacity: Option<&'a str>,
-    /// `agent.pod_refresh_interval`.
+    /// `kubernetes.podRefreshInterval`.
     pub pod_refresh_interval: Option<&'a str>,
-    /// `agent.resync_interval`.
+    /// `resyncInterval`.
     pub resync_interval: Option<&'a str>,
     /// Evictions paced for a bench that evicts every round rather than as deployed.
     pub fast_evictions: bool,
@@ -160,31 +160,33 @@ pub struct DaemonConfig<'a> {
 impl DaemonConfig<'_> {
     /// The one config text of the bench's Kubernetes-mode daemons.
     pub fn text(&self) -> String {
-        let mut agent = format!(
-            "agent:\n  listen: '127.0.0.1:{port}'\n  trace_socket: '{socket}'\n  \
-             node_cgroup: '{node}'\n  fork_limit: 0\n",
+        let mut kube = String::new();
+        if let Some(v) = self.pod_refresh_interval {
+            kube.push_str(&format!("  podRefreshInterval: {v}\n"));
+        }
+        if self.fast_evictions {
+            kube.push_str(
+                "  evictionsPerMinute: 600\n  evictionBurst: 10\n  evictionWaitTimeout: 10s\n",
+            );
+        }
+        let mut top = format!(
+            "listen: '127.0.0.1:{port}'\ntraceSocket: '{socket}'\nnodeCgroup: '{node}'\nforkLimit: 0\n",
             port = self.port,
             socket = self.socket.display(),
             node = self.node_cgroup,
         );
         for (key, value) in [
-            ("memory_capacity", self.memory_capacity),
-            ("resync_interval", self.resync_interval),
-            ("pod_refresh_interval", self.pod_refresh_interval),
+            ("memoryCapacity", self.memory_capacity),
+            ("resyncInterval", self.resync_interval),
         ] {
             if let Some(v) = value {
-                agent.push_str(&format!("  {key}: {v}\n"));
+                top.push_str(&format!("{key}: {v}\n"));
             }
         }
-        let pacing = if self.fast_evictions {
-            "  evictions_per_minute: 600\n  eviction_burst: 10\n  eviction_wait_timeout_seconds: 10\n"
-        } else {
-            ""
-        };
         format!(
-            "eviction:\n  evictionHard: {{memory.available: {available}}}\n\
-             kubernetes:\n  pod_source: kubelet\n  node_name: {NODE}\n  kubelet: {{url: '{url}', ca_file: '{ca}'}}\n  \
-             api_server: {{url: '{url}', ca_file: '{ca}'}}\n  token_path: '{token}'\n{pacing}{agent}",
+            "{HEADER}eviction:\n  evictionHard: {{memory.available: {available}}}\n\
+             kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
+             apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n{kube}{top}",
             available = self.memory_available,
             url = self.fake.url(),
             ca = self.fake.pki.ca_file.display(),
@@ -193,14 +195,17 @@ impl DaemonConfig<'_> {
     }
 }
 
+/// The config file's version header (`NodeAgentConfiguration`, README "The config file").
+const HEADER: &str = "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n";
+
 /// The standalone daemon's config: the kubelet's default memory threshold and nothing else.
 /// The kubelet's disk thresholds are left out on purpose: the shared development host's disk
 /// is often past `nodefs.available<10%`, which keeps a daemon with the defaults re-reading the
 /// node every 100 ms as under pressure, and these rows measure it idle, lines far.
 pub fn standalone_config_text(port: u16, socket: &Path) -> String {
     format!(
-        "eviction:\n  evictionHard: {{memory.available: 100Mi}}\n\
-         agent:\n  listen: '127.0.0.1:{port}'\n  trace_socket: '{}'\n",
+        "{HEADER}eviction:\n  evictionHard: {{memory.available: 100Mi}}\n\
+         listen: '127.0.0.1:{port}'\ntraceSocket: '{}'\n",
         socket.display()
     )
 }

@@ -101,7 +101,7 @@ impl Decider {
             Duration::from_secs(1),
             &PolicyState::default(),
         );
-        decision.evict.is_some()
+        !decision.evictions.is_empty()
     }
 }
 

@@ -1,25 +1,27 @@
 //! Agent settings that parse but cannot be meant, refused with the reason.
 //!
 //! Two kinds of check:
-//! - on the text alone ([`memory_capacity`], [`ring_bytes`]), called from `validate`: a
-//!   capacity that is not a whole number of bytes (`1m` is a thousandth of a byte), implausibly
-//!   small or beyond int64; a ring buffer past [`MAX_RING_BYTES`];
-//! - against the machine ([`check_on_machine`]), called once the cgroup layout is known, at
-//!   start and on every reload: a `memory_capacity` below what the node already uses (every
-//!   memory threshold would be met at once), a ring buffer the agent's own memory limit cannot
-//!   hold (the kernel charges it to the agent's cgroup).
+//! - on the values alone ([`memory_bytes`], [`ring_bytes`]), called while the file is
+//!   validated, so `check-config` makes them anywhere: a memory figure implausibly small for a
+//!   node; a ring buffer that is not a power of two or past [`MAX_RING_BYTES`];
+//! - against the node ([`on_this_machine`], [`check_on_machine`]), at start and on every
+//!   reload, and by `check-config --on-node`: the node cgroup exists, `nodefsPath` and
+//!   `imagefsPath` are directories, `memoryCapacity` is not below what the node already uses
+//!   (every memory threshold would be met at once), and the ring buffer fits the agent's own
+//!   memory limit (the kernel charges it to the agent's cgroup). Only the node can answer
+//!   these: a config checked elsewhere is checked without them (and says so).
 
 use std::path::{Path, PathBuf};
 
-use node_agent_policy::Quantity;
+use node_agent_policy::ByteSize;
 
-use super::{ConfigError, Settings};
+use super::{AgentConfig, ConfigError, Settings};
 use crate::cgroup::{
     paths::{self, Limit},
-    CgroupVersion, Hierarchy,
+    CgroupVersion, Hierarchy, Layout,
 };
 
-/// No node runs Kubernetes in less; a smaller capacity is a typo (`64m` for `64Mi`).
+/// No node runs Kubernetes in less; a smaller capacity is a typo (`64M` for `64Mi`).
 pub const MIN_MEMORY_CAPACITY: i64 = 64 << 20;
 /// 1 MiB (the default) holds about 15,000 events; past 256 MiB the ring only pins memory.
 pub const MAX_RING_BYTES: u32 = 256 << 20;
@@ -27,71 +29,83 @@ pub const MAX_RING_BYTES: u32 = 256 << 20;
 /// itself needs the rest.
 const RING_SHARE_OF_LIMIT: u64 = 2;
 
-const NANOS_PER_UNIT: i128 = 1_000_000_000;
-
-fn field(field: &'static str, problem: String) -> ConfigError {
-    ConfigError::AgentField { field, problem }
+fn field(path: &'static str, problem: String) -> ConfigError {
+    ConfigError::Invalid { path, problem }
 }
 
-/// `agent.memory_capacity`: a whole number of bytes from [`MIN_MEMORY_CAPACITY`] up to the
-/// int64 range.
-pub fn memory_capacity(text: &str) -> Result<i64, ConfigError> {
-    memory_bytes("memory_capacity", text)
-}
-
-/// A node's amount of memory in field `name` (`memory_capacity`, `allocatable_memory`): a
-/// whole number of bytes from [`MIN_MEMORY_CAPACITY`] up to the int64 range.
-pub fn memory_bytes(name: &'static str, text: &str) -> Result<i64, ConfigError> {
-    let q: Quantity = text
-        .parse()
-        .map_err(|e| field(name, format!("{text:?}: {e}")))?;
-    if q.is_negative() || q.is_zero() {
-        return Err(field(name, format!("{text:?} must be positive")));
+/// A node's amount of memory in field `name` (`memoryCapacity`, `allocatableMemory`): from
+/// [`MIN_MEMORY_CAPACITY`] up (the size type already holds it to whole bytes within int64).
+pub fn memory_bytes(name: &'static str, size: ByteSize) -> Result<i64, ConfigError> {
+    let bytes = i64::try_from(size.bytes())
+        .map_err(|_| field(name, format!("{size} is beyond what 64 bits of bytes hold")))?;
+    if bytes == 0 {
+        return Err(field(name, format!("{size} must be positive")));
     }
-    if q.nanos() % NANOS_PER_UNIT != 0 {
-        return Err(field(
-            name,
-            format!(
-                "{text:?} is not a whole number of bytes (`m` is a thousandth; mebibytes are Mi)"
-            ),
-        ));
-    }
-    let bytes = q.checked_value().map_err(|_| {
-        field(
-            name,
-            format!("{text:?} is beyond what 64 bits of bytes hold"),
-        )
-    })?;
     if bytes < MIN_MEMORY_CAPACITY {
         return Err(field(
             name,
-            format!("{text:?} is {bytes} bytes, less than any node runs on (at least 64Mi); did you mean Mi or Gi?"),
+            format!("{size} is {bytes} bytes, less than any node runs on (at least 64Mi); did you mean Mi or Gi?"),
         ));
     }
     Ok(bytes)
 }
 
-/// `agent.ring_bytes`: a power of two from 4096 to [`MAX_RING_BYTES`].
-pub fn ring_bytes(bytes: u32) -> Result<u32, ConfigError> {
+/// `ringBufferSize`: a power of two from 4Ki to [`MAX_RING_BYTES`].
+pub fn ring_bytes(size: ByteSize) -> Result<u32, ConfigError> {
+    let bytes = size.bytes();
     if !bytes.is_power_of_two() || bytes < 4096 {
         return Err(field(
-            "ring_bytes",
-            format!("{bytes} must be a power of two of at least 4096"),
+            "ringBufferSize",
+            format!("{size} ({bytes} bytes) must be a power of two of at least 4Ki"),
         ));
     }
-    if bytes > MAX_RING_BYTES {
+    match u32::try_from(bytes) {
+        Ok(ring) if ring <= MAX_RING_BYTES => Ok(ring),
+        _ => Err(field(
+            "ringBufferSize",
+            format!("{size} is more than 256Mi: the kernel pins the whole ring in memory charged to the agent, and 1Mi already holds about 15,000 events"),
+        )),
+    }
+}
+
+/// The node cgroup's directory in the memory hierarchy.
+pub fn node_dir(layout: &Layout, config: &AgentConfig) -> PathBuf {
+    let cg = &config.settings.node_cgroup;
+    layout
+        .memory
+        .mount()
+        .join(cg.strip_prefix("/").unwrap_or(cg))
+}
+
+/// Every check that needs the node, as the agent makes them before it loads anything: the
+/// node cgroup exists, then [`check_on_machine`]. Returns the node cgroup's directory.
+pub fn on_this_machine(config: &AgentConfig, layout: &Layout) -> Result<PathBuf, ConfigError> {
+    let node_dir = node_dir(layout, config);
+    if !node_dir.is_dir() {
+        return Err(ConfigError::NodeCgroup(node_dir));
+    }
+    check_on_machine(&config.settings, &layout.memory, &node_dir)?;
+    Ok(node_dir)
+}
+
+/// A filesystem path the agent will statvfs: it must be a directory that exists now.
+fn existing_dir(path: &'static str, dir: &Path) -> Result<(), ConfigError> {
+    if !dir.is_dir() {
         return Err(field(
-            "ring_bytes",
-            format!("{bytes} is more than {MAX_RING_BYTES} (256Mi): the kernel pins the whole ring in memory charged to the agent, and 1Mi already holds about 15,000 events"),
+            path,
+            format!(
+                "{} is not an existing directory on this node",
+                dir.display()
+            ),
         ));
     }
-    Ok(bytes)
+    Ok(())
 }
 
 /// What the checks need to know about the machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Machine {
-    /// The node cgroup's working set (usage − inactive file), when `memory_capacity` is set.
+    /// The node cgroup's working set (usage − inactive file), when `memoryCapacity` is set.
     pub node_working_set: Option<(PathBuf, u64)>,
     /// The tightest memory limit on the agent's own cgroup and its ancestors, if any.
     pub agent_memory_limit: Option<(PathBuf, u64)>,
@@ -104,13 +118,17 @@ pub fn check_on_machine(
     memory: &Hierarchy,
     node_dir: &Path,
 ) -> Result<(), ConfigError> {
+    existing_dir("nodefsPath", &settings.nodefs_path)?;
+    if let Some(imagefs) = &settings.imagefs_path {
+        existing_dir("imagefsPath", imagefs)?;
+    }
     let node_working_set = match settings.memory_capacity {
         None => None,
         Some(_) => Some((
             node_dir.to_path_buf(),
             working_set(memory, node_dir).map_err(|problem| {
                 field(
-                    "memory_capacity",
+                    "memoryCapacity",
                     format!("cannot be checked against the node's memory in use: {problem}"),
                 )
             })?,
@@ -130,7 +148,7 @@ pub fn check(settings: &Settings, machine: &Machine) -> Result<(), ConfigError> 
     {
         if u64::try_from(capacity).is_ok_and(|c| c < *in_use) {
             return Err(field(
-                "memory_capacity",
+                "memoryCapacity",
                 format!(
                     "{capacity} bytes is below the {in_use} bytes the node already uses (working set of {}): memory.available would be negative and every memory threshold met at once",
                     dir.display()
@@ -142,7 +160,7 @@ pub fn check(settings: &Settings, machine: &Machine) -> Result<(), ConfigError> 
         let ring = u64::from(settings.ring_bytes);
         if ring > limit / RING_SHARE_OF_LIMIT {
             return Err(field(
-                "ring_bytes",
+                "ringBufferSize",
                 format!(
                     "{ring} is more than half of the agent's memory limit ({limit} bytes on {}); the kernel charges the ring buffer to the agent",
                     dir.display()
@@ -159,8 +177,8 @@ fn working_set(memory: &Hierarchy, node_dir: &Path) -> Result<u64, String> {
     if node_dir == memory.mount() && memory.version() == CgroupVersion::V2 {
         let text = std::fs::read_to_string("/proc/meminfo")
             .map_err(|e| format!("reading /proc/meminfo: {e}"))?;
-        let mem = crate::daemon::observe::parse_meminfo(&text)
-            .map_err(|e| format!("/proc/meminfo: {e}"))?;
+        let mem =
+            crate::daemon::node::parse_meminfo(&text).map_err(|e| format!("/proc/meminfo: {e}"))?;
         return Ok(mem
             .total
             .saturating_sub(mem.free)
@@ -224,7 +242,7 @@ fn own_cgroup(proc_self_cgroup: &str, version: CgroupVersion) -> Option<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::config::{AgentConfig, Overrides};
+    use crate::daemon::config::{tests::doc, AgentConfig, Overrides};
 
     fn settings(memory_capacity: Option<i64>, ring_bytes: u32) -> Settings {
         let mut settings = AgentConfig::standalone(&Overrides::default())
@@ -247,22 +265,25 @@ mod tests {
     fn suspicious_settings_in_the_file_are_refused_with_the_reason() {
         #[rustfmt::skip]
         let rows: &[(&str, Option<&str>)] = &[
-            ("agent: {memory_capacity: 1Gi}", None),
-            ("agent: {memory_capacity: 64Mi}", None),
-            ("agent: {memory_capacity: 1m}", Some("agent.memory_capacity: \"1m\" is not a whole number of bytes")),
-            ("agent: {memory_capacity: '1'}", Some("agent.memory_capacity: \"1\" is 1 bytes, less than any node runs on")),
-            ("agent: {memory_capacity: 64M}", Some("less than any node runs on")),
-            ("agent: {memory_capacity: 20E}", Some("agent.memory_capacity: \"20E\" is beyond what 64 bits of bytes hold")),
-            ("agent: {memory_capacity: -1Gi}", Some("agent.memory_capacity: \"-1Gi\" must be positive")),
-            ("agent: {memory_capacity: lots}", Some("agent.memory_capacity: \"lots\"")),
-            ("agent: {ring_bytes: 4096}", None),
-            ("agent: {ring_bytes: 268435456}", None),
-            ("agent: {ring_bytes: 2147483648}", Some("agent.ring_bytes: 2147483648 is more than 268435456 (256Mi)")),
-            ("agent: {ring_bytes: 536870912}", Some("agent.ring_bytes: 536870912 is more than")),
-            ("agent: {ring_bytes: 1000}", Some("agent.ring_bytes: 1000 must be a power of two")),
+            ("memoryCapacity: 1Gi", None),
+            ("memoryCapacity: 64Mi", None),
+            ("memoryCapacity: 1m", Some("config: memoryCapacity: \"1m\" is not a size as a Kubernetes quantity such as 512Mi or 8Gi: is not a whole number of bytes")),
+            ("memoryCapacity: '1'", Some("config: memoryCapacity: 1 is 1 bytes, less than any node runs on")),
+            ("memoryCapacity: 64M", Some("less than any node runs on")),
+            ("memoryCapacity: 20E", Some("config: memoryCapacity: \"20E\" is not a size as a Kubernetes quantity such as 512Mi or 8Gi: is beyond what 64 bits of bytes hold")),
+            ("memoryCapacity: -1Gi", Some("config: memoryCapacity: \"-1Gi\" is not a size as a Kubernetes quantity such as 512Mi or 8Gi: must not be negative")),
+            ("memoryCapacity: 0", Some("config: memoryCapacity: 0 must be positive")),
+            ("memoryCapacity: lots", Some("config: memoryCapacity: \"lots\"")),
+            ("ringBufferSize: 4Ki", None),
+            ("ringBufferSize: 4096", None),
+            ("ringBufferSize: 256Mi", None),
+            ("ringBufferSize: 2Gi", Some("config: ringBufferSize: 2Gi is more than 256Mi")),
+            ("ringBufferSize: 536870912", Some("config: ringBufferSize: 536870912 is more than 256Mi")),
+            ("ringBufferSize: 1000", Some("config: ringBufferSize: 1k (1000 bytes) must be a power of two")),
+            ("ringBufferSize: 2Ki", Some("config: ringBufferSize: 2Ki (2048 bytes) must be a power of two of at least 4Ki")),
         ];
         for (text, expected) in rows {
-            let parsed = AgentConfig::parse(text, &Overrides::default());
+            let parsed = AgentConfig::parse(&doc(text), &Overrides::default());
             match (parsed, expected) {
                 (Ok(_), None) => {}
                 (Ok(_), Some(needle)) => panic!("{text}: accepted, expected {needle:?}"),
@@ -288,11 +309,11 @@ mod tests {
             ("capacity above the node's use", settings(Some(8 << 30), 1 << 20), machine(Some(3 << 30), None), None),
             ("capacity equal to the node's use", settings(Some(3 << 30), 1 << 20), machine(Some(3 << 30), None), None),
             ("capacity below the node's use", settings(Some(1 << 30), 1 << 20), machine(Some(3 << 30), None),
-             Some("agent.memory_capacity: 1073741824 bytes is below the 3221225472 bytes the node already uses (working set of /sys/fs/cgroup/memory/node)")),
+             Some("config: memoryCapacity: 1073741824 bytes is below the 3221225472 bytes the node already uses (working set of /sys/fs/cgroup/memory/node)")),
             ("no capacity set: nothing to compare", settings(None, 1 << 20), machine(None, None), None),
             ("ring within half the agent's limit", settings(None, 128 << 20), machine(None, Some(256 << 20)), None),
             ("ring past half the agent's limit", settings(None, 256 << 20), machine(None, Some(256 << 20)),
-             Some("agent.ring_bytes: 268435456 is more than half of the agent's memory limit (268435456 bytes on /sys/fs/cgroup/memory/agent)")),
+             Some("config: ringBufferSize: 268435456 is more than half of the agent's memory limit (268435456 bytes on /sys/fs/cgroup/memory/agent)")),
             ("no limit known: any valid ring", settings(None, 256 << 20), machine(None, None), None),
         ];
         for (behaviour, settings, machine, expected) in rows {
@@ -336,5 +357,35 @@ mod tests {
         assert!(error.to_string().contains("already uses"), "{error}");
         let ample = settings(Some(i64::MAX), 1 << 20);
         check_on_machine(&ample, &layout.memory, &root).expect("above the machine's use");
+    }
+
+    #[test]
+    fn what_only_the_node_can_answer_is_checked_on_it() {
+        let layout = crate::cgroup::detect().expect("cgroups");
+        let dir = tempfile::tempdir().unwrap();
+        let here = dir.path().display();
+        #[rustfmt::skip]
+        let rows: Vec<(String, Option<String>)> = vec![
+            (format!("nodefsPath: {here}\nimagefsPath: {here}"), None),
+            ("nodeCgroup: /node-agent-no-such-cgroup".into(),
+             Some(format!("config: nodeCgroup: no cgroup at {}", layout.memory.mount().join("node-agent-no-such-cgroup").display()))),
+            ("nodefsPath: /nonexistent/kubelet".into(),
+             Some("config: nodefsPath: /nonexistent/kubelet is not an existing directory on this node".into())),
+            (format!("nodefsPath: {here}\nimagefsPath: /nonexistent/images"),
+             Some("config: imagefsPath: /nonexistent/images is not an existing directory on this node".into())),
+            ("memoryCapacity: 64Mi".into(), Some("config: memoryCapacity: 67108864 bytes is below the".into())),
+        ];
+        for (text, expected) in rows {
+            // The file itself is valid anywhere: only the node refuses it.
+            let config = AgentConfig::parse(&doc(&text), &Overrides::default())
+                .unwrap_or_else(|e| panic!("{text}: {}", chain(&e)));
+            match (on_this_machine(&config, &layout), expected) {
+                (Ok(node_dir), None) => assert_eq!(node_dir, layout.memory.mount()),
+                (Err(e), Some(needle)) => {
+                    assert!(chain(&e).contains(&needle), "{text}: {}", chain(&e))
+                }
+                (got, want) => panic!("{text}: {got:?}, expected {want:?}"),
+            }
+        }
     }
 }

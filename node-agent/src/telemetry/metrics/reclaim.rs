@@ -12,7 +12,7 @@
 //! - `node_reclaim_runtime_unavailable`: 1 while the container runtime could not be reached
 //!   the last time it was asked (disk pressure then evicts pods directly).
 
-use node_agent_kube::reclaim::{ReclaimOutcome, ReclaimResult, Tally};
+use node_agent_executor::reclaim::{ReclaimOutcome, ReclaimResult, Tally};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},

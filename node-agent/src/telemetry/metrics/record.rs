@@ -81,18 +81,30 @@ impl Metrics {
             .inc();
     }
 
-    /// Counter `node_agent_oom_kills_total{namespace}` (`""` → `"none"` for non-pod cgroups).
-    pub fn oom_kill(&self, namespace: &str) {
-        let namespace = if namespace.is_empty() {
-            "none"
-        } else {
-            namespace
+    /// Counter `node_agent_oom_kills_total{namespace,container,reason}` (`none` for what is
+    /// not a pod's, or a container the agent cannot name); with `foreseen`, also
+    /// `node_agent_oom_kills_foreseen_total{reason}`. No pod names or UIDs: the labels are as
+    /// many as the namespaces and container names on the node.
+    pub fn oom_kill(&self, namespace: &str, container: &str, reason: &'static str, foreseen: bool) {
+        let or_none = |s: &str| {
+            if s.is_empty() {
+                "none".to_owned()
+            } else {
+                s.to_owned()
+            }
         };
         self.oom_kills
-            .get_or_create(&NamespaceLabels {
-                namespace: namespace.to_owned(),
+            .get_or_create(&OomLabels {
+                namespace: or_none(namespace),
+                container: or_none(container),
+                reason,
             })
             .inc();
+        if foreseen {
+            self.oom_kills_foreseen
+                .get_or_create(&OomReasonLabels { reason })
+                .inc();
+        }
     }
 
     /// Counter `node_agent_kernel_events_total{kind}`.
@@ -137,9 +149,9 @@ impl Metrics {
     /// triggering event → decision, buckets [`DECISION_LATENCY_BUCKETS`]. A negative or
     /// non-finite value (a clock mix-up upstream) would corrupt the sum for good, so it is
     /// counted in `node_agent_decision_latency_invalid_total{trigger}` instead.
-    pub fn decision_latency(&self, trigger: &str, seconds: f64) {
+    pub fn decision_latency(&self, trigger: Trigger, seconds: f64) {
         let labels = TriggerLabels {
-            trigger: trigger.to_owned(),
+            trigger: trigger.as_str(),
         };
         if seconds.is_finite() && seconds >= 0.0 {
             self.decision_latency
@@ -151,10 +163,10 @@ impl Metrics {
     }
 
     /// Counter `node_agent_evaluations_total{trigger}`.
-    pub fn evaluation(&self, trigger: &str) {
+    pub fn evaluation(&self, trigger: Trigger) {
         self.evaluations
             .get_or_create(&TriggerLabels {
-                trigger: trigger.to_owned(),
+                trigger: trigger.as_str(),
             })
             .inc();
     }
@@ -214,11 +226,18 @@ impl Metrics {
     }
 
     /// Counter `node_agent_kube_errors_total{operation}`.
-    pub fn kube_error(&self, operation: &str) {
+    pub fn kube_error(&self, operation: KubeOperation) {
         self.kube_errors
             .get_or_create(&OperationLabels {
-                operation: operation.to_owned(),
+                operation: operation.as_str(),
             })
+            .inc();
+    }
+
+    /// Counter `node_agent_executor_refused_total{lane}`.
+    pub fn executor_refused(&self, lane: &'static str) {
+        self.executor_refused
+            .get_or_create(&LaneLabels { lane })
             .inc();
     }
 }

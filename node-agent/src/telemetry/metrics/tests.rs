@@ -89,11 +89,17 @@ fn each_recorder_writes_its_sample() {
          |m| { m.eviction(Signal::MemoryAvailable.into(), EvictionResult::DryRun); m.eviction(Signal::MemoryAvailable.into(), EvictionResult::DryRun); m.eviction(Signal::MemoryAvailable.into(), EvictionResult::Failed) },
          "node_agent_evictions_total{eviction_signal=\"memory.available\",result=\"dry_run\"} 2"),
         ("an OOM kill counts by namespace",
-         |m| m.oom_kill("default"),
-         "node_agent_oom_kills_total{namespace=\"default\"} 1"),
+         |m| m.oom_kill("default", "app", "cgroup_limit", false),
+         "node_agent_oom_kills_total{namespace=\"default\",container=\"app\",reason=\"cgroup_limit\"} 1"),
+        ("a kill the agent saw coming is counted apart",
+         |m| m.oom_kill("default", "app", "node", true),
+         "node_agent_oom_kills_foreseen_total{reason=\"node\"} 1"),
+        ("foreseen kills start at zero",
+         |_| {},
+         "node_agent_oom_kills_foreseen_total{reason=\"cgroup_limit\"} 0"),
         ("an OOM kill outside pods counts as namespace none",
-         |m| m.oom_kill(""),
-         "node_agent_oom_kills_total{namespace=\"none\"} 1"),
+         |m| m.oom_kill("", "", "unknown", false),
+         "node_agent_oom_kills_total{namespace=\"none\",container=\"none\",reason=\"unknown\"} 1"),
         ("kernel events count by kind",
          |m| m.kernel_event("fork_storm"),
          "node_agent_kernel_events_total{kind=\"fork_storm\"} 1"),
@@ -104,13 +110,13 @@ fn each_recorder_writes_its_sample() {
          |m| m.decode_error(),
          "node_agent_ringbuf_decode_errors_total 1"),
         ("a decision latency is observed",
-         |m| m.decision_latency("memory_threshold", 0.0015),
+         |m| m.decision_latency(Trigger::MemoryThreshold, 0.0015),
          "node_agent_decision_latency_seconds_count{trigger=\"memory_threshold\"} 1"),
         ("a negative decision latency is counted as invalid",
-         |m| m.decision_latency("resync", -0.5),
+         |m| m.decision_latency(Trigger::Resync, -0.5),
          "node_agent_decision_latency_invalid_total{trigger=\"resync\"} 1"),
         ("evaluations count by trigger",
-         |m| m.evaluation("resync"),
+         |m| m.evaluation(Trigger::Resync),
          "node_agent_evaluations_total{trigger=\"resync\"} 1"),
         ("stale data counts by source",
          |m| m.stale_data("kubelet_pods"),
@@ -158,9 +164,28 @@ fn each_recorder_writes_its_sample() {
         ("and read as zero before a cluster is connected",
          |_| {},
          "node_agent_kube_request_failures_total 0"),
+        ("a source's readiness is a gauge by source",
+         |m| m.sources().set_ready("cluster", false),
+         "node_agent_kube_source_ready{source=\"cluster\"} 0"),
+        ("the pod watch's pause is in seconds",
+         |m| {
+             let c = Arc::new(Counters::default());
+             c.pod_watch_backoff_millis.store(2500, Ordering::Relaxed);
+             m.export_kube_counters(c);
+         },
+         "node_agent_kube_pod_watch_backoff_seconds 2.5"),
         ("kube errors count by operation",
-         |m| m.kube_error("list_pods"),
-         "node_agent_kube_errors_total{operation=\"list_pods\"} 1"),
+         |m| m.kube_error(KubeOperation::NodeTaint),
+         "node_agent_kube_errors_total{operation=\"node taint\"} 1"),
+        ("every operation starts at zero",
+         |_| {},
+         "node_agent_kube_errors_total{operation=\"NodeAgentOOMKill\"} 0"),
+        ("every trigger starts at zero",
+         |_| {},
+         "node_agent_evaluations_total{trigger=\"allocatable\"} 0"),
+        ("a full executor lane is counted",
+         |m| m.executor_refused("event"),
+         "node_agent_executor_refused_total{lane=\"event\"} 1"),
     ];
     for (name, record, expected) in rows {
         let metrics = Metrics::new();
@@ -187,16 +212,19 @@ fn populated() -> Arc<Metrics> {
     metrics.set_threshold_met(Signal::MemoryAvailable, true, false);
     metrics.set_condition("MemoryPressure", false);
     metrics.eviction(Signal::MemoryAvailable.into(), EvictionResult::Evicted);
-    metrics.oom_kill("");
+    metrics.oom_kill("", "", "node", true);
     metrics.kernel_event("oom_kill");
-    metrics.decision_latency("memory_threshold", 0.001);
-    metrics.decision_latency("memory_threshold", f64::NAN);
-    metrics.evaluation("resync");
+    metrics.decision_latency(Trigger::MemoryThreshold, 0.001);
+    metrics.decision_latency(Trigger::MemoryThreshold, f64::NAN);
+    metrics.evaluation(Trigger::Resync);
     metrics.stale_data("pods");
-    metrics.kube_error("evict");
+    metrics.kube_error(KubeOperation::PodEvent);
+    metrics.executor_refused("event");
     metrics.set_tracked_cgroups(1, 0, true);
     metrics.set_signal_unknown(Signal::ImageFsAvailable, false);
     metrics.set_no_evictable_pod(Some(Signal::MemoryAvailable));
+    metrics.sources().set_ready("pods", false);
+    metrics.sources().accept_error();
     metrics.set_kernel_counters(
         5,
         Some(node_agent_common::SamplerStats {
@@ -234,16 +262,20 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 22] = [
+const COUNTERS: [&str; 28] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
     "node_agent_evictions",
+    "node_agent_executor_refused",
     "node_agent_kernel_events",
     "node_agent_kube_errors",
+    "node_agent_kube_fields_invalid",
+    "node_agent_kube_pod_relists",
     "node_agent_kube_pods_skipped",
     "node_agent_kube_request_failures",
     "node_agent_kube_retries",
+    "node_agent_kube_stats_skipped",
     "node_agent_kube_watch_events_dropped",
     "node_agent_memory_sampler_busy_seconds",
     "node_agent_memory_sampler_late_ticks",
@@ -251,17 +283,21 @@ const COUNTERS: [&str; 22] = [
     "node_agent_memory_sampler_ticks",
     "node_agent_no_evictable_pod_events",
     "node_agent_oom_kills",
+    "node_agent_oom_kills_foreseen",
     "node_agent_ringbuf_decode_errors",
     "node_agent_ringbuf_lost_events",
     "node_agent_ringbuf_sent_events",
     "node_agent_stale_data",
+    "node_agent_telemetry_accept_errors",
     "node_agent_telemetry_connections_closed",
     "node_agent_tracking_cap_reached",
 ];
 
-const OTHERS: [&str; 18] = [
+const OTHERS: [&str; 20] = [
     "node_agent_build_info",
     "node_agent_decision_latency_seconds",
+    "node_agent_kube_pod_watch_backoff_seconds",
+    "node_agent_kube_source_ready",
     "node_agent_memory_mechanism",
     "node_agent_no_evictable_pod",
     "node_agent_node_condition",
@@ -364,12 +400,13 @@ fn decision_latency_buckets_span_100us_to_10s() {
 fn decision_latency_lands_in_the_right_buckets() {
     let metrics = Metrics::new();
     for seconds in [0.00005, 0.0015, 0.002, 0.0021, 3.0, 60.0] {
-        metrics.decision_latency("t", seconds);
+        metrics.decision_latency(Trigger::Pacing, seconds);
     }
     let text = metrics.encode();
     let bucket = |le: &str| -> String {
-        let prefix =
-            format!("node_agent_decision_latency_seconds_bucket{{le=\"{le}\",trigger=\"t\"}} ");
+        let prefix = format!(
+            "node_agent_decision_latency_seconds_bucket{{le=\"{le}\",trigger=\"pacing\"}} "
+        );
         let line = text.lines().find(|line| line.starts_with(&prefix));
         let line = line.unwrap_or_else(|| panic!("no bucket le={le} in\n{text}"));
         line[prefix.len()..].to_owned()
@@ -403,24 +440,24 @@ fn decision_latency_lands_in_the_right_buckets() {
 fn invalid_decision_latencies_are_counted_not_observed() {
     let metrics = Metrics::new();
     for seconds in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.001] {
-        metrics.decision_latency("t", seconds);
+        metrics.decision_latency(Trigger::Pacing, seconds);
     }
-    metrics.decision_latency("t", 0.0);
+    metrics.decision_latency(Trigger::Pacing, 0.0);
     let text = metrics.encode();
     let text = lines(&text);
-    assert!(text.contains(&"node_agent_decision_latency_invalid_total{trigger=\"t\"} 4"));
-    assert!(text.contains(&"node_agent_decision_latency_seconds_count{trigger=\"t\"} 1"));
-    assert!(text.contains(&"node_agent_decision_latency_seconds_sum{trigger=\"t\"} 0.0"));
+    assert!(text.contains(&"node_agent_decision_latency_invalid_total{trigger=\"pacing\"} 4"));
+    assert!(text.contains(&"node_agent_decision_latency_seconds_count{trigger=\"pacing\"} 1"));
+    assert!(text.contains(&"node_agent_decision_latency_seconds_sum{trigger=\"pacing\"} 0.0"));
 }
 
 #[test]
 fn label_values_are_escaped() {
     let metrics = Metrics::new();
-    metrics.kube_error("odd\"operation\\with\nnewline, évitée");
+    metrics.oom_kill("odd\"namespace\\with\nnewline, évitée", "c", "node", false);
     let text = metrics.encode();
     assert!(
         lines(&text).contains(
-            &r#"node_agent_kube_errors_total{operation="odd\"operation\\with\nnewline, évitée"} 1"#
+            &r#"node_agent_oom_kills_total{namespace="odd\"namespace\\with\nnewline, évitée",container="c",reason="node"} 1"#
         ),
         "{text}"
     );

@@ -1,0 +1,165 @@
+//! What the plan asks of the executor, and what the executor reports back: data, with the
+//! errors kept typed so the loop can match on them, count them by kind and log their chain.
+
+use std::time::SystemTime;
+
+use node_agent_kube::{
+    api::ApiError,
+    events::{self, OomCause, OomKill, PodOomKill},
+    evict::Attempt,
+    taint::{TaintChange, TaintError},
+};
+use node_agent_policy::{Eviction, NodeCondition, PodInfo, Resource};
+
+use crate::{
+    lanes::Refused,
+    reclaim::{Detected, Reclaim, ReclaimOutcome, RuntimeError},
+};
+
+/// One thing to do in the cluster or on the node's runtime.
+#[derive(Debug, Clone)]
+pub enum Action {
+    Evict(Box<Evict>),
+    NodeEvent(NodeEvent),
+    /// A kernel OOM kill in a pod, as an event on the pod (or one more in its series).
+    PodOomEvent(Box<PodOomEvent>),
+    /// The agent's node condition and the node's pressure taint for these conditions (none:
+    /// no pressure). Only the latest status matters: one not yet written is replaced.
+    Status {
+        conditions: Vec<NodeCondition>,
+    },
+    /// Delete dead containers and unused images through the runtime, before any eviction for
+    /// this disk signal.
+    Reclaim(Box<Reclaim>),
+    /// Note which images the runtime has and which are in use (the kubelet's periodic
+    /// `detectImages`), so reclaim knows their age.
+    DetectImages,
+    /// Ask the runtime whose container this is (an OOM kill in a pod the pod source has not
+    /// listed yet).
+    Identify(Box<Unnamed>),
+}
+
+/// An OOM kill in a container the agent cannot name yet: its cgroup gave the pod's UID and the
+/// container's id, the runtime's labels give the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unnamed {
+    pub container_id: String,
+    pub pod_uid: String,
+    pub pid: u32,
+    pub comm: String,
+    pub cause: OomCause,
+    pub saw_before: String,
+}
+
+/// Whose container it is, as the runtime's labels say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub container: String,
+}
+
+impl Unnamed {
+    /// The kill, named.
+    pub fn named(self, who: Identity) -> PodOomKill {
+        PodOomKill {
+            namespace: who.namespace,
+            name: who.name,
+            uid: who.uid,
+            container: Some(who.container),
+            pid: self.pid,
+            comm: self.comm,
+            cause: self.cause,
+            saw_before: self.saw_before,
+            named_late: true,
+        }
+    }
+}
+
+/// The policy's decision, the pod it is about, and the kernel timestamp of what triggered it.
+#[derive(Debug, Clone)]
+pub struct Evict {
+    pub eviction: Eviction,
+    pub pod: PodInfo,
+    pub trigger_ktime_ns: Option<u64>,
+}
+
+/// The pod's OOM event: posted for the first kill of a series, its count written after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodOomEvent {
+    New {
+        kill: PodOomKill,
+        /// The first kill's time: the event's time and, with the pod's name, its name.
+        at: SystemTime,
+    },
+    Series {
+        namespace: String,
+        name: String,
+        count: u32,
+        last_observed: SystemTime,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeEvent {
+    /// `EvictionThresholdMet`: a threshold on this resource is newly met.
+    ThresholdMet(Resource),
+    /// [`events::OOM_KILL_REASON`]: the kernel's OOM killer chose a process.
+    OomKill(OomKill),
+}
+
+impl NodeEvent {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::ThresholdMet(_) => "EvictionThresholdMet",
+            Self::OomKill(_) => events::OOM_KILL_REASON,
+        }
+    }
+}
+
+/// What the executor reports back.
+#[derive(Debug)]
+pub enum Outcome {
+    Eviction(Box<Report>),
+    NodeEvent {
+        reason: &'static str,
+        result: Result<(), ApiError>,
+    },
+    /// A pod's OOM event posted, or its series written.
+    PodOomEvent(Result<(), ApiError>),
+    Status(Box<StatusReport>),
+    Reclaim(Box<ReclaimOutcome>),
+    /// Images detected (how many, and where the runtime keeps them), or why the runtime could
+    /// not be asked.
+    ImagesDetected(Result<Detected, RuntimeError>),
+    /// An action no lane took.
+    Refused(Refused),
+    /// Whose container an OOM kill was in, or why the runtime could not say.
+    Identified {
+        kill: Box<Unnamed>,
+        who: Result<Identity, RuntimeError>,
+    },
+}
+
+/// The outcome of one eviction decision.
+#[derive(Debug)]
+pub struct Report {
+    pub eviction: Eviction,
+    pub trigger_ktime_ns: Option<u64>,
+    pub attempt: Attempt,
+    /// The pod's `Evicted` event could not be posted (the eviction itself happened).
+    pub event_error: Option<ApiError>,
+    pub at: SystemTime,
+}
+
+/// What writing the node's status did: the condition, then the taint that follows it.
+#[derive(Debug)]
+pub struct StatusReport {
+    pub pressure: bool,
+    /// The writes of an agent that stops (condition `Unknown`, taint removed).
+    pub stopped: bool,
+    pub condition: Result<(), ApiError>,
+    /// `Ok(None)`: nothing was sent (dry run, standalone, taints off and none to remove).
+    pub taint: Result<Option<TaintChange>, TaintError>,
+}

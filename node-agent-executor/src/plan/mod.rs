@@ -1,0 +1,525 @@
+//! The acting plan, pure: from a decision to actions, as data, and what the plan remembers
+//! about acting (the evictions in flight, pods not evictable now, the pacing, what was last
+//! reported); each outcome the executor reports comes back through [`Acting::reported`] and
+//! [`Acting::reclaimed`]. Time is always the caller's `now`.
+//!
+//! Node-level reclaim goes before an eviction for a disk signal, as the kubelet's
+//! `reclaimNodeLevelResources` does: when the signal being reclaimed has node-level reclaim
+//! functions (by filesystem layout), the plan hands a [`Reclaim`] action to the executor and
+//! holds every eviction for a disk signal until its outcome is back and the loop has observed
+//! the node again; from then on, until `interval` has passed, the pods are ranked and evicted as
+//! before. So at most one reclaim runs per `interval` (the kubelet: once per synchronize). An
+//! eviction for memory or PIDs never waits for the runtime: a hung runtime must not delay it
+//! (the kubelet would not be reclaiming disk while memory is the signal to reclaim either).
+//!
+//! Evictions leave one decision at a time (one pod for a threshold, every pod over a local
+//! storage limit at once): from the moment they are handed to the executor until each outcome
+//! says nothing is going (refused, blocked, failed), or until each pod's cgroup is gone (the
+//! kubelet's wait for pod cleanup) or `eviction_wait_timeout` passed. Each one takes a token of
+//! the pacing ([`pacing::TokenBucket`]); without one the plan holds the eviction and says until
+//! when ([`Acting::paced_until`]), so the executor never refuses one.
+
+mod oom;
+mod pacing;
+#[cfg(test)]
+mod reclaim_tests;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use node_agent_cri::reclaim::{reclaim_kinds, FsLayout, PodPhase, PodStates};
+use node_agent_kube::{
+    config::{KubeConfig, NodeOomEvents},
+    events::OomKill,
+    evict::EvictionResult,
+};
+use node_agent_policy::{
+    Decision, Eligibility, EvictionSignal, NodeCondition, NotEvictableNow, PassedOver, PodInfo,
+    Signal, StorageLimit,
+};
+
+pub use oom::{OomSeries, FLUSH_EVERY, SERIES_WINDOW};
+pub use pacing::TokenBucket;
+
+use crate::{
+    action::{Action, Evict, NodeEvent, Report},
+    reclaim::Reclaim,
+};
+
+/// The actions for a kernel OOM kill: a node event under the agent's own reason, naming the
+/// process and its pod, unless `kubernetes.nodeOOMEvents: off` leaves kills to
+/// node-problem-detector. (Standalone, the executor only logs it.)
+pub fn oom_kill_actions(kube: Option<&KubeConfig>, kill: OomKill) -> Vec<Action> {
+    match kube.map_or(NodeOomEvents::Own, |k| k.node_oom_events) {
+        NodeOomEvents::Own => vec![Action::NodeEvent(NodeEvent::OomKill(kill))],
+        NodeOomEvents::Off => Vec::new(),
+    }
+}
+
+/// How long outcomes hold; from the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// A pod blocked by its disruption budget or refused is passed over this long.
+    pub pass_over: Duration,
+    /// After an eviction, the wait for the pod's cgroup to go.
+    pub wait_timeout: Duration,
+    /// A pod whose attempt failed is passed over until the next attempt may go (one pacing
+    /// interval), as the kubelet moves on to the next pod within one pass.
+    pub failed: Duration,
+}
+
+/// An eviction in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    pub pod_id: String,
+    /// `namespace/name`, as it is shown.
+    pub pod: String,
+    pub signal: EvictionSignal,
+    pub since: Duration,
+    /// The pod's cgroup, to see it go.
+    pub cgroup: Option<PathBuf>,
+    /// Set once the executor said the pod goes: wait until its cgroup is gone or until then.
+    pub going_until: Option<Duration>,
+}
+
+/// Node-level reclaim, when a container runtime is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeReclaim {
+    /// Where images and writable layers live relative to `nodefs`.
+    pub layout: FsLayout,
+    /// At most one reclaim per this long (the resync interval: the kubelet's synchronize).
+    pub interval: Duration,
+}
+
+/// The reclaim in flight and when the last one was handed over or ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct ReclaimState {
+    in_flight: Option<Signal>,
+    last: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hold {
+    reason: NotEvictableNow,
+    /// `None`: for as long as the pod source lists the pod.
+    until: Option<Duration>,
+}
+
+/// Evictions per minute and the burst allowed (`evictionsPerMinute`, `evictionBurst`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rates {
+    pub per_minute: u32,
+    pub burst: u32,
+}
+
+/// Something for the loop to log or count.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Note {
+    /// Thresholds met or node conditions changed.
+    Pressure {
+        met: BTreeSet<Signal>,
+        conditions: Vec<NodeCondition>,
+    },
+    /// A threshold is past its grace period and no pod may be evicted for it (entered, or the
+    /// signal changed).
+    NoEvictablePod {
+        signal: Signal,
+        passed_over: Vec<PassedOver>,
+    },
+    /// A pod may be evicted again, or no threshold needs one any more.
+    EvictablePodAgain,
+    /// A decision to evict was not acted on: the pod data is stale (every time).
+    Stale,
+    /// A decision to evict is held by the pacing until `until` (once per wait).
+    Paced {
+        signal: EvictionSignal,
+        until: Duration,
+    },
+    /// The pods over a local storage limit that may not be evicted (critical, excluded, not
+    /// evictable now) changed; empty when none is left.
+    OverLimitKept(Vec<(PassedOver, StorageLimit)>),
+}
+
+/// The actions to hand to the executor and the notes for the loop.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    pub notes: Vec<Note>,
+}
+
+#[derive(Debug, Default)]
+pub struct Acting {
+    /// By pod id.
+    in_flight: BTreeMap<String, InFlight>,
+    holds: BTreeMap<String, Hold>,
+    /// `None`: no pacing (tests, and `simulate`).
+    bucket: Option<TokenBucket>,
+    /// When the pacing allows the next eviction, while it does not now.
+    paced_until: Option<Duration>,
+    /// When the API server (shedding load) allows the next eviction, while it does not now.
+    server_until: Option<Duration>,
+    last_met: BTreeSet<Signal>,
+    last_conditions: Option<Vec<NodeCondition>>,
+    no_evictable: Option<Signal>,
+    over_limit_kept: Vec<(PassedOver, StorageLimit)>,
+    node_reclaim: Option<NodeReclaim>,
+    reclaim: ReclaimState,
+    /// OOM kills in pods, by series.
+    oom: OomSeries,
+}
+
+impl Acting {
+    /// The pods over a local storage limit kept (not evictable) at the last fresh plan.
+    pub fn over_limit_kept(&self) -> &[(PassedOver, StorageLimit)] {
+        &self.over_limit_kept
+    }
+
+    /// The evictions in flight, by pod id.
+    pub fn in_flight(&self) -> impl Iterator<Item = &InFlight> {
+        self.in_flight.values()
+    }
+
+    pub fn has_in_flight(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
+    /// When the pacing (or the API server) allows the next attempt, if it does not now.
+    pub fn paced_until(&self, now: Duration) -> Option<Duration> {
+        [self.paced_until, self.server_until]
+            .into_iter()
+            .flatten()
+            .filter(|t| *t > now)
+            .max()
+    }
+
+    /// `base` (own pod, exclusions) with the pods not evictable at `now`.
+    pub fn eligibility(&self, base: &Eligibility, now: Duration) -> Eligibility {
+        let mut e = base.clone();
+        e.not_evictable_now = self
+            .holds
+            .iter()
+            .filter(|(_, h)| h.until.is_none_or(|u| now < u))
+            .map(|(id, h)| (id.clone(), h.reason))
+            .collect();
+        e
+    }
+
+    /// The actions for `decision`. `fresh`: the pod data may be acted on. `cgroup_of` finds a
+    /// pod's cgroup, to see it go after its eviction.
+    pub fn plan(
+        &mut self,
+        decision: &Decision,
+        pods: &[PodInfo],
+        fresh: bool,
+        trigger_ktime_ns: Option<u64>,
+        cgroup_of: &dyn Fn(&PodInfo) -> Option<PathBuf>,
+        now: Duration,
+    ) -> Plan {
+        let mut plan = Plan::default();
+        // The eviction (or the node-level reclaim that goes before it) leaves first: it is what
+        // the node is waiting for; the events and the condition that describe the same moment
+        // follow it.
+        if let Some(reclaim) = self.node_reclaim(decision, pods, fresh, now) {
+            plan.actions.push(reclaim);
+        } else if self.reclaim.in_flight.is_some()
+            && decision
+                .reclaim
+                .is_some_and(|s| !s.is_memory() && s != Signal::PidAvailable)
+        {
+            // Nothing is evicted for a disk signal until the reclaim's outcome is back and the
+            // node observed again.
+        } else if !decision.evictions.is_empty() && !fresh {
+            plan.notes.push(Note::Stale);
+        } else {
+            self.evictions(decision, pods, trigger_ktime_ns, cgroup_of, now, &mut plan);
+        }
+        let met: BTreeSet<Signal> = decision.thresholds_met.iter().map(|t| t.signal).collect();
+        let mut resources = BTreeSet::new();
+        for signal in met.difference(&self.last_met) {
+            if resources.insert(signal.resource()) {
+                plan.actions.push(Action::NodeEvent(NodeEvent::ThresholdMet(
+                    signal.resource(),
+                )));
+            }
+        }
+        let conditions_changed = self.last_conditions.as_ref() != Some(&decision.conditions);
+        if met != self.last_met || conditions_changed {
+            plan.notes.push(Note::Pressure {
+                met: met.clone(),
+                conditions: decision.conditions.clone(),
+            });
+        }
+        if conditions_changed {
+            // The condition, and the taint that follows it: on while it is True, off when it
+            // clears (after the transition period, as the policy decides it). Whether taints
+            // are wanted at all is the executor's setting, so a reload applies it with the
+            // next report.
+            plan.actions.push(Action::Status {
+                conditions: decision.conditions.clone(),
+            });
+            self.last_conditions = Some(decision.conditions.clone());
+        }
+        self.last_met = met;
+
+        let starving = decision.reclaim.filter(|_| decision.no_evictable_pod());
+        match (self.no_evictable, starving) {
+            (before, Some(signal)) if before != Some(signal) => {
+                plan.notes.push(Note::NoEvictablePod {
+                    signal,
+                    passed_over: decision.passed_over.clone(),
+                });
+            }
+            (Some(_), None) => plan.notes.push(Note::EvictablePodAgain),
+            _ => {}
+        }
+        self.no_evictable = starving;
+        if fresh && decision.over_limit_passed_over != self.over_limit_kept {
+            self.over_limit_kept = decision.over_limit_passed_over.clone();
+            plan.notes
+                .push(Note::OverLimitKept(self.over_limit_kept.clone()));
+        }
+        plan
+    }
+
+    pub fn with_node_reclaim(node_reclaim: Option<NodeReclaim>) -> Self {
+        Self {
+            node_reclaim,
+            ..Self::default()
+        }
+    }
+
+    /// A kernel OOM kill in a pod: its pod event, or nothing while it joins a series.
+    pub fn pod_oom_kill(
+        &mut self,
+        kill: node_agent_kube::events::PodOomKill,
+        now: Duration,
+        wall: std::time::SystemTime,
+    ) -> Option<Action> {
+        self.oom.kill(kill, now, wall)
+    }
+
+    /// The OOM series whose count is due to be written.
+    pub fn flush_oom(&mut self, now: Duration) -> Vec<Action> {
+        self.oom.flush(now)
+    }
+
+    /// Sets (or, `None`, turns off) the pacing; from config, at start and on reload. The tokens
+    /// held stay (up to the new burst): a reload neither grants a fresh burst nor takes one
+    /// away.
+    pub fn set_pacing(&mut self, rates: Option<Rates>, now: Duration) {
+        self.bucket = match (self.bucket.take(), rates) {
+            (_, None) => None,
+            (None, Some(r)) => Some(TokenBucket::new(r.per_minute, r.burst, now)),
+            (Some(mut b), Some(r)) => {
+                b.reconfigure(r.per_minute, r.burst, now);
+                Some(b)
+            }
+        };
+        // Asked anew at the next decision, at the new rates.
+        self.paced_until = None;
+    }
+
+    /// Sets (or, `None`, turns off) node-level reclaim; from config, at start and on reload.
+    pub fn set_node_reclaim(&mut self, node_reclaim: Option<NodeReclaim>) {
+        self.node_reclaim = node_reclaim;
+    }
+
+    /// The reclaim to hand over: the signal being reclaimed has node-level reclaim functions,
+    /// none is in flight, and the last one is at least `interval` old.
+    fn node_reclaim(
+        &mut self,
+        decision: &Decision,
+        pods: &[PodInfo],
+        fresh: bool,
+        now: Duration,
+    ) -> Option<Action> {
+        let config = self.node_reclaim?;
+        let signal = decision.reclaim?;
+        if reclaim_kinds(signal, config.layout).is_empty() || self.reclaim.in_flight.is_some() {
+            return None;
+        }
+        if self.reclaim.last.is_some_and(|t| now < t + config.interval) {
+            return None;
+        }
+        self.reclaim = ReclaimState {
+            in_flight: Some(signal),
+            last: Some(now),
+        };
+        // Pods the source lists keep their newest dead container per name; the dead
+        // containers of pods it does not list may all go, once the list is fresh.
+        let states = PodStates {
+            sources_ready: fresh,
+            pods: pods
+                .iter()
+                .filter_map(|p| Some((p.uid.clone()?, PodPhase::Active)))
+                .collect(),
+        };
+        Some(Action::Reclaim(Box::new(Reclaim {
+            signal,
+            layout: config.layout,
+            pods: states,
+        })))
+    }
+
+    /// The executor reported the reclaim's outcome: evictions may go again once the node has
+    /// been observed anew (the caller evaluates now); the next reclaim not before `interval`.
+    pub fn reclaimed(&mut self, now: Duration) {
+        self.reclaim = ReclaimState {
+            in_flight: None,
+            last: Some(now),
+        };
+    }
+
+    /// The evictions to hand over, if the decision has any and nothing holds them back (a
+    /// decision's evictions still in flight, the pacing). Each takes a pacing token: of several
+    /// (pods over local storage limits), those without one wait for a later decision.
+    fn evictions(
+        &mut self,
+        decision: &Decision,
+        pods: &[PodInfo],
+        trigger_ktime_ns: Option<u64>,
+        cgroup_of: &dyn Fn(&PodInfo) -> Option<PathBuf>,
+        now: Duration,
+        plan: &mut Plan,
+    ) {
+        if decision.evictions.is_empty()
+            || !self.in_flight.is_empty()
+            || self.paced_until(now).is_some()
+        {
+            return;
+        }
+        for eviction in &decision.evictions {
+            let id = eviction.pod_id();
+            let Some(pod) = pods.iter().find(|p| p.id() == id) else {
+                continue;
+            };
+            if let Some(bucket) = &mut self.bucket {
+                if let Err(wait) = bucket.try_take(now) {
+                    let until = now.saturating_add(wait);
+                    self.paced_until = Some(until);
+                    plan.notes.push(Note::Paced {
+                        signal: eviction.signal,
+                        until,
+                    });
+                    return;
+                }
+            }
+            self.in_flight.insert(
+                id.clone(),
+                InFlight {
+                    pod_id: id,
+                    pod: format!("{}/{}", eviction.namespace, eviction.name),
+                    signal: eviction.signal,
+                    since: now,
+                    cgroup: cgroup_of(pod),
+                    going_until: None,
+                },
+            );
+            plan.actions.push(Action::Evict(Box::new(Evict {
+                eviction: eviction.clone(),
+                pod: pod.clone(),
+                trigger_ktime_ns,
+            })));
+        }
+    }
+
+    /// What the executor reported about an eviction.
+    pub fn reported(&mut self, report: &Report, timing: &Timing, now: Duration) {
+        let id = report.eviction.pod_id();
+        let attempt = &report.attempt;
+        let hold = |reason, until| Hold { reason, until };
+        if attempt.result.nothing_done() {
+            // The server said plainly nothing was done: the pacing token goes back.
+            if let Some(bucket) = &mut self.bucket {
+                bucket.refund(now);
+            }
+        }
+        match attempt.result {
+            EvictionResult::Evicted | EvictionResult::PdbOverridden | EvictionResult::DryRun => {
+                if attempt.result != EvictionResult::DryRun {
+                    self.holds
+                        .insert(id.clone(), hold(NotEvictableNow::Terminating, None));
+                }
+                if let Some(f) = self.in_flight.get_mut(&id) {
+                    f.going_until = Some(now + timing.wait_timeout);
+                }
+                return;
+            }
+            // Only the plan paces; an executor never reports this, but were one to, it is
+            // waited out like the server's own pacing.
+            EvictionResult::RateLimited => {
+                self.server_until = Some(now + attempt.retry_after.unwrap_or(timing.failed));
+            }
+            EvictionResult::ApiRateLimited => {
+                self.server_until =
+                    Some(now + attempt.retry_after.unwrap_or(Duration::from_secs(1)));
+            }
+            EvictionResult::AlreadyGone => {
+                self.holds
+                    .insert(id.clone(), hold(NotEvictableNow::Terminating, None));
+            }
+            EvictionResult::BlockedByPdb => {
+                let wait = timing
+                    .pass_over
+                    .max(attempt.retry_after.unwrap_or_default());
+                self.holds.insert(
+                    id.clone(),
+                    hold(NotEvictableNow::BlockedByDisruptionBudget, Some(now + wait)),
+                );
+            }
+            EvictionResult::Refused => {
+                self.holds.insert(
+                    id.clone(),
+                    hold(NotEvictableNow::Refused, Some(now + timing.pass_over)),
+                );
+            }
+            EvictionResult::Failed => {
+                self.holds.insert(
+                    id.clone(),
+                    hold(NotEvictableNow::Failed, Some(now + timing.failed)),
+                );
+            }
+        }
+        self.in_flight.remove(&id);
+    }
+
+    /// Ends each eviction in flight whose pod's cgroup is gone (or whose wait ran out); drops
+    /// expired holds. Returns the evictions that ended, and whether each one's cgroup went.
+    pub fn settle(
+        &mut self,
+        now: Duration,
+        exists: &dyn Fn(&Path) -> bool,
+    ) -> Vec<(InFlight, bool)> {
+        self.holds.retain(|_, h| h.until.is_none_or(|u| now < u));
+        let mut ended = Vec::new();
+        self.in_flight.retain(|_, f| {
+            let Some(until) = f.going_until else {
+                return true;
+            };
+            let gone = f.cgroup.as_deref().is_some_and(|c| !exists(c));
+            if gone || now >= until {
+                ended.push((f.clone(), gone));
+                return false;
+            }
+            true
+        });
+        ended
+    }
+
+    /// Forgets holds "while listed" of pods the pod source no longer lists.
+    pub fn forget_absent(&mut self, listed: &HashSet<String>) {
+        self.holds
+            .retain(|id, h| h.until.is_some() || listed.contains(id));
+    }
+
+    /// After a config reload: what was reported is reported anew under the new settings.
+    pub fn reset_reported(&mut self) {
+        self.last_conditions = None;
+        self.last_met.clear();
+    }
+}

@@ -1,0 +1,777 @@
+//! The daemon: its parts, and the one loop that drives them. One `select!` over kernel events,
+//! the executor's outcomes, timers, the config watcher and signals; every branch ends in at
+//! most one evaluation, and no branch waits on anything the loop does not own (handing actions
+//! to the executor never waits, files are read off the loop).
+
+use std::{
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use node_agent_executor::{plan::oom_kill_actions, Action, Outcome, Unnamed};
+use node_agent_kube::{
+    api::Counters,
+    events::{OomCause, OomKill, PodOomKill},
+};
+use node_agent_policy::{evaluate_among, PodInfo, PolicyState};
+
+use super::{
+    acts::{base_eligibility, Acts},
+    allocatable,
+    config::{AgentConfig, Overrides},
+    error::DaemonError,
+    feed::{same_connection, Cluster},
+    kernel_side::{fork_limit, KernelSide},
+    kubelet,
+    node::{Filesystems, Node, NodeReading},
+    pods::{self, SnapshotNames},
+    recent::Acted,
+    reload::{remap_state, unchangeable, Candidate, ConfigWatcher},
+    report::Reporter,
+};
+use crate::{
+    error_chain,
+    kernel::{
+        attribution::{Constraint, Direction, Happened},
+        Attributed, NoNames, Records,
+    },
+    telemetry::Trigger,
+    trace::SawBefore,
+};
+
+/// How often ring-buffer losses, cgroup rescans, runtime detection and local storage limits
+/// are looked at.
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
+/// How long a stopping agent waits for its condition and taint to be written: short enough
+/// that SIGTERM still ends it within 2 s, whatever the API server does.
+const STOP_DEADLINE: Duration = Duration::from_millis(1500);
+
+/// The config in force and where it comes from.
+pub struct Config {
+    pub current: AgentConfig,
+    pub overrides: Overrides,
+    /// `None`: no file (standalone defaults).
+    pub watcher: Option<ConfigWatcher>,
+}
+
+/// The cluster connection, and the failure counts of its clients across reconnects.
+pub struct Kube {
+    pub cluster: Cluster,
+    pub counters: Arc<Counters>,
+}
+
+/// Time: since start (the policy's `now`), and the loop's timers.
+pub struct Clock {
+    started: Instant,
+    resync: tokio::time::Interval,
+    poll: tokio::time::Interval,
+    housekeeping: tokio::time::Interval,
+    /// Re-read the node every `pressurePollInterval`.
+    polling: bool,
+}
+
+impl Clock {
+    pub fn new(config: &AgentConfig) -> Self {
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (resync, poll) = intervals(config);
+        Self {
+            started: Instant::now(),
+            resync,
+            poll,
+            housekeeping,
+            polling: false,
+        }
+    }
+
+    pub fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+fn intervals(config: &AgentConfig) -> (tokio::time::Interval, tokio::time::Interval) {
+    let every = |d| {
+        let mut i = tokio::time::interval(d);
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        i
+    };
+    (
+        every(config.settings.resync_interval),
+        every(config.settings.pressure_poll_interval),
+    )
+}
+
+pub struct Signals {
+    pub term: tokio::signal::unix::Signal,
+    pub hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub fn new() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+pub struct Daemon {
+    pub config: Config,
+    pub node: Node,
+    pub kernel: KernelSide,
+    /// `None` in standalone mode.
+    pub kube: Option<Kube>,
+    pub acts: Acts,
+    pub policy: PolicyState,
+    pub report: Reporter,
+    pub clock: Clock,
+}
+
+async fn next_candidate(watcher: &mut Option<ConfigWatcher>) -> Option<Candidate> {
+    match watcher {
+        Some(w) => w.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Daemon {
+    fn now(&self) -> Duration {
+        self.clock.now()
+    }
+
+    /// Runs until SIGTERM or Ctrl-C.
+    pub async fn run(&mut self, mut signals: Signals) -> Result<(), DaemonError> {
+        self.sync_allocatable();
+        let reading = self.node.read();
+        self.kernel
+            .set_pid_trigger(&self.config.current.eviction, &reading);
+        self.acts
+            .detect_images_if_due(&self.config.current, self.now(), false);
+        self.evaluate(Trigger::Start, None);
+        self.report.health.set_ready(true);
+        loop {
+            self.report.health.beat();
+            let now = self.now();
+            let paced = self.acts.plan.paced_until(now);
+            let wait_paced = async {
+                match paced {
+                    Some(at) => tokio::time::sleep(at.saturating_sub(now)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let pressure = self.clock.polling;
+            let polling = pressure || self.acts.plan.has_in_flight();
+            tokio::select! {
+                records = self.kernel.feed.recv() => {
+                    let records = records.map_err(DaemonError::Feed)?;
+                    self.on_records(records);
+                }
+                outcome = self.acts.outcomes.recv() => {
+                    self.on_outcome(outcome.ok_or(DaemonError::ExecutorStopped)?);
+                }
+                () = wait_paced, if pressure => self.evaluate(Trigger::Pacing, None),
+                _ = self.clock.poll.tick(), if polling => self.evaluate(Trigger::PressurePoll, None),
+                _ = self.clock.resync.tick() => self.evaluate(Trigger::Resync, None),
+                () = allocatable::changed(&mut self.node.allocatable_feed) => self.allocatable_changed(),
+                candidate = next_candidate(&mut self.config.watcher) => match candidate {
+                    Some(c) => self.reload(c),
+                    None => {
+                        tracing::error!("the config watcher stopped: config changes are no longer seen");
+                        self.config.watcher = None;
+                    }
+                },
+                _ = self.clock.housekeeping.tick() => self.housekeeping(),
+                _ = signals.hup.recv() => match &self.config.watcher {
+                    Some(w) => w.ask(),
+                    None => tracing::info!(reason = "SIGHUP", "no config file to reload (standalone defaults)"),
+                },
+                _ = signals.term.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+            }
+        }
+        if self.kube.is_some() {
+            tracing::info!("shutting down: the agent's condition to Unknown, its taint removed");
+            match self.acts.stop(STOP_DEADLINE).await {
+                Some(report) => self.report.side_effect(&Outcome::Status(Box::new(report))),
+                None => tracing::warn!(deadline = ?STOP_DEADLINE,
+                    "the node's condition and taint were not written in time: the taint stays until the next start removes it (or remove it by hand)"),
+            }
+        }
+        tracing::info!("shutting down: detaching kernel programs");
+        Ok(())
+    }
+
+    /// Attributes and publishes a batch of kernel events; evaluates once if any touches a
+    /// signal (with the first such event's timestamp, for the latency histogram).
+    fn on_records(&mut self, records: Records) {
+        let batch = match &self.kube {
+            Some(k) => {
+                let snapshot = k.cluster.snapshots.borrow();
+                self.kernel
+                    .feed
+                    .attribute(records, &SnapshotNames(snapshot.as_ref()))
+            }
+            None => self.kernel.feed.attribute(records, &NoNames),
+        };
+        for e in &batch.undecodable {
+            self.report.metrics.decode_error();
+            tracing::warn!(error = %e, "undecodable kernel record");
+        }
+        if let Some(t) = batch.rescanned {
+            self.kernel.rescanned(t, &self.report);
+        }
+        let mut first = None;
+        for event in &batch.events {
+            if let Happened::OomKill(kill) = &event.what {
+                if !self.on_this_node(kill) {
+                    tracing::debug!(pid = kill.pid, cgroup = ?kill.victim.path,
+                        "OOM kill outside the node's cgroup: not this node's");
+                    continue;
+                }
+            }
+            let saw_before = match &event.what {
+                Happened::OomKill(kill) => Some(self.saw_before(event.ktime_ns, kill)),
+                Happened::MemoryThreshold {
+                    cgroup,
+                    direction: Direction::Up,
+                    ..
+                } => {
+                    if let Some(path) = &cgroup.path {
+                        self.report
+                            .recent
+                            .line_crossed(event.ktime_ns, path.clone());
+                    }
+                    None
+                }
+                _ => None,
+            };
+            self.report.kernel_event(event, saw_before.clone());
+            if let Some(trigger) = self.on_kernel_event(event, saw_before.as_ref()) {
+                first.get_or_insert((trigger, event.ktime_ns));
+            }
+        }
+        if let Some((trigger, ktime_ns)) = first {
+            self.evaluate(trigger, Some(ktime_ns));
+        }
+    }
+
+    /// Whether an OOM kill's victim lives under the node's cgroup (`nodeCgroup`, the whole
+    /// hierarchy by default). A victim whose cgroup is not known is taken as the node's.
+    fn on_this_node(&self, kill: &crate::kernel::attribution::OomKill) -> bool {
+        let node = &self.config.current.settings.node_cgroup;
+        kill.victim
+            .path
+            .as_deref()
+            .is_none_or(|path| Path::new(path).starts_with(node))
+    }
+
+    /// What the agent saw and did in the minute before an OOM kill.
+    fn saw_before(&self, ktime_ns: u64, kill: &crate::kernel::attribution::OomKill) -> SawBefore {
+        let in_flight = self.acts.plan.in_flight().map(|f| f.pod.clone()).collect();
+        self.report
+            .recent
+            .before(ktime_ns, kill.victim.path.as_deref(), in_flight)
+    }
+
+    /// What a kernel event asks for: an evaluation (and for an OOM kill, its event: on the pod
+    /// when the process was a pod's, on the node otherwise).
+    fn on_kernel_event(&mut self, event: &Attributed, saw: Option<&SawBefore>) -> Option<Trigger> {
+        match &event.what {
+            Happened::MemoryThreshold {
+                cgroup, direction, ..
+            } => {
+                if *direction == Direction::Up {
+                    self.kernel.triggers.crossed(cgroup.cgroup_id);
+                }
+                Some(Trigger::MemoryThreshold)
+            }
+            Happened::PidThreshold { .. } => Some(Trigger::PidThreshold),
+            Happened::OomKill(kill) => {
+                let cause = self.oom_cause(kill);
+                let victim = kill.victim.pod.as_ref();
+                self.report.metrics.oom_kill(
+                    victim.and_then(|p| p.namespace.as_deref()).unwrap_or(""),
+                    victim.and_then(|p| p.container.as_deref()).unwrap_or(""),
+                    cause.label(),
+                    saw.is_some_and(|s| s.pressure.is_some()),
+                );
+                let saw_before = saw.map(ToString::to_string).unwrap_or_default();
+                let actions = match victim {
+                    Some(pod) => match (&pod.namespace, &pod.name) {
+                        (Some(namespace), Some(name)) => {
+                            let kill = PodOomKill {
+                                namespace: namespace.clone(),
+                                name: name.clone(),
+                                uid: pod.uid.clone(),
+                                container: pod.container.clone(),
+                                pid: kill.pid,
+                                comm: kill.comm.clone(),
+                                cause,
+                                saw_before,
+                                named_late: false,
+                            };
+                            self.acts
+                                .plan
+                                .pod_oom_kill(kill, self.now(), SystemTime::now())
+                                .into_iter()
+                                .collect()
+                        }
+                        // The pod source has not listed it yet: the runtime names it.
+                        _ => match &pod.container_id {
+                            Some(id) => {
+                                self.acts.identify(Unnamed {
+                                    container_id: id.clone(),
+                                    pod_uid: pod.uid.clone(),
+                                    pid: kill.pid,
+                                    comm: kill.comm.clone(),
+                                    cause,
+                                    saw_before,
+                                });
+                                Vec::new()
+                            }
+                            None => oom_kill_actions(
+                                self.config.current.kubernetes.as_ref(),
+                                OomKill {
+                                    pid: kill.pid,
+                                    comm: kill.comm.clone(),
+                                    pod: None,
+                                },
+                            ),
+                        },
+                    },
+                    None => oom_kill_actions(
+                        self.config.current.kubernetes.as_ref(),
+                        OomKill {
+                            pid: kill.pid,
+                            comm: kill.comm.clone(),
+                            pod: None,
+                        },
+                    ),
+                };
+                self.acts.submit(actions);
+                Some(Trigger::OomKill)
+            }
+            Happened::ForkStorm { .. } => None,
+        }
+    }
+
+    /// What ran out: a cgroup's limit (the container's or the pod's, with the memory in use
+    /// against it, read now from the cgroup the kernel named), the whole node, or not known.
+    fn oom_cause(&self, kill: &crate::kernel::attribution::OomKill) -> OomCause {
+        match kill.constraint {
+            Constraint::System => OomCause::Node,
+            Constraint::Unknown => OomCause::Unknown,
+            Constraint::CgroupLimit => {
+                let limit = kill.limit.as_ref().unwrap_or(&kill.victim);
+                let of = match &limit.pod {
+                    Some(p) if p.container_id.is_some() => "container",
+                    Some(_) => "pod",
+                    None => "cgroup",
+                };
+                let reading = limit.path.as_ref().and_then(|path| {
+                    let dir = self
+                        .node
+                        .layout
+                        .memory
+                        .mount()
+                        .join(path.trim_start_matches('/'));
+                    crate::cgroup::paths::read_memory(&dir, self.node.layout.version()).ok()
+                });
+                OomCause::Limit {
+                    of,
+                    usage_bytes: reading.map(|r| r.usage),
+                    limit_bytes: reading.and_then(|r| match r.limit {
+                        crate::cgroup::paths::Limit::At(b) => Some(b),
+                        crate::cgroup::paths::Limit::Unlimited => None,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Reads the node, decides among the pods the agent may act on, hands what the plan says
+    /// to the executor, reports, and re-arms the kernel's lines.
+    fn evaluate(&mut self, trigger: Trigger, ktime_ns: Option<u64>) {
+        self.report.metrics.evaluation(trigger);
+        let now = self.now();
+        for (done, gone) in self.acts.plan.settle(now, &|p| p.exists()) {
+            tracing::debug!(pod = %done.pod_id, cgroup_gone = gone, "eviction settled");
+        }
+        let reading = self.node.read();
+        self.report.sources(&reading.failed);
+        let config = &self.config.current;
+        self.acts.set_node_reclaim(config, reading.fs_layout);
+        let index = self.kernel.feed.index();
+        let node_cgroup = &config.settings.node_cgroup;
+        let cluster = self.kube.as_ref().map(|k| &k.cluster);
+        let pods::Pods {
+            pods,
+            fresh,
+            listed,
+        } = pods::current(cluster.zip(config.kubernetes.as_ref()), index, node_cgroup);
+        if let Some(listed) = &listed {
+            self.acts.plan.forget_absent(listed);
+        }
+        let eligibility = self
+            .acts
+            .plan
+            .eligibility(&base_eligibility(config, &self.config.overrides), now);
+        let decide = |pods: &[PodInfo]| {
+            evaluate_among(
+                &config.eviction,
+                &reading.capacity,
+                &reading.observations,
+                pods,
+                &eligibility,
+                now,
+                &self.policy,
+            )
+        };
+        let (mut decision, mut state) = decide(&pods);
+        // Ranking and the event need current usage: when a pod is to go, read every pod's
+        // cgroup now and decide again from the same starting state.
+        let mut ranked = pods;
+        if !decision.evictions.is_empty() {
+            let version = self.node.layout.version();
+            ranked = pods::with_memory_now(cluster, &ranked, index, node_cgroup, version);
+            (decision, state) = decide(&ranked);
+        }
+        self.policy = state;
+        if let Some(k) = ktime_ns {
+            let latency = crate::sys::monotonic_ns().saturating_sub(k) as f64 / 1e9;
+            self.report.metrics.decision_latency(trigger, latency);
+        }
+        // The evicted pod's cgroup, to see it go: its pod cgroup, or for a standalone workload
+        // the cgroup it is named after. Looked up only when an eviction is handed over.
+        let cgroup_of = |pod: &PodInfo| match &pod.uid {
+            Some(uid) => pods::pod_cgroup(index, node_cgroup, uid),
+            None => Some(index.root().join(pod.name.trim_start_matches('/'))),
+        };
+        let plan = self
+            .acts
+            .plan
+            .plan(&decision, &ranked, fresh, ktime_ns, &cgroup_of, now);
+        // The executor gets its work first; reporting and re-arming follow, off its path.
+        self.remember(&decision, &plan.actions);
+        let notes = self.acts.carry_out(plan);
+        self.report.notes(notes, fresh);
+        let config = &self.config.current;
+        self.report.decision(&config.eviction, &reading, &decision);
+        self.kernel
+            .rearm(&config.eviction, &reading, &self.node.layout);
+        // Without an in-kernel memory mechanism the kernel cannot report memory growth: the
+        // node is then re-read every pressure_poll_interval all the time.
+        self.clock.polling = !decision.thresholds_met.is_empty()
+            || self.kernel.triggers.memory_fired()
+            || self.kernel.blind_to_memory();
+    }
+
+    /// What an OOM kill later is told came before it: the evictions handed over, a memory
+    /// threshold met while its grace period runs.
+    fn remember(&mut self, decision: &node_agent_policy::Decision, actions: &[Action]) {
+        let now = crate::sys::monotonic_ns();
+        for action in actions {
+            if let Action::Evict(e) = action {
+                let e = &e.eviction;
+                self.report.recent.acted(
+                    now,
+                    Acted::Evicting {
+                        pod: format!("{}/{}", e.namespace, e.name),
+                        signal: e.signal.as_str().to_string(),
+                    },
+                );
+            }
+        }
+        let in_grace = decision
+            .thresholds_met
+            .iter()
+            .find(|t| t.signal.is_memory() && !t.grace_period_passed);
+        if let (Some(t), None) = (in_grace, decision.reclaim) {
+            self.report
+                .recent
+                .acted(now, Acted::InGrace { signal: t.signal });
+        }
+    }
+
+    /// Records what the executor reports, and decides again when the next step may go now.
+    fn on_outcome(&mut self, outcome: Outcome) {
+        let now = self.now();
+        match outcome {
+            Outcome::Eviction(report) => {
+                self.report.eviction(&report);
+                self.acts.plan.reported(&report, &self.acts.timing, now);
+                // The next pod goes as soon as the pacing allows: decide again now.
+                if !report.attempt.result.pod_goes() {
+                    self.evaluate(Trigger::EvictionOutcome, None);
+                }
+            }
+            Outcome::Reclaim(outcome) => {
+                let after = Reporter::reading_after(&self.node.read(), outcome.signal);
+                let back = outcome.result
+                    != node_agent_executor::reclaim::ReclaimResult::RuntimeUnavailable
+                    && self.report.runtime(None);
+                self.report.reclaim(&outcome, after);
+                self.acts.plan.reclaimed(now);
+                // A runtime back from an outage may have restarted elsewhere: ask it anew.
+                self.acts
+                    .detect_images_if_due(&self.config.current, now, back);
+                // Observe the node again now: evict only if the threshold is still met.
+                self.evaluate(Trigger::ReclaimOutcome, None);
+            }
+            Outcome::ImagesDetected(Ok(detected)) => {
+                tracing::debug!(images = detected.images, image_fs = ?detected.image_fs,
+                    container_fs = ?detected.container_fs, "container runtime images detected");
+                let back = self.report.runtime(None);
+                let fs = &mut self.node.fs;
+                if fs.runtime_says(
+                    detected.image_fs.as_deref(),
+                    detected.container_fs.as_deref(),
+                ) {
+                    tracing::info!(nodefs = %fs.nodefs().display(), image_fs = ?detected.image_fs,
+                        container_fs = ?detected.container_fs,
+                        "the container runtime's filesystems: the layout is decided by their devices");
+                }
+                if back {
+                    self.acts
+                        .detect_images_if_due(&self.config.current, now, true);
+                }
+            }
+            Outcome::ImagesDetected(Err(error)) => {
+                if matches!(error, node_agent_executor::reclaim::RuntimeError::Busy(_)) {
+                    // A reclaim holds the runtime lane: asked again next period.
+                    tracing::debug!(error = %error, "image detection skipped");
+                    return;
+                }
+                let why = error_chain(&error);
+                self.node.fs.runtime_unavailable(why.clone());
+                self.report.runtime(Some(why));
+            }
+            Outcome::Identified { kill, who } => {
+                let waiting = self.acts.identified(&kill.container_id);
+                let kills = std::iter::once(*kill).chain(waiting);
+                let mut actions = Vec::new();
+                match who {
+                    Ok(who) => {
+                        for kill in kills {
+                            let named = kill.named(who.clone());
+                            actions.extend(self.acts.plan.pod_oom_kill(
+                                named,
+                                now,
+                                SystemTime::now(),
+                            ));
+                        }
+                    }
+                    Err(error) => {
+                        // Nobody can name it: the node's event says what is known.
+                        tracing::warn!(error = %error_chain(&error), "the runtime could not name an OOM-killed container: reported on the node");
+                        for kill in kills {
+                            actions.extend(oom_kill_actions(
+                                self.config.current.kubernetes.as_ref(),
+                                OomKill {
+                                    pid: kill.pid,
+                                    comm: kill.comm,
+                                    pod: Some((
+                                        "(unknown)".into(),
+                                        format!("uid {}", kill.pod_uid),
+                                    )),
+                                },
+                            ));
+                        }
+                    }
+                }
+                self.acts.submit(actions);
+            }
+            other => {
+                if matches!(other, Outcome::NodeEvent { .. } | Outcome::PodOomEvent(_)) {
+                    self.report.lanes_clear();
+                }
+                self.report.side_effect(&other);
+            }
+        }
+    }
+
+    /// Every second: losses, rescans, the runtime's images when due, local storage limits.
+    fn housekeeping(&mut self) {
+        self.kernel.housekeeping(&self.report);
+        let series = self.acts.plan.flush_oom(self.now());
+        self.acts.submit(series);
+        self.report.recent.expire(crate::sys::monotonic_ns());
+        self.acts
+            .detect_images_if_due(&self.config.current, self.now(), false);
+        if self.local_storage_due() {
+            self.evaluate(Trigger::LocalStorage, None);
+        }
+    }
+
+    /// Whether the latest pod snapshot has a pod over a local storage limit that the agent may
+    /// evict now, or the pods over one that it may not evict changed: checked every
+    /// housekeeping tick, so such a pod goes (or is said to stay) within about a second of the
+    /// stats showing it (the kubelet: at its next synchronize), not at the next resync.
+    fn local_storage_due(&self) -> bool {
+        let Some(kube) = &self.kube else {
+            return false;
+        };
+        let now = self.now();
+        let plan = &self.acts.plan;
+        if plan.has_in_flight() || plan.paced_until(now).is_some() {
+            return false;
+        }
+        let snapshot = kube.cluster.snapshots.borrow();
+        let Some(snapshot) = snapshot.as_ref() else {
+            return false;
+        };
+        let base = base_eligibility(&self.config.current, &self.config.overrides);
+        let eligibility = plan.eligibility(&base, now);
+        let has_imagefs = self.node.has_imagefs();
+        let over =
+            node_agent_policy::over_local_storage_limits(&snapshot.pods, has_imagefs, &eligibility);
+        !over.evict.is_empty() || over.kept != plan.over_limit_kept()
+    }
+
+    /// At start and after each reload: where allocatable memory comes from, and its figure.
+    fn sync_allocatable(&mut self) {
+        let settings = &self.config.current.settings;
+        let figure = self.node.allocatable_feed.sync(
+            settings.allocatable_memory,
+            self.kube.as_ref().map(|k| &k.cluster),
+            settings.resync_interval,
+            self.acts.generation(),
+            &self.node.allocatable,
+            &self.report.metrics,
+        );
+        if figure != self.node.allocatable {
+            self.node.allocatable = figure;
+            self.kernel.triggers.forget();
+        }
+    }
+
+    /// The Node's figure changed: taken at once, the kernel lines re-armed by an evaluation now.
+    fn allocatable_changed(&mut self) {
+        let Some(next) = self.node.allocatable_feed.latest() else {
+            return;
+        };
+        if next == self.node.allocatable {
+            return;
+        }
+        let was = std::mem::replace(&mut self.node.allocatable, next);
+        self.kernel.triggers.forget();
+        self.evaluate(Trigger::Allocatable, None);
+        allocatable::say_changed(&was, &self.node.allocatable);
+    }
+
+    /// Applies a new config whole, or refuses it whole and keeps the running one.
+    fn reload(&mut self, candidate: Candidate) {
+        let why = candidate.why;
+        let metrics = self.report.metrics.clone();
+        let new = match candidate.config {
+            Ok(new) => *new,
+            Err(e) => {
+                metrics.config_reload("invalid");
+                tracing::error!(reason = why, error = %error_chain(&e), "invalid config; keeping the previous one");
+                return;
+            }
+        };
+        let old = &self.config.current;
+        if let Some(field) = unchangeable(old, &new) {
+            metrics.config_reload("refused");
+            tracing::error!(reason = why, field, "config reload refused: {field} cannot change while the agent runs (restart it to change this); keeping the previous config");
+            return;
+        }
+        // A new way to reach the cluster (or a new pod refresh interval): connected before
+        // anything changes, so a bad CA file refuses the reload instead of half-applying it.
+        let reconnect = match (&self.kube, &old.kubernetes, &new.kubernetes) {
+            (Some(kube), Some(o), Some(k))
+                if !same_connection(o, k)
+                    || old.settings.pod_refresh_interval != new.settings.pod_refresh_interval =>
+            {
+                match Cluster::connect(
+                    k,
+                    new.settings.pod_refresh_interval,
+                    kube.counters.clone(),
+                    metrics.clone(),
+                    self.report.health.clone(),
+                ) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        metrics.config_reload("refused");
+                        tracing::error!(reason = why, error = %error_chain(&e), "config reload refused: the new kubernetes connection cannot be made; keeping the previous config");
+                        return;
+                    }
+                }
+            }
+            _ => None,
+        };
+        // New filesystem probes before anything changes, for the same reason.
+        let (o, n) = (&old.settings, &new.settings);
+        let fs = if (&o.nodefs_path, &o.imagefs_path) != (&n.nodefs_path, &n.imagefs_path) {
+            match Filesystems::new(&n.nodefs_path, n.imagefs_path.as_deref()) {
+                Ok(fs) => Some(fs),
+                Err(e) => {
+                    metrics.config_reload("refused");
+                    tracing::error!(reason = why, error = %e, "config reload refused: no thread for the new filesystem probes; keeping the previous config");
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        let timers_change = (o.resync_interval, o.pressure_poll_interval)
+            != (n.resync_interval, n.pressure_poll_interval);
+        let reconnected = reconnect.is_some();
+        if let (Some(kube), Some(cluster)) = (&mut self.kube, reconnect) {
+            kube.cluster = cluster;
+        }
+        // The executor first: dry run and exclusions hold from this moment.
+        let now = self.now();
+        self.acts.reconfigure(
+            &new,
+            self.kube.as_ref().map(|k| &k.cluster),
+            &self.config.overrides,
+            reconnected,
+            now,
+        );
+        self.policy = remap_state(&old.eviction, &new.eviction, &self.policy);
+        self.config.current = new;
+        let config = &self.config.current;
+        self.node.memory_capacity = config.settings.memory_capacity;
+        if let Some(fs) = fs {
+            self.node.fs = fs;
+        }
+        if timers_change {
+            (self.clock.resync, self.clock.poll) = intervals(config);
+        }
+        if let Err(e) = self.kernel.feed.set_fork_limit(fork_limit(config)) {
+            tracing::error!(error = %error_chain(&e), "applying the new fork limit to the tracked cgroups");
+        }
+        // Thresholds at once: every kernel line is written anew at the next reading (now).
+        self.kernel.triggers.forget();
+        self.sync_allocatable();
+        let reading = self.node.read();
+        let config = &self.config.current;
+        self.kernel.set_pid_trigger(&config.eviction, &reading);
+        check_kubelet(config, &reading);
+        metrics.config_reload("ok");
+        tracing::info!(
+            reason = why,
+            dry_run = config.dry_run(),
+            "config reloaded; every setting applies now"
+        );
+        self.evaluate(Trigger::Reload, None);
+    }
+}
+
+/// Compares the kubelet's thresholds with the agent's, off the loop.
+pub fn check_kubelet(config: &AgentConfig, reading: &NodeReading) {
+    let capacities = reading
+        .observations
+        .iter()
+        .map(|(s, o)| (*s, o.capacity))
+        .collect();
+    kubelet::check_off_loop(
+        config.eviction.clone(),
+        config.settings.kubelet_config.clone(),
+        capacities,
+    );
+}

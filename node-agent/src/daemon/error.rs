@@ -1,0 +1,27 @@
+//! Why the daemon could not start or had to stop.
+
+use super::{config::ConfigError, feed::KubeSetupError, live::LiveError, reload::ReadError};
+use crate::{cgroup, kernel::FeedError, telemetry};
+
+/// Why the daemon could not start or had to stop. Each names what was wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    ReadConfig(#[from] ReadError),
+    #[error(transparent)]
+    Hierarchy(#[from] cgroup::HierarchyError),
+    #[error("starting the runtime, its threads or the signal handlers")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
+    #[error(transparent)]
+    Live(#[from] LiveError),
+    #[error(transparent)]
+    Feed(#[from] FeedError),
+    #[error(transparent)]
+    Kube(#[from] KubeSetupError),
+    #[error("the executor stopped")]
+    ExecutorStopped,
+}

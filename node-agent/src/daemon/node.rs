@@ -1,0 +1,806 @@
+//! The node, read as the kubelet reads it: `memory.available` = capacity − working set of the
+//! node's cgroup (usage − inactive_file), `allocatableMemory.available` = allocatable − working
+//! set of the kubepods cgroup (allocatable from the config or the Node), `nodefs.*`/`imagefs.*`
+//! from `statvfs` off the loop ([`super::probe`]), `pid.available` = min(pid_max, threads-max) −
+//! live tasks (sysinfo's `procs`). Readings are taken at the moment of each evaluation.
+//!
+//! [`NodeLayout`] holds the facts decided once about where things are: the memory hierarchy,
+//! the node cgroup and whether it is the hierarchy's root, the kubelet's pods cgroup below it.
+//! [`Filesystems`] decides the filesystem layout the way the kubelet does (`hasImageFs`: the
+//! runtime's image filesystem on another device than the kubelet's root; split: the
+//! container filesystem on another device than the image filesystem), from the runtime's
+//! `ImageFsInfo` or a configured override, and every reading carries that one [`FsLayout`] to
+//! observation, ranking, reclaim and the trace.
+
+use std::{
+    cell::Cell,
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use node_agent_cri::reclaim::FsLayout;
+use node_agent_policy::{NodeCapacity, Observation, Observations, Signal};
+
+use super::{
+    allocatable::{Allocatable, AllocatableFeed},
+    probe::{FsProbe, FsStats, ProbeError},
+};
+use crate::cgroup::{kubepods_dir, paths, CgroupVersion, Hierarchy};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    #[error("reading {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {problem}")]
+    Malformed { path: PathBuf, problem: String },
+    #[error("reading the node cgroup")]
+    Cgroup(#[source] paths::ReadError),
+    #[error(transparent)]
+    Sys(#[from] crate::sys::SysError),
+    #[error(transparent)]
+    Fs(#[from] ProbeError),
+}
+
+/// Where the figures of some signals come from. One source failing never blinds the others:
+/// its signals are unknown for that evaluation (they meet no threshold) and the rest go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Source {
+    /// `/proc/meminfo` and the node cgroup: `memory.available`.
+    Memory,
+    /// The kubepods cgroup against allocatable memory (from the config or the Node):
+    /// `allocatableMemory.available`.
+    Allocatable,
+    /// statvfs of the kubelet's root: `nodefs.available`, `nodefs.inodesFree`.
+    NodeFs,
+    /// statvfs of the runtime's image filesystem: `imagefs.available`, `imagefs.inodesFree`.
+    ImageFs,
+    /// `pid_max`, `threads-max` and sysinfo: `pid.available`.
+    Pids,
+}
+
+impl Source {
+    pub const ALL: [Source; 5] = [
+        Source::Memory,
+        Source::Allocatable,
+        Source::NodeFs,
+        Source::ImageFs,
+        Source::Pids,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Memory => "memory",
+            Source::Allocatable => "allocatable",
+            Source::NodeFs => "nodefs",
+            Source::ImageFs => "imagefs",
+            Source::Pids => "pids",
+        }
+    }
+
+    pub fn signals(self) -> &'static [Signal] {
+        match self {
+            Source::Memory => &[Signal::MemoryAvailable],
+            Source::Allocatable => &[Signal::AllocatableMemoryAvailable],
+            Source::NodeFs => &[Signal::NodeFsAvailable, Signal::NodeFsInodesFree],
+            Source::ImageFs => &[Signal::ImageFsAvailable, Signal::ImageFsInodesFree],
+            Source::Pids => &[Signal::PidAvailable],
+        }
+    }
+}
+
+/// One reading of the node: what could be read, and why the rest could not.
+#[derive(Debug, Clone)]
+pub struct NodeReading {
+    pub observations: Observations,
+    pub capacity: NodeCapacity,
+    /// Sources that could not be read this time, with the error.
+    pub failed: BTreeMap<Source, String>,
+    /// Where images and writable layers live relative to `nodefs`, as decided at this reading.
+    pub fs_layout: FsLayout,
+}
+
+/// Facts about where the node's figures live, decided once at start.
+#[derive(Debug, Clone)]
+pub struct NodeLayout {
+    pub memory: Hierarchy,
+    /// The node cgroup's directory in the memory hierarchy.
+    pub node_dir: PathBuf,
+    /// The node cgroup is the hierarchy's root (the whole machine).
+    pub is_root: bool,
+}
+
+impl NodeLayout {
+    pub fn new(memory: Hierarchy, node_dir: PathBuf) -> Self {
+        Self {
+            is_root: node_dir == memory.mount(),
+            memory,
+            node_dir,
+        }
+    }
+
+    /// The kubelet's pods cgroup below the node cgroup, if there is one now.
+    pub fn kubepods(&self) -> Option<PathBuf> {
+        kubepods_dir(&self.node_dir)
+    }
+
+    pub fn version(&self) -> CgroupVersion {
+        self.memory.version()
+    }
+}
+
+/// Where the runtime keeps images, as far as the agent knows.
+#[derive(Debug)]
+enum ImageFs {
+    /// Not observed: standalone without `imagefsPath`, or the runtime not asked yet.
+    NotObserved,
+    /// Observed at a path the config gives (it wins over the runtime's word).
+    Configured(FsProbe),
+    /// The runtime's `ImageFsInfo`: its image filesystem, and its container filesystem when it
+    /// names another directory.
+    Runtime {
+        image: FsProbe,
+        container: Option<FsProbe>,
+    },
+    /// Expected but not known: why (the runtime unreachable, a path it names not mounted).
+    Unknown(String),
+}
+
+/// The node's filesystems and how they are laid out.
+#[derive(Debug)]
+pub struct Filesystems {
+    nodefs: FsProbe,
+    imagefs: ImageFs,
+}
+
+impl Filesystems {
+    /// `nodefs`, the kubelet's root; `imagefs`, a configured override.
+    pub fn new(nodefs: &Path, imagefs: Option<&Path>) -> std::io::Result<Self> {
+        Ok(Self {
+            nodefs: FsProbe::new(nodefs)?,
+            imagefs: match imagefs {
+                Some(p) => ImageFs::Configured(FsProbe::new(p)?),
+                None => ImageFs::NotObserved,
+            },
+        })
+    }
+
+    pub fn nodefs(&self) -> &Path {
+        self.nodefs.path()
+    }
+
+    /// The runtime's `ImageFsInfo` (image and container filesystems' directories), unless the
+    /// config names the image filesystem itself. Returns whether anything changed.
+    pub fn runtime_says(&mut self, image: Option<&str>, container: Option<&str>) -> bool {
+        if matches!(self.imagefs, ImageFs::Configured(_)) {
+            return false;
+        }
+        let Some(image) = image else {
+            return self.set_unknown(
+                "the container runtime's ImageFsInfo names no image filesystem".into(),
+            );
+        };
+        let same = |probe: &FsProbe, path: &str| probe.path() == Path::new(path);
+        if let ImageFs::Runtime {
+            image: i,
+            container: c,
+        } = &self.imagefs
+        {
+            let container_same = match (c, container.filter(|c| *c != image)) {
+                (None, None) => true,
+                (Some(p), Some(path)) => same(p, path),
+                _ => false,
+            };
+            if same(i, image) && container_same {
+                return false;
+            }
+        }
+        let probe = |path: &str| FsProbe::new(Path::new(path));
+        self.imagefs = match (probe(image), container.filter(|c| *c != image).map(probe)) {
+            (Ok(image), None) => ImageFs::Runtime {
+                image,
+                container: None,
+            },
+            (Ok(image), Some(Ok(container))) => ImageFs::Runtime {
+                image,
+                container: Some(container),
+            },
+            (Err(e), _) | (_, Some(Err(e))) => {
+                ImageFs::Unknown(format!("starting a filesystem probe: {e}"))
+            }
+        };
+        true
+    }
+
+    /// The runtime could not be asked: the image filesystem is unknown (unless configured).
+    pub fn runtime_unavailable(&mut self, why: String) -> bool {
+        if matches!(self.imagefs, ImageFs::Configured(_)) {
+            return false;
+        }
+        self.set_unknown(format!(
+            "the container runtime did not say where images live: {why}"
+        ))
+    }
+
+    fn set_unknown(&mut self, why: String) -> bool {
+        if matches!(&self.imagefs, ImageFs::Unknown(w) if *w == why) {
+            return false;
+        }
+        self.imagefs = ImageFs::Unknown(why);
+        true
+    }
+
+    /// Reads both filesystems into `reading` and decides their layout from the devices.
+    fn read(&self, reading: &mut NodeReading) {
+        let nodefs = self.nodefs.read();
+        match &nodefs {
+            Ok(fs) => {
+                observe_fs(fs, Source::NodeFs, reading);
+                reading.capacity.ephemeral_storage_bytes = Some(fs.total_bytes);
+                reading.capacity.inodes = Some(fs.total_inodes);
+            }
+            Err(e) => {
+                reading.failed.insert(Source::NodeFs, e.to_string());
+            }
+        }
+        let image = match &self.imagefs {
+            ImageFs::NotObserved => None,
+            ImageFs::Unknown(why) => {
+                reading.failed.insert(Source::ImageFs, why.clone());
+                None
+            }
+            ImageFs::Configured(image) => Some((image.read(), None)),
+            ImageFs::Runtime { image, container } => {
+                Some((image.read(), container.as_ref().map(FsProbe::read)))
+            }
+        };
+        reading.fs_layout = match image {
+            None => FsLayout::Shared,
+            Some((Err(e), _)) | Some((_, Some(Err(e)))) => {
+                // Still a dedicated imagefs as far as ranking goes: its signals are unknown,
+                // not nodefs'.
+                reading.failed.insert(Source::ImageFs, e.to_string());
+                FsLayout::SeparateImageFs
+            }
+            Some((Ok(image), container)) => {
+                observe_fs(&image, Source::ImageFs, reading);
+                let container = container.and_then(Result::ok);
+                match &nodefs {
+                    Ok(nodefs) => {
+                        decide_layout(nodefs.device, image.device, container.map(|c| c.device))
+                    }
+                    // The devices cannot be compared: as the kubelet, rank as a dedicated
+                    // imagefs only when it can tell.
+                    Err(_) => FsLayout::Shared,
+                }
+            }
+        };
+        reading.capacity.has_imagefs = reading.fs_layout != FsLayout::Shared;
+    }
+}
+
+/// The kubelet's `HasDedicatedImageFs` (the image filesystem's device is not the root's) and
+/// `IsContainerFsSeparateFromImageFs` (the container filesystem's device is not the image
+/// filesystem's), as one layout.
+pub fn decide_layout(nodefs: u64, image: u64, container: Option<u64>) -> FsLayout {
+    match container {
+        _ if image == nodefs => FsLayout::Shared,
+        Some(c) if c != image => FsLayout::SplitImageFs,
+        _ => FsLayout::SeparateImageFs,
+    }
+}
+
+fn observe_fs(fs: &FsStats, source: Source, reading: &mut NodeReading) {
+    let (bytes, inodes) = match source {
+        Source::ImageFs => (Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
+        _ => (Signal::NodeFsAvailable, Signal::NodeFsInodesFree),
+    };
+    reading.observations.insert(
+        bytes,
+        Observation {
+            available: fs.avail_bytes,
+            capacity: fs.total_bytes,
+        },
+    );
+    reading.observations.insert(
+        inodes,
+        Observation {
+            available: fs.avail_inodes,
+            capacity: fs.total_inodes,
+        },
+    );
+}
+
+/// Everything a reading of the node needs.
+pub struct Node {
+    pub layout: NodeLayout,
+    /// `memoryCapacity` from the config, else MemTotal.
+    pub memory_capacity: Option<i64>,
+    /// What `allocatableMemory.available` is measured against.
+    pub allocatable: Allocatable,
+    /// The task reading the Node's allocatable memory, while the config does not give it.
+    pub allocatable_feed: AllocatableFeed,
+    pub fs: Filesystems,
+    /// The filesystem layout of the last reading.
+    last_layout: Cell<FsLayout>,
+}
+
+impl Node {
+    pub fn new(layout: NodeLayout, memory_capacity: Option<i64>, fs: Filesystems) -> Self {
+        Self {
+            layout,
+            memory_capacity,
+            allocatable: Allocatable::NotObserved,
+            allocatable_feed: AllocatableFeed::default(),
+            fs,
+            last_layout: Cell::new(FsLayout::Shared),
+        }
+    }
+
+    /// Whether images and writable layers had a filesystem of their own at the last reading.
+    pub fn has_imagefs(&self) -> bool {
+        self.last_layout.get() != FsLayout::Shared
+    }
+
+    /// Reads every source; each one's failure is kept apart.
+    pub fn read(&self) -> NodeReading {
+        let mut reading = NodeReading {
+            observations: Observations::new(),
+            capacity: NodeCapacity::default(),
+            failed: BTreeMap::new(),
+            fs_layout: FsLayout::Shared,
+        };
+        if let Err(e) = read_memory_source(self, &mut reading) {
+            reading
+                .failed
+                .insert(Source::Memory, crate::error_chain(&e));
+        }
+        match &self.allocatable {
+            Allocatable::NotObserved => {}
+            Allocatable::Bytes(allocatable) => {
+                if let Err(e) = read_allocatable(&self.layout, *allocatable, &mut reading) {
+                    reading
+                        .failed
+                        .insert(Source::Allocatable, crate::error_chain(&e));
+                }
+            }
+            Allocatable::Unknown(why) => {
+                reading.failed.insert(Source::Allocatable, why.clone());
+            }
+        }
+        self.fs.read(&mut reading);
+        self.last_layout.set(reading.fs_layout);
+        if let Err(e) = read_pids(&mut reading) {
+            reading.failed.insert(Source::Pids, crate::error_chain(&e));
+        }
+        reading
+    }
+}
+
+fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), ObserveError> {
+    let meminfo_path = Path::new("/proc/meminfo");
+    let meminfo = std::fs::read_to_string(meminfo_path).map_err(|source| ObserveError::Io {
+        path: meminfo_path.into(),
+        source,
+    })?;
+    let mem = parse_meminfo(&meminfo).map_err(|problem| ObserveError::Malformed {
+        path: meminfo_path.into(),
+        problem,
+    })?;
+    let capacity_bytes = src
+        .memory_capacity
+        .unwrap_or_else(|| i64::try_from(mem.total).unwrap_or(i64::MAX));
+    // The v2 root has no memory.current: there the machine's figures stand in, as cAdvisor does.
+    let layout = &src.layout;
+    let working_set = if layout.is_root && layout.version() == CgroupVersion::V2 {
+        mem.total
+            .saturating_sub(mem.free)
+            .saturating_sub(mem.inactive_file)
+    } else {
+        paths::read_memory(&layout.node_dir, layout.version())
+            .map_err(ObserveError::Cgroup)?
+            .working_set()
+    };
+    reading.observations.insert(
+        Signal::MemoryAvailable,
+        Observation {
+            available: capacity_bytes
+                .saturating_sub(i64::try_from(working_set).unwrap_or(i64::MAX)),
+            capacity: capacity_bytes,
+        },
+    );
+    reading.capacity.memory_bytes = Some(capacity_bytes);
+    Ok(())
+}
+
+fn read_allocatable(
+    layout: &NodeLayout,
+    allocatable: i64,
+    reading: &mut NodeReading,
+) -> Result<(), ObserveError> {
+    let dir = layout.kubepods().ok_or_else(|| ObserveError::Malformed {
+        path: layout.node_dir.clone(),
+        problem: "no kubepods or kubepods.slice cgroup below it: allocatableMemory.available \
+                  needs the kubelet's pods cgroup"
+            .into(),
+    })?;
+    let working_set = paths::read_memory(&dir, layout.version())
+        .map_err(ObserveError::Cgroup)?
+        .working_set();
+    reading.observations.insert(
+        Signal::AllocatableMemoryAvailable,
+        Observation {
+            available: allocatable.saturating_sub(i64::try_from(working_set).unwrap_or(i64::MAX)),
+            capacity: allocatable,
+        },
+    );
+    Ok(())
+}
+
+fn read_pids(reading: &mut NodeReading) -> Result<(), ObserveError> {
+    let (limit, live) = pids()?;
+    reading.observations.insert(
+        Signal::PidAvailable,
+        Observation {
+            available: limit - live,
+            capacity: limit,
+        },
+    );
+    reading.capacity.pids = Some(limit);
+    Ok(())
+}
+
+/// The fields of /proc/meminfo the agent uses, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemInfo {
+    pub total: u64,
+    pub free: u64,
+    pub inactive_file: u64,
+}
+
+pub fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
+    let field = |name: &str| -> Result<u64, String> {
+        let line = text
+            .lines()
+            .find(|l| l.split(':').next() == Some(name))
+            .ok_or_else(|| format!("no {name} line"))?;
+        let value = line.split(':').nth(1).unwrap_or("").trim();
+        let kib = value
+            .strip_suffix("kB")
+            .map(str::trim)
+            .ok_or_else(|| format!("{name}: expected \"<n> kB\", found {value:?}"))?;
+        kib.parse::<u64>()
+            .map(|k| k.saturating_mul(1024))
+            .map_err(|_| format!("{name}: expected \"<n> kB\", found {value:?}"))
+    };
+    Ok(MemInfo {
+        total: field("MemTotal")?,
+        free: field("MemFree")?,
+        inactive_file: field("Inactive(file)")?,
+    })
+}
+
+/// (min(pid_max, threads-max), live tasks) — the kubelet's PID figures.
+fn pids() -> Result<(i64, i64), ObserveError> {
+    let limit = crate::sys::pid_limit().map_err(ObserveError::Sys)?;
+    // SAFETY: sysinfo writes only into `info`.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return Err(ObserveError::Io {
+            path: "sysinfo(2)".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok((limit, i64::from(info.procs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_meminfo_or_names_the_bad_field() {
+        let good = "MemTotal:       24684084 kB\nMemFree:        1000 kB\nInactive(file):   4 kB\n";
+        assert_eq!(
+            parse_meminfo(good),
+            Ok(MemInfo {
+                total: 24684084 * 1024,
+                free: 1000 * 1024,
+                inactive_file: 4096
+            })
+        );
+        for (text, needle) in [
+            ("MemFree: 1 kB\nInactive(file): 1 kB\n", "no MemTotal"),
+            (
+                "MemTotal: lots\nMemFree: 1 kB\nInactive(file): 1 kB\n",
+                "MemTotal: expected",
+            ),
+            (
+                "MemTotal: 1 MB\nMemFree: 1 kB\nInactive(file): 1 kB\n",
+                "MemTotal: expected",
+            ),
+        ] {
+            assert!(parse_meminfo(text).unwrap_err().contains(needle), "{text}");
+        }
+    }
+
+    /// The machine's own node: the whole memory hierarchy, `nodefs` at `/`, an optional
+    /// configured `imagefs`.
+    fn machine(imagefs: Option<&str>) -> Node {
+        let layout = crate::cgroup::detect().expect("cgroups");
+        Node::new(
+            NodeLayout::new(layout.memory.clone(), layout.memory.mount().to_path_buf()),
+            None,
+            Filesystems::new(Path::new("/"), imagefs.map(Path::new)).unwrap(),
+        )
+    }
+
+    #[test]
+    fn reads_this_machine() {
+        let r = machine(None).read();
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+        let mem = r.observations[&Signal::MemoryAvailable];
+        assert!(mem.capacity > 0 && mem.available <= mem.capacity);
+        let pid = r.observations[&Signal::PidAvailable];
+        assert!(pid.available > 0 && pid.available < pid.capacity);
+        assert!(r.observations.contains_key(&Signal::NodeFsAvailable));
+        assert_eq!(r.fs_layout, FsLayout::Shared);
+        assert!(
+            !r.observations.contains_key(&Signal::ImageFsAvailable),
+            "no image filesystem known: not observed"
+        );
+    }
+
+    #[test]
+    fn the_layout_is_the_kubelets_device_comparison() {
+        let rows = [
+            ("images on the root's device", 1, 1, None, FsLayout::Shared),
+            (
+                "images and containers on the root's device",
+                1,
+                1,
+                Some(1),
+                FsLayout::Shared,
+            ),
+            ("images elsewhere", 1, 2, None, FsLayout::SeparateImageFs),
+            (
+                "images and containers elsewhere, together",
+                1,
+                2,
+                Some(2),
+                FsLayout::SeparateImageFs,
+            ),
+            (
+                "images elsewhere, containers on the root's device",
+                1,
+                2,
+                Some(1),
+                FsLayout::SplitImageFs,
+            ),
+        ];
+        for (what, nodefs, image, container, want) in rows {
+            assert_eq!(decide_layout(nodefs, image, container), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn an_imagefs_on_the_nodefs_filesystem_is_read_but_not_dedicated() {
+        // "/" against itself is one filesystem; /proc is always another.
+        let rows = [
+            ("the same filesystem", "/", FsLayout::Shared),
+            ("another filesystem", "/proc", FsLayout::SeparateImageFs),
+        ];
+        for (what, imagefs, layout) in rows {
+            let r = machine(Some(imagefs)).read();
+            assert_eq!(r.fs_layout, layout, "{what}");
+            assert_eq!(r.capacity.has_imagefs, layout != FsLayout::Shared, "{what}");
+            assert!(r.failed.is_empty(), "{what}: {:?}", r.failed);
+            assert!(
+                r.observations.contains_key(&Signal::ImageFsAvailable),
+                "{what}: still observed"
+            );
+        }
+    }
+
+    /// The runtime's word decides, unless the config names the image filesystem; a path the
+    /// runtime names that the agent cannot see (not mounted into its container) leaves the
+    /// imagefs signals unknown, naming it.
+    #[test]
+    fn the_runtimes_image_filesystem_is_observed_and_an_unseen_one_is_named() {
+        let mut node = machine(None);
+        assert!(node.fs.runtime_says(Some("/"), Some("/")));
+        assert!(!node.fs.runtime_says(Some("/"), Some("/")), "unchanged");
+        let r = node.read();
+        assert_eq!((r.fs_layout, r.failed.len()), (FsLayout::Shared, 0));
+        assert!(
+            r.observations.contains_key(&Signal::ImageFsAvailable),
+            "kubelet parity: observed on one disk too"
+        );
+
+        assert!(node.fs.runtime_says(Some("/proc"), Some("/")));
+        assert_eq!(node.read().fs_layout, FsLayout::SplitImageFs);
+
+        assert!(node.fs.runtime_says(
+            Some("/var/lib/containerd-not-mounted/io.containerd.snapshotter.v1.overlayfs"),
+            None
+        ));
+        let r = node.read();
+        assert!(
+            r.failed[&Source::ImageFs].contains("/var/lib/containerd-not-mounted"),
+            "{:?}",
+            r.failed
+        );
+        assert!(!r.observations.contains_key(&Signal::ImageFsAvailable));
+        assert!(
+            r.observations.contains_key(&Signal::NodeFsAvailable),
+            "nodefs still read"
+        );
+
+        assert!(node
+            .fs
+            .runtime_unavailable("CRI ImageFsInfo: no answer within 10s".into()));
+        let r = node.read();
+        assert!(
+            r.failed[&Source::ImageFs].contains("no answer within 10s"),
+            "{:?}",
+            r.failed
+        );
+
+        let mut configured = machine(Some("/"));
+        assert!(
+            !configured.fs.runtime_says(Some("/proc"), None),
+            "the config wins"
+        );
+        assert!(!configured.fs.runtime_unavailable("down".into()));
+        assert_eq!(configured.read().fs_layout, FsLayout::Shared);
+    }
+
+    #[test]
+    fn an_unreadable_source_leaves_the_others_read() {
+        let node = machine(Some("/nonexistent/imagefs"));
+        let r = node.read();
+        assert_eq!(
+            r.failed.keys().copied().collect::<Vec<_>>(),
+            [Source::ImageFs]
+        );
+        assert!(
+            r.failed[&Source::ImageFs].contains("/nonexistent/imagefs"),
+            "{:?}",
+            r.failed
+        );
+        for signal in [
+            Signal::MemoryAvailable,
+            Signal::PidAvailable,
+            Signal::NodeFsAvailable,
+        ] {
+            assert!(r.observations.contains_key(&signal), "{signal} still read");
+        }
+        assert!(
+            !r.observations.contains_key(&Signal::ImageFsAvailable),
+            "unknown, not made up"
+        );
+        assert!(
+            r.capacity.has_imagefs,
+            "still ranked as a node with an imagefs"
+        );
+
+        let broken = Node::new(
+            NodeLayout::new(
+                node.layout.memory.clone(),
+                PathBuf::from("/nonexistent/cgroup"),
+            ),
+            None,
+            Filesystems::new(Path::new("/"), None).unwrap(),
+        );
+        let r = broken.read();
+        assert_eq!(
+            r.failed.keys().copied().collect::<Vec<_>>(),
+            [Source::Memory]
+        );
+        assert!(
+            r.observations.contains_key(&Signal::PidAvailable),
+            "PID decisions go on"
+        );
+    }
+}
+
+#[cfg(test)]
+mod allocatable_tests {
+    use super::*;
+    use crate::cgroup::CgroupVersion;
+
+    /// A node cgroup with a kubepods child whose v1 memory files say `usage` and
+    /// `inactive_file` (the machine's memory hierarchy is only used for its version).
+    fn node_with_kubepods(usage: u64, inactive_file: u64) -> (tempfile::TempDir, Node) {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = crate::cgroup::detect().expect("cgroups");
+        let pods = dir.path().join("kubepods");
+        std::fs::create_dir(&pods).unwrap();
+        let version = layout.memory.version();
+        let files = paths::MemoryFiles::of(version);
+        let no_limit = match version {
+            CgroupVersion::V1 => "9223372036854771712",
+            CgroupVersion::V2 => "max",
+        };
+        for (file, content) in [
+            (files.usage, usage.to_string()),
+            (files.limit, no_limit.to_string()),
+            (
+                files.stat,
+                format!("anon 0\n{} {inactive_file}\n", files.inactive_file_key),
+            ),
+        ] {
+            std::fs::write(pods.join(file), content + "\n").unwrap();
+        }
+        let mut src = Node::new(
+            NodeLayout::new(layout.memory.clone(), dir.path().to_path_buf()),
+            None,
+            Filesystems::new(Path::new("/"), None).unwrap(),
+        );
+        src.allocatable = Allocatable::Bytes(1 << 30);
+        (dir, src)
+    }
+
+    #[test]
+    fn allocatable_memory_available_is_allocatable_minus_the_pods_working_set() {
+        let (_dir, src) = node_with_kubepods(700 << 20, 100 << 20);
+        let mut reading = NodeReading {
+            observations: Observations::new(),
+            capacity: NodeCapacity::default(),
+            failed: BTreeMap::new(),
+            fs_layout: FsLayout::Shared,
+        };
+        read_allocatable(&src.layout, 1 << 30, &mut reading).unwrap();
+        assert_eq!(
+            reading.observations[&Signal::AllocatableMemoryAvailable],
+            Observation {
+                available: (1 << 30) - (600 << 20),
+                capacity: 1 << 30
+            }
+        );
+    }
+
+    #[test]
+    fn without_a_kubepods_cgroup_only_that_signal_is_unknown() {
+        let (dir, src) = node_with_kubepods(0, 0);
+        std::fs::remove_dir_all(dir.path().join("kubepods")).unwrap();
+        let r = src.read();
+        assert!(
+            r.failed[&Source::Allocatable].contains("no kubepods"),
+            "{:?}",
+            r.failed
+        );
+        assert!(!r
+            .observations
+            .contains_key(&Signal::AllocatableMemoryAvailable));
+        assert!(r.observations.contains_key(&Signal::PidAvailable));
+    }
+
+    #[test]
+    fn an_unknown_allocatable_marks_only_that_signal_unknown_with_the_reason() {
+        let (_dir, src) = node_with_kubepods(100 << 20, 0);
+        let why = "node n1: status.allocatable.memory is absent";
+        let mut src = src;
+        src.allocatable = Allocatable::Unknown(why.into());
+        let r = src.read();
+        assert_eq!(
+            r.failed.get(&Source::Allocatable).map(String::as_str),
+            Some(why)
+        );
+        assert!(
+            !r.observations
+                .contains_key(&Signal::AllocatableMemoryAvailable),
+            "unknown, neither 0 nor made up"
+        );
+        assert!(r.observations.contains_key(&Signal::PidAvailable));
+        src.allocatable = Allocatable::NotObserved;
+        let not_observed = src.read();
+        assert!(!not_observed.failed.contains_key(&Source::Allocatable));
+        assert!(!not_observed
+            .observations
+            .contains_key(&Signal::AllocatableMemoryAvailable));
+    }
+}

@@ -1,0 +1,259 @@
+//! The agent is never wedged: whatever the cluster, the runtime or a filesystem does, the loop
+//! keeps deciding, an eviction still goes out, and SIGTERM ends it. Each test drives the real
+//! daemon against the strict fake cluster on the real kernel, into a state that once wedged it
+//! (a SIGHUP storm, an OOM storm against a slow API server, a container runtime that never
+//! answers, a filesystem whose `statfs` never returns), then asks for an eviction.
+
+use std::time::Duration;
+
+use node_agent_tests::{
+    cluster::{wait_until, PodSpec},
+    fuse::HungFs,
+    move_into, require_root, scaled, set_memory_limit,
+    world::{wait, World},
+    Helper,
+};
+
+const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
+const HOG_UID: &str = "3f0d6a52-1c7e-4b1a-9d2e-7a8b9c0d1e2f";
+const CALM_UID: &str = "9a1b2c3d-4e5f-4a6b-8c7d-0e1f2a3b4c5d";
+
+/// hog: far over its 16Mi request (ranked first); calm: within its 512Mi request.
+fn pods() -> [PodSpec; 2] {
+    [
+        PodSpec::new("shop", "hog", HOG_UID, "16Mi", 'a'),
+        PodSpec::new("shop", "calm", CALM_UID, "512Mi", 'b'),
+    ]
+}
+
+/// Memory pressure (the node over its 824Mi-available threshold): an eviction request must
+/// reach the fake within the usual wait. Returns the helpers holding the memory.
+fn pressure(w: &World) -> anyhow::Result<Vec<Helper>> {
+    let calm = w.load("calm", 120)?;
+    let hog = w.load("hog", 100)?;
+    wait_until(wait(), "the eviction request", || !w.evictions().is_empty())?;
+    Ok(vec![calm, hog])
+}
+
+/// A hundred SIGHUPs within a second, in Kubernetes mode (once a deadlock of the loop and the
+/// executor): a few readings of the file, the loop still serves everything else, an eviction
+/// goes out, SIGTERM ends it.
+#[test]
+fn a_sighup_storm_leaves_the_agent_deciding_and_stoppable() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("wedge-hup", &pods(), MEM_HELPER)?;
+    let mut daemon = w.start("", "")?;
+    for _ in 0..100 {
+        daemon.process.signal(libc::SIGHUP);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    daemon.wait_log("config reloaded", wait())?;
+    let _held = pressure(&w)?;
+    // SIGHUPs that arrive while the file is being read are one more reading: about one per
+    // settling interval of the storm's second, never one per signal.
+    let reloads = daemon.log_count("config reloaded");
+    assert!(
+        (1..=25).contains(&reloads),
+        "a storm of SIGHUPs is a few readings, not a hundred: {reloads}"
+    );
+    let health = daemon.get("/healthz")?;
+    assert!(health.starts_with("HTTP/1.1 200"), "alive: {health}");
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+/// Fifty OOM kills in a pod while the API server takes 200 ms per event: the node events wait
+/// in their own lane and are all posted in time, and an eviction asked for meanwhile goes out
+/// before them, not behind them.
+#[test]
+fn an_oom_storm_against_a_slow_api_server_never_holds_up_an_eviction() -> anyhow::Result<()> {
+    require_root();
+    const KILLS: usize = 50;
+    let w = World::new("wedge-oom", &pods(), MEM_HELPER)?;
+    w.cluster().event_delay = Duration::from_millis(200);
+    // The killing happens in a cgroup of its own below the hog's pod, so the pod's own
+    // container keeps its memory for the pressure that follows.
+    let pod_dir = w.dir_of("hog").parent().unwrap().to_path_buf();
+    let victims = pod_dir.join("oom-storm");
+    std::fs::create_dir_all(&victims)?;
+    set_memory_limit(&victims, 16 << 20)?;
+    let daemon = w.start("", "")?;
+    for _ in 0..KILLS {
+        let mut helper = Helper::spawn(MEM_HELPER, &["oom".into()])?;
+        move_into(&victims, helper.pid())?;
+        helper.go()?;
+        helper.wait_killed(scaled(Duration::from_secs(20)))?;
+    }
+    let _held = pressure(&w)?;
+    let oom_posts = |w: &World| -> Vec<u64> {
+        w.cluster()
+            .answered
+            .iter()
+            .filter(|a| a.body["reason"] == "NodeAgentOOMKill")
+            .map(|a| a.at_ns)
+            .collect()
+    };
+    let evicted_at = w.cluster().evictions()[0].at_ns;
+    // 50 events at 200 ms each take 10 s: wait for them all, none lost.
+    wait_until(scaled(Duration::from_secs(30)), "every OOM event", || {
+        oom_posts(&w).len() >= KILLS
+    })?;
+    let posts = oom_posts(&w);
+    assert_eq!(posts.len(), KILLS, "each kill one event, none refused");
+    let after = posts.iter().filter(|at| **at > evicted_at).count();
+    assert!(
+        after > 0,
+        "the eviction went out while OOM events were still queued ({} of {KILLS} posted after it)",
+        after
+    );
+    let _ = std::fs::remove_dir(&victims);
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+/// A container runtime socket that accepts and never answers (timeout 30 s): image detection
+/// runs at start and waits in the runtime lane, while a memory eviction goes out as usual.
+#[test]
+fn a_runtime_that_never_answers_never_delays_a_memory_eviction() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("wedge-cri", &pods(), MEM_HELPER)?;
+    let socket = w.dir.join("silent-cri.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket)?;
+    let silent = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            match conn {
+                Ok(c) => held.push(c),
+                Err(_) => return,
+            }
+        }
+    });
+    let text = format!(
+        "{}cri:\n  endpoint: 'unix://{}'\n  timeout: 30s\n",
+        w.config("", ""),
+        socket.display()
+    );
+    let daemon = w.start_text(&text)?;
+    let _held = pressure(&w)?;
+    w.assert_nothing_refused();
+    daemon.stop()?;
+    drop(silent);
+    Ok(())
+}
+
+/// The kubelet's filesystem stops answering `statfs` (a hung FUSE mount as `nodefs`): its
+/// signals are unknown and `/readyz` names it, memory decisions go on, and SIGTERM ends the
+/// loop at once (the process itself exits once the filesystem lets go of its one stuck call).
+#[test]
+fn a_hung_filesystem_never_stops_memory_decisions() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("wedge-fs", &pods(), MEM_HELPER)?;
+    let mounted = HungFs::mount(&w.dir.join("hung-nodefs"))?;
+    assert!(std::fs::metadata(mounted.path())?.is_dir(), "stat answers");
+    let agent = format!("nodefsPath: '{}'\n", mounted.path().display());
+    let mut daemon = w.start("", &agent)?;
+    // Declared after the daemon, so dropped before it when the test fails: the agent's stuck
+    // call is released before the daemon is killed and waited for.
+    let fs = mounted;
+    wait_until(wait(), "the agent's statfs reaching the filesystem", || {
+        fs.statfs_waiting() >= 1
+    })?;
+    wait_until(wait(), "/readyz naming nodefs", || {
+        daemon
+            .get("/readyz")
+            .is_ok_and(|r| r.contains("nodefs") && r.contains("has not answered"))
+    })?;
+    assert_eq!(
+        fs.statfs_waiting(),
+        1,
+        "one stuck call, never a second one piled on it"
+    );
+    let _held = pressure(&w)?;
+    assert_eq!(
+        daemon.metric("node_agent_signal_unknown{eviction_signal=\"nodefs.available\"}")?,
+        Some(1.0)
+    );
+    daemon.process.signal(libc::SIGTERM);
+    daemon.wait_log("shutting down", scaled(Duration::from_secs(2)))?;
+    // The stuck call holds the process until the filesystem is aborted.
+    drop(fs);
+    let status = daemon.process.wait_exit(scaled(Duration::from_secs(10)))?;
+    assert!(status.success(), "exit 0: {status}");
+    w.assert_nothing_refused();
+    Ok(())
+}
+
+/// The test FUSE filesystem itself: `stat` answers, `statfs` hangs until it is dropped.
+#[test]
+fn the_hung_filesystem_hangs_statfs_until_dropped() -> anyhow::Result<()> {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("node-agent-hungfs-{}", std::process::id()));
+    let fs = HungFs::mount(&dir)?;
+    assert!(std::fs::metadata(fs.path())?.is_dir());
+    let path = fs.path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: statvfs writes only into `st`.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+        let _ = tx.send(rc);
+    });
+    wait_until(wait(), "the statfs", || fs.statfs_waiting() == 1)?;
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "statfs answered"
+    );
+    drop(fs);
+    assert_eq!(
+        rx.recv_timeout(wait()),
+        Ok(-1),
+        "the aborted connection fails the waiting statfs"
+    );
+    Ok(())
+}
+
+/// What the agent leaves on its node: a taint left by an agent that died under pressure goes at
+/// the next start (no pressure now); on SIGTERM under pressure the taint goes and the agent's
+/// condition says `Unknown`, `AgentStopped`, within the 2 s of its exit.
+#[test]
+fn the_node_is_left_as_found_at_start_and_on_sigterm() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("wedge-taint", &pods(), MEM_HELPER)?;
+    let theirs = serde_json::json!({"key": "dedicated", "value": "e2e", "effect": "NoSchedule"});
+    let ours = serde_json::json!({"key": "node-agent.io/pressure", "value": "MemoryPressure", "effect": "NoSchedule"});
+    w.cluster()
+        .node
+        .change(|n| n["spec"]["taints"] = serde_json::json!([theirs.clone(), ours.clone()]));
+    let daemon = w.start("", "")?;
+    let taints = || w.cluster().node.node()["spec"]["taints"].clone();
+    wait_until(wait(), "the leftover taint removed", || {
+        taints() == serde_json::json!([theirs.clone()])
+    })?;
+    let _held = pressure(&w)?;
+    wait_until(wait(), "the pressure taint", || {
+        taints() == serde_json::json!([theirs.clone(), ours.clone()])
+    })?;
+    daemon.stop()?;
+    assert_eq!(
+        taints(),
+        serde_json::json!([theirs.clone()]),
+        "the agent's taint went with it"
+    );
+    let status_path = format!("/api/v1/nodes/{}/status", node_agent_tests::cluster::NODE);
+    let last = w
+        .fake
+        .seen()
+        .into_iter()
+        .rev()
+        .find(|s| s.method == "PATCH" && s.path == status_path)
+        .expect("the condition was written");
+    let condition = &last.body["status"]["conditions"][0];
+    assert_eq!(
+        (condition["status"].as_str(), condition["reason"].as_str()),
+        (Some("Unknown"), Some("AgentStopped")),
+        "{condition}"
+    );
+    w.assert_nothing_refused();
+    Ok(())
+}
