@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod daemon;
 pub mod ebpf;
 pub mod kernel;
+pub mod logging;
 pub mod simulate;
 pub mod sys;
 pub mod telemetry;

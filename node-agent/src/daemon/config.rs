@@ -81,6 +81,10 @@ pub struct Settings {
     pub fork_limit: u64,
     pub fork_window: Duration,
     pub ring_bytes: u32,
+    /// `logFormat` and `logLevel` as the file says them (the command line may win:
+    /// [`crate::logging::configure`]).
+    pub log_format: crate::logging::LogFormat,
+    pub log_level: crate::logging::LogLevel,
 }
 
 /// Everything the daemon runs on.
@@ -291,6 +295,8 @@ fn validate(
         fork_limit: f.fork_limit,
         fork_window: positive("forkWindow", f.fork_window)?,
         ring_bytes,
+        log_format: f.log_format,
+        log_level: f.log_level.clone(),
     })
 }
 

@@ -56,6 +56,8 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
             (AgentConfig::standalone(&overrides)?, Vec::new())
         }
     };
+    // The file's log format and level, where the command line leaves them to it.
+    crate::logging::configure(config.settings.log_format, &config.settings.log_level);
     let layout = cgroup::detect()?;
     // Settings that parse but cannot be meant on this machine: refused before anything loads
     // (the same checks as `check-config --on-node`).
