@@ -5,7 +5,7 @@ use node_agent::logging::LogLevel;
 
 /// eBPF-accelerated node pressure monitor for Kubernetes.
 #[derive(Debug, Parser)]
-#[command(name = "node-agent", version)]
+#[command(name = "node-agent", version = node_agent::VERSION)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

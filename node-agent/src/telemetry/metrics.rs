@@ -70,6 +70,8 @@ struct ThresholdLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
+    /// The commit built from (`node-agent --version` says the same).
+    commit: &'static str,
     rustc: &'static str,
 }
 
@@ -217,6 +219,7 @@ impl Metrics {
         self.build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
+                commit: env!("NODE_AGENT_COMMIT"),
                 rustc: env!("NODE_AGENT_RUSTC"),
             })
             .set(1);
@@ -299,7 +302,7 @@ impl Metrics {
         );
         r.register(
             "build_info",
-            "The agent's build: always 1, with its version and the compiler's in labels",
+            "The agent's build: always 1, with its version, the commit it was built from and the compiler's version in labels",
             self.build_info.clone(),
         );
         r.register(

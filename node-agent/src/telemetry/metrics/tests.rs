@@ -27,7 +27,7 @@ fn each_recorder_writes_its_sample() {
          "node_agent_signal_available_pids{eviction_signal=\"pid.available\"} 31000"),
         ("the build is 1 with its version",
          |_| {},
-         concat!("node_agent_build_info{version=\"", env!("CARGO_PKG_VERSION"), "\",rustc=\"", env!("NODE_AGENT_RUSTC"), "\"} 1")),
+         concat!("node_agent_build_info{version=\"", env!("CARGO_PKG_VERSION"), "\",commit=\"", env!("NODE_AGENT_COMMIT"), "\",rustc=\"", env!("NODE_AGENT_RUSTC"), "\"} 1")),
         ("the memory mechanism is 1 under its short name",
          |m| m.set_memory_mechanism(crate::ebpf::MemoryMechanism::CounterSampler),
          "node_agent_memory_mechanism{mechanism=\"sampler\"} 1"),
