@@ -250,6 +250,13 @@ impl Metrics {
             self.evaluations.get_or_create_owned(&labels);
             self.decision_latency_invalid.get_or_create_owned(&labels);
         }
+        // The triggers with a kernel timestamp: their latency from 0, so that rate() and
+        // histogram_quantile() see the first decision rather than a series born at 1.
+        for trigger in [Trigger::MemoryThreshold, Trigger::PidThreshold, Trigger::OomKill] {
+            self.decision_latency.get_or_create_owned(&TriggerLabels {
+                trigger: trigger.as_str(),
+            });
+        }
         for kind in KERNEL_EVENT_KINDS {
             self.kernel_events.get_or_create_owned(&KindLabels {
                 kind: kind.to_owned(),
@@ -267,6 +274,14 @@ impl Metrics {
             self.executor_refused
                 .get_or_create_owned(&LaneLabels { lane });
         }
+        // Node-level reclaim answers the disk signals.
+        self.reclaim.precreate(
+            OBSERVED_SIGNALS
+                .iter()
+                .filter(|s| s.resource() != node_agent_policy::signal::Resource::Memory)
+                .filter(|s| s.resource() != node_agent_policy::signal::Resource::Pids)
+                .map(|s| s.as_str()),
+        );
         for reason in ["client_limit", "capacity", "idle"] {
             self.telemetry_connections_closed
                 .get_or_create_owned(&ReasonLabels { reason });

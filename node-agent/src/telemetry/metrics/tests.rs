@@ -244,7 +244,7 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 23] = [
+const COUNTERS: [&str; 24] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
@@ -262,6 +262,7 @@ const COUNTERS: [&str; 23] = [
     "node_agent_memory_sampler_ticks",
     "node_agent_no_evictable_pod_events",
     "node_agent_oom_kills",
+    "node_agent_node_reclaims",
     "node_agent_ringbuf_decode_errors",
     "node_agent_ringbuf_lost_events",
     "node_agent_ringbuf_sent_events",
@@ -276,7 +277,8 @@ const OTHERS: [&str; 18] = [
     "node_agent_memory_mechanism",
     "node_agent_no_evictable_pod",
     "node_agent_node_condition",
-    // Node-level reclaim's gauge (its counters appear with their first reclaim).
+    // Node-level reclaim's gauge (its reclaims count from 0; objects and bytes appear with the
+    // first reclaim).
     "node_agent_node_reclaim_runtime_unavailable",
     "node_agent_signal_available_bytes",
     "node_agent_signal_available_inodes",
@@ -403,12 +405,24 @@ fn decision_latency_lands_in_the_right_buckets() {
     let buckets = text
         .lines()
         .filter(|line| line.starts_with("node_agent_decision_latency_seconds_bucket{"))
+        .filter(|line| line.contains("trigger=\"pacing\""))
         .count();
     assert_eq!(
         buckets,
         DECISION_LATENCY_BUCKETS.len() + 1,
         "the bounds plus +Inf"
     );
+}
+
+#[test]
+fn the_kernel_triggers_latency_exists_from_the_start_at_zero() {
+    let text = Metrics::new().encode();
+    for trigger in ["memory_threshold", "pid_threshold", "oom_kill"] {
+        let count = format!("node_agent_decision_latency_seconds_count{{trigger=\"{trigger}\"}} 0");
+        assert!(text.lines().any(|l| l == count), "{count} in\n{text}");
+    }
+    // Evaluations without a kernel timestamp record no latency: no series for them.
+    assert!(!text.contains("node_agent_decision_latency_seconds_count{trigger=\"resync\"}"));
 }
 
 #[test]
