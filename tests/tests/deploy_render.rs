@@ -532,6 +532,10 @@ tests:
         values: '0x5'
       - series: 'node_agent_config_reloads_total{job="node-agent",instance="b:9464",node="n2",result="ok"}'
         values: '0 1 2 3 4 5'
+      - series: 'node_agent_no_evictable_pod{job="node-agent",instance="a:9464",node="n1",eviction_signal="memory.available"}'
+        values: '0 1x10'
+      - series: 'node_agent_no_evictable_pod{job="node-agent",instance="b:9464",node="n2",eviction_signal="memory.available"}'
+        values: '0 1 0 1 0 1 0'
     alert_rule_test:
       - eval_time: 4m
         alertname: NodeAgentDown
@@ -575,6 +579,16 @@ tests:
               summary: node-agent on n1 cannot read nodefs.available
               description: The source of nodefs.available has been unreadable for 5 minutes; that signal triggers no eviction.
       - eval_time: 2m
+        alertname: NodeAgentNoEvictablePod
+        exp_alerts: []
+      - eval_time: 4m
+        alertname: NodeAgentNoEvictablePod
+        exp_alerts:
+          - exp_labels: {severity: warning, job: node-agent, instance: "a:9464", node: n1, eviction_signal: memory.available}
+            exp_annotations:
+              summary: node-agent on n1 has no pod it may evict for memory.available
+              description: "memory.available has been past its threshold for 2 minutes with no pod the agent may evict (critical, excluded, terminating or held by a PodDisruptionBudget); the agent's log names the pods it passed over."
+      - eval_time: 2m
         alertname: NodeAgentConfigReloadRefused
         exp_alerts: []
       - eval_time: 5m
@@ -596,12 +610,36 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
         "Service/node-agent",
         "ServiceMonitor/node-agent",
         "PrometheusRule/node-agent",
+        "ConfigMap/node-agent-dashboard",
     ] {
         assert!(
             kinds.iter().any(|k| k == expected),
             "{expected} in {kinds:?}"
         );
     }
+    // The dashboard, as Grafana's sidecar finds it: by its label, one JSON file.
+    let dashboard = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "node-agent-dashboard")
+        .unwrap();
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value = serde_json::from_str(
+        dashboard["data"]["node-agent.json"]
+            .as_str()
+            .expect("data.node-agent.json"),
+    )
+    .expect("the dashboard is JSON");
+    assert_eq!(json["uid"], "node-agent");
+    assert_eq!(
+        json["panels"].as_array().map(Vec::len),
+        serde_json::from_str::<Value>(
+            &std::fs::read_to_string(deploy_dir().join("components/monitoring/dashboard.json"))
+                .unwrap()
+        )
+        .unwrap()["panels"]
+            .as_array()
+            .map(Vec::len)
+    );
     // The Service reaches the DaemonSet's pods (by the label every agent DaemonSet's pods
     // carry) on the port the ServiceMonitor scrapes.
     let find = |kind: &str| docs.iter().find(|d| d["kind"] == kind).expect(kind);
@@ -639,7 +677,7 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
     )
     .expect("rules file");
     let said = promtool(&["check", "rules", "rules.yaml"], &dir);
-    assert!(said.contains("SUCCESS: 6 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 7 rules found"), "{said}");
     std::fs::write(dir.join("tests.yaml"), ALERT_TESTS).expect("tests file");
     promtool(&["test", "rules", "tests.yaml"], &dir);
 }

@@ -179,7 +179,8 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
             .env("NODE_AGENT_BIN", &agent_bin)
             .env("KUBECTL", &tools.kubectl)
             .env("KUBERNETES_VALIDATE", &tools.kubernetes_validate)
-            .env("PROMTOOL", &tools.promtool);
+            .env("PROMTOOL", &tools.promtool)
+            .env("PROMETHEUS", &tools.prometheus);
         if let Err(e) = run_cmd(&mut kernel) {
             eprintln!("xtask: {file} failed: {e:#}");
             failed.push(file);

@@ -1,8 +1,9 @@
 //! Tools the tests and fuzzing need besides the compilers, each installed when missing and
 //! said so: cargo-nextest (runs every test file with a per-test time bound), cargo-fuzz
 //! (libFuzzer targets), kubectl (renders deploy/ with kustomize), kubernetes-validate
-//! (checks the rendered objects against Kubernetes' OpenAPI schemas, offline) and promtool
-//! (lints `/metrics` and the alert rules).
+//! (checks the rendered objects against Kubernetes' OpenAPI schemas, offline), promtool
+//! (lints `/metrics` and the alert rules) and the Prometheus server (scrapes a running agent
+//! and evaluates the dashboard's queries and the alerts).
 
 use std::{
     path::{Path, PathBuf},
@@ -20,13 +21,14 @@ const NEXTEST_VERSION: &str = "0.9.143";
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
-/// Where the tests find kubectl, kubernetes-validate and promtool (environment variables of
-/// the same names in upper case).
+/// Where the tests find kubectl, kubernetes-validate, promtool and prometheus (environment
+/// variables of the same names in upper case).
 #[derive(Debug, Clone)]
 pub struct DeployTools {
     pub kubectl: PathBuf,
     pub kubernetes_validate: PathBuf,
     pub promtool: PathBuf,
+    pub prometheus: PathBuf,
 }
 
 /// Everything `cargo xtask test` needs.
@@ -152,36 +154,39 @@ pub fn deploy_tools() -> anyhow::Result<DeployTools> {
         "pip installed no {}",
         kubernetes_validate.display()
     );
+    let (promtool, prometheus) = prometheus()?;
     Ok(DeployTools {
         kubectl,
         kubernetes_validate,
-        promtool: promtool()?,
+        promtool,
+        prometheus,
     })
 }
 
-/// promtool from PATH, else out of Debian's `prometheus` package, fetched with `apt-get
-/// download` and unpacked under target/tools/prometheus. Not `apt-get install prometheus`: on
-/// a systemd host that also enables and starts a Prometheus server on port 9090, which no test
-/// wants; promtool is one static binary.
-fn promtool() -> anyhow::Result<PathBuf> {
-    if let Some(path) = on_path("promtool") {
-        return Ok(path);
+/// promtool and the Prometheus server: both from PATH, else out of Debian's `prometheus`
+/// package, fetched with `apt-get download` and unpacked under target/tools/prometheus. Not
+/// `apt-get install prometheus`: on a systemd host that also enables and starts a Prometheus
+/// server on port 9090, which no test wants; the tests start their own on loopback.
+fn prometheus() -> anyhow::Result<(PathBuf, PathBuf)> {
+    if let (Some(promtool), Some(server)) = (on_path("promtool"), on_path("prometheus")) {
+        return Ok((promtool, server));
     }
     let dir = workspace_root().join("target/tools/prometheus");
     let promtool = dir.join("usr/bin/promtool");
-    if promtool.is_file() {
-        return Ok(promtool);
+    let server = dir.join("usr/bin/prometheus");
+    if promtool.is_file() && server.is_file() {
+        return Ok((promtool, server));
     }
     for tool in ["apt-get", "dpkg-deb"] {
         if !Path::new("/usr/bin").join(tool).exists() {
-            bail!("promtool checks /metrics and the alert rules: this host has no {tool}; put Prometheus' promtool on PATH");
+            bail!("promtool checks /metrics and the alert rules, and a Prometheus server runs the dashboard's queries: this host has no {tool}; put Prometheus' promtool and prometheus on PATH");
         }
     }
     let download = dir.join("download");
     let _ = std::fs::remove_dir_all(&download);
     std::fs::create_dir_all(&download)?;
     eprintln!(
-        "xtask: fetching Debian's prometheus package for its promtool (apt-get download, unpacked under {}; nothing is installed)",
+        "xtask: fetching Debian's prometheus package for promtool and the server (apt-get download, unpacked under {}; nothing is installed, nothing started)",
         dir.display()
     );
     let fetch = || {
@@ -207,10 +212,13 @@ fn promtool() -> anyhow::Result<PathBuf> {
     run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&dir))
         .with_context(|| format!("unpacking {}", deb.display()))?;
     std::fs::remove_dir_all(&download)?;
-    anyhow::ensure!(
-        promtool.is_file(),
-        "{} has no usr/bin/promtool",
-        deb.display()
-    );
-    Ok(promtool)
+    for binary in [&promtool, &server] {
+        anyhow::ensure!(
+            binary.is_file(),
+            "{} has no {}",
+            deb.display(),
+            binary.strip_prefix(&dir).unwrap_or(binary).display()
+        );
+    }
+    Ok((promtool, server))
 }
