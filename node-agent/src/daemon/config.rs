@@ -112,6 +112,22 @@ pub struct Overrides {
     /// The agent's own pod, `(namespace, name)`, from the downward API (`POD_NAMESPACE`,
     /// `POD_NAME`): never evicted.
     pub own_pod: Option<(String, String)>,
+    /// `CONTAINER_RUNTIME_ENDPOINT` (crictl's variable; the DaemonSet sets it for the runtime
+    /// its component names): wins over `cri.endpoint`.
+    pub cri_endpoint: Option<String>,
+}
+
+/// The variable that names the runtime's socket, as crictl reads it.
+pub const CRI_ENDPOINT_VAR: &str = "CONTAINER_RUNTIME_ENDPOINT";
+
+impl Overrides {
+    /// `CONTAINER_RUNTIME_ENDPOINT` from the environment, when set and not empty.
+    pub fn cri_endpoint_from_env() -> Option<String> {
+        std::env::var(CRI_ENDPOINT_VAR)
+            .ok()
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty())
+    }
 }
 
 /// Reads and parses the file at `path` once (a regular file of at most
@@ -159,7 +175,11 @@ impl AgentConfig {
             .transpose()
             .map_err(ConfigError::Kubernetes)?;
         let settings = validate(file, kubernetes.as_ref(), overrides)?;
-        let cri = file.cri.clone().unwrap_or_default();
+        let mut cri = file.cri.clone().unwrap_or_default();
+        if let Some(text) = &overrides.cri_endpoint {
+            cri.endpoint = node_agent_cri::Endpoint::parse(text)
+                .map_err(|e| invalid(CRI_ENDPOINT_VAR, e.to_string()))?;
+        }
         let runtime = Runtime {
             settings: cri.validate().map_err(ConfigError::Cri)?,
             gc: cri.gc_policy().map_err(ConfigError::Cri)?,

@@ -40,6 +40,7 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
         trace_socket: args.trace_socket.clone(),
         node_name: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
         own_pod,
+        cri_endpoint: Overrides::cri_endpoint_from_env(),
     };
     // The whole config is validated before anything is loaded or bound.
     let path = args
@@ -161,6 +162,7 @@ async fn start(
     check_kubelet(&config.current, &node.read());
     match &config.current.runtime {
         Some(r) => tracing::info!(endpoint = %r.settings.endpoint,
+            from = if config.overrides.cri_endpoint.is_some() { super::config::CRI_ENDPOINT_VAR } else { "cri.endpoint" },
             "node-level reclaim through the container runtime before evicting for disk pressure; the runtime's ImageFsInfo decides the filesystem layout"),
         None if config.current.cri_unused => tracing::warn!(
             "cri: is set but not used: node-level reclaim needs the pod list (kubernetes:)"
