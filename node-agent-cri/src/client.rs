@@ -21,9 +21,11 @@ use crate::{
     reclaim::Listing,
 };
 
-/// The kubelet's limit for one CRI message (`maxMsgSize`): a node's container list can exceed
-/// gRPC's 4 MiB default.
-const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// The most one CRI answer may weigh: the kubelet's own limit (`maxMsgSize`), since a node's
+/// container list can exceed gRPC's 4 MiB default (250 pods with their dead containers kept
+/// for GC, 1–2 KiB of labels and annotations each, is 1–2 MiB; images with all their tags and
+/// digests less). tonic refuses a larger message before decoding it, as `OutOfRange`.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// A connection to one runtime endpoint. Cheap to clone; calls may run concurrently.
 #[derive(Debug, Clone)]

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
-    api::{call, decode, ApiError, Context},
+    api::{call, decode, node_path, ApiError, Context},
     transport::ApiRequest,
 };
 
@@ -111,7 +111,7 @@ pub fn node_memory(name: &str, node: &NodeStatusPart) -> Result<i64, Allocatable
 /// Reads the agent's Node and returns its allocatable memory in bytes (tries as the context's
 /// backoff says; each failure is counted there).
 pub async fn read(ctx: &Context) -> Result<i64, AllocatableError> {
-    let get = ApiRequest::get(format!("/api/v1/nodes/{}", ctx.node));
+    let get = ApiRequest::get(node_path(&ctx.node));
     let node: NodeStatusPart = ctx
         .backoff
         .run(&ctx.counters, "node read (allocatable memory)", || async {

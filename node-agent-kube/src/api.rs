@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 
 use crate::{
     config::RetryConfig,
-    transport::{ApiRequest, HttpResponse, Transport, TransportError},
+    transport::{encode, ApiRequest, HttpResponse, Transport, TransportError},
 };
 
 /// `policyv1.DisruptionBudgetCause`: the cause the Eviction API names when a
@@ -65,6 +65,13 @@ pub enum ApiError {
         /// From the `Retry-After` header, else the Status' `details.retryAfterSeconds`.
         retry_after: Option<Duration>,
     },
+    #[error("{endpoint}: {method} {path}: the answer cannot be used: {why}")]
+    Unusable {
+        endpoint: &'static str,
+        method: Method,
+        path: String,
+        why: String,
+    },
     #[error("{endpoint}: {method} {path}: the answer is not a valid {expected}")]
     Decode {
         endpoint: &'static str,
@@ -83,6 +90,7 @@ impl ApiError {
         match self {
             Self::Transport(e) => e.is_transient(),
             Self::Unauthorized { .. } | Self::Forbidden { .. } | Self::Decode { .. } => true,
+            Self::Unusable { .. } => false,
             Self::Status { code, .. } => *code >= 500 || *code == 429 || *code == 408,
         }
     }
@@ -93,7 +101,7 @@ impl ApiError {
             Self::Unauthorized { .. } => Some(401),
             Self::Forbidden { .. } => Some(403),
             Self::Status { code, .. } => Some(*code),
-            Self::Transport(_) | Self::Decode { .. } => None,
+            Self::Transport(_) | Self::Decode { .. } | Self::Unusable { .. } => None,
         }
     }
 
@@ -102,6 +110,35 @@ impl ApiError {
         match self {
             Self::Status { retry_after, .. } => *retry_after,
             _ => None,
+        }
+    }
+
+    /// What a decoding run on a blocking thread came to: the value, the JSON's error, the
+    /// budget's refusal, or the thread's end.
+    pub fn decoded<T>(
+        endpoint: &'static str,
+        req: &ApiRequest,
+        expected: &'static str,
+        joined: Result<Result<T, crate::pods::records::DecodeError>, tokio::task::JoinError>,
+    ) -> Result<T, Self> {
+        use crate::pods::records::DecodeError;
+        let unusable = |why: String| Self::Unusable {
+            endpoint,
+            method: req.method.clone(),
+            path: req.path.clone(),
+            why,
+        };
+        match joined {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(DecodeError::Json(source))) => Err(Self::Decode {
+                endpoint,
+                method: req.method.clone(),
+                path: req.path.clone(),
+                expected,
+                source,
+            }),
+            Ok(Err(e @ DecodeError::OverBudget { .. })) => Err(unusable(e.to_string())),
+            Err(e) => Err(unusable(format!("decoding stopped: {e}"))),
         }
     }
 
@@ -152,6 +189,28 @@ pub fn names_disruption_budget(status: &Status) -> bool {
                 .iter()
                 .any(|c| c.reason.as_deref() == Some(DISRUPTION_BUDGET_CAUSE))
         })
+}
+
+/// `/api/v1/nodes/<node>`, the name encoded.
+pub fn node_path(node: &str) -> String {
+    format!("/api/v1/nodes/{}", encode(node))
+}
+
+/// `/api/v1/namespaces/<namespace>/pods/<name>`, both encoded.
+pub fn pod_path(namespace: &str, name: &str) -> String {
+    format!(
+        "/api/v1/namespaces/{}/pods/{}",
+        encode(namespace),
+        encode(name)
+    )
+}
+
+/// `/apis/events.k8s.io/v1/namespaces/<namespace>/events`, the namespace encoded.
+pub fn events_path(namespace: &str) -> String {
+    format!(
+        "/apis/events.k8s.io/v1/namespaces/{}/events",
+        encode(namespace)
+    )
 }
 
 /// `Retry-After` in seconds (the API server and API Priority and Fairness send seconds), else
@@ -206,10 +265,20 @@ pub struct Counters {
     pub request_failures: AtomicU64,
     /// Tries that failed and were tried again.
     pub retries: AtomicU64,
-    /// Pods left out of a snapshot because their object could not be read.
+    /// Pods left out of the snapshots (unreadable, or sharing their UID), each counted when it
+    /// first appears.
     pub pods_skipped: AtomicU64,
+    /// Stats entries refused (unreadable, or sharing a UID), each counted when it first appears.
+    pub stats_skipped: AtomicU64,
+    /// Quantities of pods that are not quantities, each counted when it first appears.
+    pub fields_invalid: AtomicU64,
     /// Watch events that could not be decoded.
     pub watch_events_dropped: AtomicU64,
+    /// Lists of the pods by the API server pod source (the first one, and every relist).
+    pub pod_relists: AtomicU64,
+    /// The pause before the pod source's next list or watch while it backs off, in
+    /// milliseconds (0 while the watch is healthy).
+    pub pod_watch_backoff_millis: AtomicU64,
 }
 
 impl Counters {
@@ -217,7 +286,6 @@ impl Counters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 }
-
 /// Exponential backoff between tries of one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -247,7 +315,9 @@ impl Backoff {
     }
 
     /// Calls `op` until it succeeds, fails with a non-retryable error, or runs out of tries.
-    /// Every failed try is logged and counted.
+    /// Every failed try is counted; the log lines are debug ones: what a failure means is the
+    /// caller's to say, once per transition (a periodic read failing every two seconds is one
+    /// line, not one per read).
     pub async fn run<T, F, Fut>(
         &self,
         counters: &Counters,
@@ -268,17 +338,43 @@ impl Backoff {
                     // As long as the server asked, at least: a rate-limited client that comes
                     // back early only gets limited again.
                     let pause = self.delay(tried).max(e.retry_after().unwrap_or_default());
-                    tracing::warn!(error = %e, try_ = tried, ?pause, "{what} failed; trying again");
+                    tracing::debug!(error = %e, try_ = tried, ?pause, "{what} failed; trying again");
                     tokio::time::sleep(pause).await;
                 }
                 Err(e) => {
                     Counters::bump(&counters.request_failures);
-                    tracing::error!(error = %e, tries = tried, "{what} failed");
+                    tracing::debug!(error = %e, tries = tried, "{what} failed");
                     return Err(e);
                 }
             }
         }
     }
+}
+
+/// `d` scaled by a factor drawn from [0.5, 1.5): spreads the retries of many agents (one per
+/// node) so that a recovering API server does not meet them all at once. The factor comes from
+/// a per-thread xorshift seeded by the clock: jitter needs no cryptographic quality.
+pub fn jitter(d: Duration) -> Duration {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0x9E37_79B9_7F4A_7C15, |d| d.as_nanos() as u64)
+                | 1,
+        );
+    }
+    let draw = STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    });
+    // 53 random bits as a fraction in [0, 1).
+    let fraction = (draw >> 11) as f64 / (1u64 << 53) as f64;
+    d.mul_f64(0.5 + fraction)
 }
 
 /// Sends `req` once and returns the answer if its status is one of `ok`, else a typed error.
@@ -318,6 +414,15 @@ mod tests {
                 "retry {retry}"
             );
         }
+    }
+
+    #[test]
+    fn jitter_stays_within_half_and_one_and_a_half_and_varies() {
+        let base = Duration::from_secs(10);
+        let draws: Vec<Duration> = (0..200).map(|_| jitter(base)).collect();
+        assert!(draws.iter().all(|d| *d >= base / 2 && *d < base * 3 / 2));
+        let distinct: std::collections::BTreeSet<_> = draws.iter().collect();
+        assert!(distinct.len() > 100, "{} distinct of 200", distinct.len());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use serde_json::json;
 
 use crate::{
-    api::{call, decode, ApiError, Context},
+    api::{call, decode, node_path, ApiError, Context},
     time::time,
     transport::ApiRequest,
 };
@@ -94,7 +94,7 @@ impl NodeConditionReporter {
         dry_run: bool,
     ) -> Result<NodeCondition, ApiError> {
         if !self.read {
-            let req = ApiRequest::get(format!("/api/v1/nodes/{}", ctx.node));
+            let req = ApiRequest::get(node_path(&ctx.node));
             let node: Node = ctx
                 .backoff
                 .run(&ctx.counters, "node read", || async {
@@ -115,7 +115,7 @@ impl NodeConditionReporter {
         }
         let req = ApiRequest::with_json(
             Method::PATCH,
-            format!("/api/v1/nodes/{}/status", ctx.node),
+            format!("{}/status", node_path(&ctx.node)),
             "application/strategic-merge-patch+json",
             &condition_patch(&condition),
         );

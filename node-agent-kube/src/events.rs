@@ -13,7 +13,7 @@ use k8s_openapi::{
 use node_agent_policy::Eviction;
 
 use crate::{
-    api::{call, ApiError, Context, Counters},
+    api::{call, events_path, ApiError, Context, Counters},
     time::{micro_time, unix_nanos},
     transport::ApiRequest,
 };
@@ -155,7 +155,7 @@ pub async fn post(ctx: &Context, event: &Event) -> Result<(), ApiError> {
     let body = serde_json::to_value(event).expect("an Event always serializes");
     let req = ApiRequest::with_json(
         Method::POST,
-        format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events"),
+        events_path(namespace),
         "application/json",
         &body,
     );

@@ -16,7 +16,7 @@ use node_agent_policy::NodeCondition;
 use serde_json::json;
 
 use crate::{
-    api::{call, decode, ApiError, Context},
+    api::{call, decode, node_path, ApiError, Context},
     transport::ApiRequest,
 };
 
@@ -108,7 +108,7 @@ pub async fn apply(
     want: Option<&Taint>,
     dry_run: &(dyn Fn() -> bool + Sync),
 ) -> Result<Option<TaintChange>, TaintError> {
-    let path = format!("/api/v1/nodes/{}", ctx.node);
+    let path = node_path(&ctx.node);
     for _ in 0..CONFLICT_ATTEMPTS {
         let get = ApiRequest::get(path.clone());
         let node: Node = ctx

@@ -1,19 +1,66 @@
 //! One HTTPS endpoint (the kubelet or the API server): TLS from a CA file or an explicit
 //! insecure flag, a bearer token re-read from disk before every request, a timeout on every
-//! request, and errors that say which endpoint failed and how.
+//! request, a cap on every answer's size, and errors that say which endpoint failed and how.
 //!
 //! kube's `Client` carries the bytes (rustls with ring, hyper); requests are built here so that
-//! the token, the status handling and the exact wire format stay in this crate's hands.
+//! the token, the status handling and the exact wire format stay in this crate's hands. Every
+//! name that goes into a path or a query goes through [`encode`].
+//!
+//! ## What an answer may weigh
+//!
+//! A body is read frame by frame into one buffer and refused as soon as it passes its cap
+//! (or declares a `Content-Length` above it), so a hostile or broken endpoint costs at most the
+//! cap, never the whole answer; the DaemonSet's 256 MiB limit holds the agent, its kernel maps
+//! and one capped answer with its decoded objects. The caps come from what real nodes hold:
+//!
+//! - A pod list ([`POD_LIST_CAP`], 32 MiB): the kubelet's default `maxPods` is 110 and managed
+//!   clusters allow up to 250 (AKS 250, GKE 256 with a /23, EKS with prefix delegation). A pod
+//!   object as the kubelet and the API server return it (managedFields, a
+//!   `last-applied-configuration` annotation, a few containers with env) weighs 8–30 KiB; a
+//!   large one 60 KiB. 250 pods × 64 KiB = 16 MiB; the cap doubles that.
+//! - The kubelet's `/stats/summary` ([`SUMMARY_CAP`], 16 MiB): 2–6 KiB per pod (containers,
+//!   volumes, network interfaces); 250 pods × 16 KiB = 4 MiB, four times headroom.
+//! - Any other answer ([`OBJECT_CAP`], 4 MiB): one object (a Node with its 50 image entries is
+//!   20–80 KiB; etcd refuses objects above 1.5 MiB) or a `metav1.Status`.
+//! - One watch event ([`WATCH_LINE_CAP`], 4 MiB): one Pod (at most etcd's 1.5 MiB) in its
+//!   envelope; see `pods::apiserver` for the watch's deadlines.
 
 use std::{
     error::Error as StdError,
     path::{Path, PathBuf},
-    time::Duration,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use http::{header, Method, Request, StatusCode};
 use http_body_util::BodyExt as _;
-use kube::client::Body;
+use hyper_util::client::legacy::connect::HttpConnector;
+use kube::client::{Body, ConfigExt as _};
+
+/// The most a pod list (`GET /pods`, or a list of the API server) may weigh: see the module.
+pub const POD_LIST_CAP: usize = 32 << 20;
+/// The most the kubelet's `/stats/summary` may weigh.
+pub const SUMMARY_CAP: usize = 16 << 20;
+/// The most any other answer (one object, a Status) may weigh.
+pub const OBJECT_CAP: usize = 4 << 20;
+/// The most one line (one event) of a watch may weigh.
+pub const WATCH_LINE_CAP: usize = 4 << 20;
+
+/// Percent-encodes one path segment or one query value: everything but RFC 3986's unreserved
+/// characters (`A-Z a-z 0-9 - . _ ~`). The one encoder for every name the agent puts in a URL
+/// (pods, namespaces, nodes, field selectors, resource versions), so that a name such as
+/// `hog?dryRun=All&x=` from a lying kubelet stays a name and never becomes a query.
+pub fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
 
 /// How to reach one endpoint.
 #[derive(Debug, Clone)]
@@ -101,6 +148,16 @@ pub enum TransportError {
         path: String,
         after: Duration,
     },
+    #[error("{endpoint}: {method} {path}: the answer is larger than its {cap}-byte cap{}",
+        declared.map(|n| format!(" (it declares {n} bytes)")).unwrap_or_default())]
+    TooLarge {
+        endpoint: &'static str,
+        method: Method,
+        path: String,
+        cap: usize,
+        /// Its `Content-Length`, when it declared one.
+        declared: Option<u64>,
+    },
     #[error("{endpoint}: {method} {path}: reading the answer failed")]
     ReadBody {
         endpoint: &'static str,
@@ -112,7 +169,9 @@ pub enum TransportError {
 }
 
 impl TransportError {
-    /// Whether trying again later may succeed (outages, timeouts), as opposed to bad setup.
+    /// Whether trying again at once may succeed (outages, timeouts), as opposed to bad setup or
+    /// an answer too large (the same answer again would be refused again; the next periodic
+    /// read tries anew).
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
@@ -147,12 +206,15 @@ impl HttpResponse {
     }
 }
 
-/// A request to send: method, path with query, optional body with its content type.
+/// A request to send: method, path with query, optional body with its content type, and the
+/// most its answer may weigh.
 #[derive(Debug, Clone)]
 pub struct ApiRequest {
     pub method: Method,
     pub path: String,
     pub body: Option<(&'static str, Vec<u8>)>,
+    /// The answer's cap in bytes ([`OBJECT_CAP`] unless the request says otherwise).
+    pub max_body: usize,
 }
 
 impl ApiRequest {
@@ -161,7 +223,14 @@ impl ApiRequest {
             method: Method::GET,
             path: path.into(),
             body: None,
+            max_body: OBJECT_CAP,
         }
+    }
+
+    /// The same request with another cap on its answer.
+    pub fn capped(mut self, max_body: usize) -> Self {
+        self.max_body = max_body;
+        self
     }
 
     pub fn with_json(
@@ -174,7 +243,35 @@ impl ApiRequest {
             method,
             path: path.into(),
             body: Some((content_type, body.to_string().into_bytes())),
+            max_body: OBJECT_CAP,
         }
+    }
+}
+
+/// How the endpoint last answered, whatever asked: the time, and the status or why there was
+/// none. Readiness reads it (`/readyz` names an endpoint that cannot be reached or refuses the
+/// agent); every clone of one [`Transport`] shares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastAnswer {
+    pub at: Instant,
+    /// `METHOD path` of the request answered.
+    pub request: String,
+    /// The HTTP status, or the transport error in words.
+    pub outcome: Result<StatusCode, String>,
+}
+
+#[derive(Debug, Default)]
+struct Link {
+    last: Mutex<Option<LastAnswer>>,
+}
+
+impl Link {
+    fn record(&self, req: &ApiRequest, outcome: Result<StatusCode, String>) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastAnswer {
+            at: Instant::now(),
+            request: format!("{} {}", req.method, req.path),
+            outcome,
+        });
     }
 }
 
@@ -182,6 +279,7 @@ impl ApiRequest {
 pub struct Transport {
     endpoint: Endpoint,
     client: kube::Client,
+    link: Arc<Link>,
 }
 
 impl std::fmt::Debug for Transport {
@@ -209,56 +307,132 @@ impl Transport {
         if let Some(path) = &endpoint.ca_file {
             config.root_cert = Some(read_ca(name, path)?);
         }
-        config.connect_timeout = Some(endpoint.timeout);
-        config.read_timeout = None; // a watch stays open; `send` bounds every plain request
-        config.write_timeout = Some(endpoint.timeout);
-        // Retries belong to this crate's policy, so that every request made is one we chose.
-        config.default_retry = false;
-        let client = kube::Client::try_from(config).map_err(|source| TransportError::Client {
-            endpoint: name,
-            source: Box::new(source),
-        })?;
-        Ok(Self { endpoint, client })
+        // The stack kube documents for a custom client (`Client::new`): its TLS connector and
+        // base URI, and nothing else. Not `Client::try_from`: its TraceLayer logs an ERROR
+        // line for every failed request (a wrong CA: one per request, every refresh), and
+        // its retries and timeouts are this crate's to choose. Every request is bounded by
+        // `send`'s or `open`'s timeout; a watch by its own deadlines.
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(endpoint.timeout));
+        let https = config
+            .rustls_https_connector_with_connector(http)
+            .map_err(|source| TransportError::Client {
+                endpoint: name,
+                source: Box::new(source),
+            })?;
+        let service = tower::ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .service(
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build::<_, Body>(https),
+            );
+        let client = kube::Client::new(service, config.default_namespace);
+        Ok(Self {
+            endpoint,
+            client,
+            link: Arc::default(),
+        })
     }
 
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
 
-    /// Sends one request and reads the whole answer within the endpoint's timeout. Any HTTP
-    /// status is a successful transport; callers interpret it.
+    /// How the endpoint last answered (any request through this transport or its clones).
+    pub fn last_answer(&self) -> Option<LastAnswer> {
+        self.link
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Sends one request and reads the whole answer within the endpoint's timeout, at most
+    /// `req.max_body` bytes of it. Any HTTP status is a successful transport; callers
+    /// interpret it.
     pub async fn send(&self, req: &ApiRequest) -> Result<HttpResponse, TransportError> {
         let timeout = self.endpoint.timeout;
         let fut = async {
-            let response = self.open(req).await?;
-            let status = response.status();
-            let headers = response.headers().clone();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|source| TransportError::ReadBody {
-                    endpoint: self.endpoint.name,
-                    method: req.method.clone(),
-                    path: req.path.clone(),
-                    source: Box::new(source),
-                })?
-                .to_bytes()
-                .to_vec();
+            let (parts, body) = self.open(req).await?.into_parts();
+            let body = self.read_capped(req, &parts.headers, body).await?;
             Ok(HttpResponse {
-                status,
-                headers,
+                status: parts.status,
+                headers: parts.headers,
                 body,
             })
         };
-        tokio::time::timeout(timeout, fut)
+        let result = tokio::time::timeout(timeout, fut)
             .await
-            .unwrap_or_else(|_| Err(self.timeout_error(req)))
+            .unwrap_or_else(|_| Err(self.timeout_error(req)));
+        match &result {
+            // The endpoint answered (its status is recorded): what it said is the caller's.
+            Err(TransportError::TooLarge { .. }) | Ok(_) => {}
+            Err(e) => self.link.record(req, Err(e.to_string())),
+        }
+        result
+    }
+
+    /// The body, frame by frame into one buffer, refused as soon as it passes the cap: at most
+    /// the cap is ever held, and no copy of it is made.
+    pub(crate) async fn read_capped(
+        &self,
+        req: &ApiRequest,
+        headers: &http::HeaderMap,
+        mut body: Body,
+    ) -> Result<Vec<u8>, TransportError> {
+        let cap = req.max_body;
+        let too_large = |declared| TransportError::TooLarge {
+            endpoint: self.endpoint.name,
+            method: req.method.clone(),
+            path: req.path.clone(),
+            cap,
+            declared,
+        };
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > cap as u64) {
+            return Err(too_large(declared));
+        }
+        let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|source| TransportError::ReadBody {
+                endpoint: self.endpoint.name,
+                method: req.method.clone(),
+                path: req.path.clone(),
+                source: Box::new(source),
+            })?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if buf.len() + data.len() > cap {
+                return Err(too_large(declared));
+            }
+            buf.extend_from_slice(&data);
+        }
+        Ok(buf)
     }
 
     /// Sends a request and returns the answer with its body still streaming (for watches).
     /// Only the headers are bounded by the timeout.
     pub async fn open(&self, req: &ApiRequest) -> Result<http::Response<Body>, TransportError> {
+        let result = self.open_unrecorded(req).await;
+        self.link.record(
+            req,
+            match &result {
+                Ok(response) => Ok(response.status()),
+                Err(e) => Err(e.to_string()),
+            },
+        );
+        result
+    }
+
+    async fn open_unrecorded(
+        &self,
+        req: &ApiRequest,
+    ) -> Result<http::Response<Body>, TransportError> {
         let name = self.endpoint.name;
         let mut builder = Request::builder()
             .method(req.method.clone())
@@ -421,6 +595,39 @@ fn classify(endpoint: &'static str, req: &ApiRequest, source: kube::Error) -> Tr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_encoded_so_they_stay_one_segment_or_one_value() {
+        let rows = [
+            (
+                "a plain pod name",
+                "web-7c9f8d6b5-x2x9q",
+                "web-7c9f8d6b5-x2x9q",
+            ),
+            (
+                "a query smuggled in a name",
+                "hog?dryRun=All&x=",
+                "hog%3FdryRun%3DAll%26x%3D",
+            ),
+            (
+                "a path smuggled in a name",
+                "../../nodes/n1",
+                "..%2F..%2Fnodes%2Fn1",
+            ),
+            ("a fragment and a space", "a#b c", "a%23b%20c"),
+            ("a percent sign stays literal", "100%", "100%25"),
+            (
+                "a field selector value",
+                "spec.nodeName=worker-1",
+                "spec.nodeName%3Dworker-1",
+            ),
+            ("non-ASCII, byte by byte", "é", "%C3%A9"),
+            ("unreserved marks", "a-b.c_d~e", "a-b.c_d~e"),
+        ];
+        for (what, name, want) in rows {
+            assert_eq!(encode(name), want, "{what}");
+        }
+    }
 
     #[test]
     fn base64_decodes_padded_and_unpadded() {

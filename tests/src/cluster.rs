@@ -90,6 +90,8 @@ pub struct Answered {
 }
 
 type EvictReply = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
+/// A test's own answer to a request, before the fake cluster's (`None`: the usual answer).
+pub type Hook = Arc<dyn Fn(&Seen) -> Option<Reply> + Send + Sync>;
 
 /// What the fake cluster serves; tests change it while the daemon runs.
 pub struct ClusterState {
@@ -104,6 +106,8 @@ pub struct ClusterState {
     pub node: NodeStore,
     /// The kubelet's `/stats/summary` pods; none by default.
     pub summary_pods: Vec<Value>,
+    /// Answers the test gives itself (a hostile kubelet or API server), first.
+    pub hook: Option<Hook>,
     /// How long every event POST takes to be answered (a slow API server); none by default.
     pub event_delay: Duration,
 }
@@ -116,6 +120,7 @@ impl Default for ClusterState {
             answered: Vec::new(),
             evict_reply: None,
             summary_pods: Vec::new(),
+            hook: None,
             event_delay: Duration::ZERO,
             node: NodeStore::new(json!({"kind": "Node", "apiVersion": "v1",
                 "metadata": {"name": NODE, "resourceVersion": "1"},
@@ -152,7 +157,22 @@ pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send 
         let at_ns = monotonic_ns();
         let path = seen.path.split('?').next().unwrap_or("");
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reply) = s.hook.clone().and_then(|hook| hook(seen)) {
+            return reply;
+        }
         let reply = match (seen.method.as_str(), path) {
+            // The API server as pod source: the pods as a list, a watch that stays open.
+            ("GET", "/api/v1/pods") if seen.path.contains("watch=true") => {
+                return Reply::watch(Vec::new(), true)
+            }
+            ("GET", "/api/v1/pods") => {
+                s.pod_lists += 1;
+                return Reply::json(
+                    200,
+                    json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": s.pods})
+                        .to_string(),
+                );
+            }
             ("GET", "/pods") => {
                 s.pod_lists += 1;
                 return Reply::json(
@@ -277,8 +297,16 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(config: &Path, port: u16) -> anyhow::Result<Daemon> {
-        let process =
-            AgentProcess::spawn(&["run".as_ref(), "--config".as_ref(), config.as_os_str()])?;
+        Self::start_in(config, port, None)
+    }
+
+    /// Starts it as a member of `cgroup` from its first instruction (its memory is charged
+    /// there), or where the test runs.
+    pub fn start_in(config: &Path, port: u16, cgroup: Option<&Path>) -> anyhow::Result<Daemon> {
+        let process = AgentProcess::spawn_in(
+            cgroup,
+            &["run".as_ref(), "--config".as_ref(), config.as_os_str()],
+        )?;
         let mut daemon = Daemon {
             process,
             port,

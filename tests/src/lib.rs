@@ -380,13 +380,40 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     pub fn spawn(args: &[&std::ffi::OsStr]) -> anyhow::Result<Self> {
-        let mut child = Command::new(agent_bin())
+        Self::spawn_in(None, args)
+    }
+
+    /// Spawns it inside the cgroup at `cgroup` (it joins between fork and exec, so all of its
+    /// memory is charged there), or where the test runs.
+    pub fn spawn_in(cgroup: Option<&Path>, args: &[&std::ffi::OsStr]) -> anyhow::Result<Self> {
+        use std::os::unix::{ffi::OsStrExt as _, process::CommandExt as _};
+        let mut command = Command::new(agent_bin());
+        command
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting the agent")?;
+            .stderr(Stdio::piped());
+        if let Some(dir) = cgroup {
+            let procs = std::ffi::CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())?;
+            // SAFETY: between fork and exec only async-signal-safe calls: open, write, close
+            // on a path prepared before the fork.
+            unsafe {
+                command.pre_exec(move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // "0" moves the writing process.
+                    let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                    if written != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn().context("starting the agent")?;
         let json = lines(child.stdout.take().context("stdout")?, |line| {
             serde_json::from_str::<serde_json::Value>(&line).ok()
         });

@@ -624,6 +624,10 @@ tests:
         values: '0 1x10'
       - series: 'node_agent_no_evictable_pod{job="node-agent",instance="b:9464",node="n2",eviction_signal="memory.available"}'
         values: '0 1 0 1 0 1 0'
+      - series: 'node_agent_kube_source_ready{job="node-agent",instance="a:9464",node="n1",source="pods"}'
+        values: '1 0x10'
+      - series: 'node_agent_kube_source_ready{job="node-agent",instance="a:9464",node="n1",source="cluster"}'
+        values: '1x10'
     alert_rule_test:
       - eval_time: 4m
         alertname: NodeAgentDown
@@ -686,6 +690,16 @@ tests:
             exp_annotations:
               summary: node-agent on n1 refused a new config (invalid)
               description: "The agent keeps running on its previous config: a reload ended invalid in the last 15 minutes. Check the file with node-agent check-config and see the agent's log for the field named."
+      - eval_time: 2m
+        alertname: NodeAgentBlind
+        exp_alerts: []
+      - eval_time: 4m
+        alertname: NodeAgentBlind
+        exp_alerts:
+          - exp_labels: {severity: critical, job: node-agent, instance: "a:9464", node: n1, source: pods}
+            exp_annotations:
+              summary: node-agent on n1 cannot read its pods source
+              description: The pods source has not delivered for 2 minutes, so the agent cannot evict on that node; its /readyz and log say why (a kubelet certificate the agent cannot verify, RBAC, an unreachable API server).
 "#;
 
 #[test]
@@ -765,7 +779,7 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
     )
     .expect("rules file");
     let said = promtool(&["check", "rules", "rules.yaml"], &dir);
-    assert!(said.contains("SUCCESS: 7 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 8 rules found"), "{said}");
     std::fs::write(dir.join("tests.yaml"), ALERT_TESTS).expect("tests file");
     promtool(&["test", "rules", "tests.yaml"], &dir);
 }

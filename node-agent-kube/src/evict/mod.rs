@@ -182,7 +182,7 @@ pub fn evicted_status_patch(e: &Eviction, now: SystemTime) -> serde_json::Value 
 }
 
 fn pod_path(e: &Eviction) -> String {
-    format!("/api/v1/namespaces/{}/pods/{}", e.namespace, e.name)
+    crate::api::pod_path(&e.namespace, &e.name)
 }
 
 /// Sends `req` with the context's retries, asking `dry_run` before every try: dry run holds

@@ -24,15 +24,14 @@ use crate::{
 };
 use futures::StreamExt as _;
 use http_body_util::{combinators::BoxBody, BodyExt as _, Full, StreamBody};
-use hyper::{
-    body::{Bytes, Frame},
-    service::service_fn,
-    Request, Response,
-};
+/// The shared body of [`Reply::shared`].
+pub use hyper::body::Bytes;
+use hyper::{body::Frame, service::service_fn, Request, Response};
 use hyper_util::rt::TokioIo;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 pub use reply::{Body, Reply};
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+pub use strict::percent_decode;
 pub use taints::NodeStore;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -279,7 +278,7 @@ async fn handle(
     if let Err(reply) = &checked {
         request.rejected = Some(match &reply.body {
             Body::Full(text) => format!("HTTP {}: {text}", reply.status),
-            Body::Stream { .. } => format!("HTTP {}", reply.status),
+            _ => format!("HTTP {}", reply.status),
         });
     }
     let index = {
@@ -305,6 +304,32 @@ async fn handle(
                 futures::stream::empty().right_stream()
             };
             http_body_util::BodyExt::boxed(StreamBody::new(frames.chain(open)))
+        }
+        Body::Shared {
+            data,
+            chunked: false,
+        } => Full::new(data).boxed(),
+        Body::Shared {
+            data,
+            chunked: true,
+        } => {
+            const FRAME: usize = 64 << 10;
+            let frames = (0..data.len().div_ceil(FRAME)).map(move |i| {
+                let end = ((i + 1) * FRAME).min(data.len());
+                Ok::<_, Infallible>(Frame::data(data.slice(i * FRAME..end)))
+            });
+            http_body_util::BodyExt::boxed(StreamBody::new(futures::stream::iter(frames)))
+        }
+        Body::Endless { chunk, pause } => {
+            let chunk = Bytes::from(chunk);
+            let frames = futures::stream::repeat(()).then(move |()| {
+                let chunk = chunk.clone();
+                async move {
+                    tokio::time::sleep(pause).await;
+                    Ok::<_, Infallible>(Frame::data(chunk))
+                }
+            });
+            http_body_util::BodyExt::boxed(StreamBody::new(frames))
         }
     };
     let mut response = Response::builder()

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use hyper::body::Bytes;
 use serde_json::json;
 
 /// The body of an answer.
@@ -14,6 +15,18 @@ pub enum Body {
     Stream {
         frames: Vec<(Duration, String)>,
         keep_open: bool,
+    },
+    /// The same chunk again and again, each after its pause, never ending (a hostile
+    /// server's endless line). The fake holds one chunk, whatever the client reads.
+    Endless {
+        chunk: String,
+        pause: Duration,
+    },
+    /// A large body shared by every answer (cloning it copies nothing): with its
+    /// `Content-Length`, or `chunked` in 64 KiB frames without one.
+    Shared {
+        data: Bytes,
+        chunked: bool,
     },
 }
 
@@ -87,6 +100,22 @@ impl Reply {
     pub fn watch(frames: Vec<(Duration, String)>, keep_open: bool) -> Self {
         Self {
             body: Body::Stream { frames, keep_open },
+            ..Self::json(200, "")
+        }
+    }
+
+    /// A 200 with a large JSON body that every answer shares (see [`Body::Shared`]).
+    pub fn shared(data: Bytes, chunked: bool) -> Self {
+        Self {
+            body: Body::Shared { data, chunked },
+            ..Self::json(200, "")
+        }
+    }
+
+    /// A 200 whose body repeats `chunk` forever, `pause` between chunks.
+    pub fn endless(chunk: String, pause: Duration) -> Self {
+        Self {
+            body: Body::Endless { chunk, pause },
             ..Self::json(200, "")
         }
     }

@@ -61,13 +61,39 @@ fn matches(pattern: &str, path: &str) -> Option<Vec<String>> {
     let mut wild = Vec::new();
     for (p, s) in p.iter().zip(&s) {
         match *p {
-            "*" if !s.is_empty() => wild.push((*s).to_string()),
+            // The API server routes on the raw path and decodes each segment after.
+            "*" if !s.is_empty() => wild.push(percent_decode(s)),
             "*" => return None,
             p if p == *s => {}
             _ => return None,
         }
     }
     Some(wild)
+}
+
+/// A path segment as the server reads it: `%XX` turned back into its byte (invalid escapes
+/// kept as written).
+pub fn percent_decode(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 pub(super) fn bad_request(message: &str) -> Reply {

@@ -207,7 +207,8 @@ impl NodeStore {
     /// The answer for `seen` if it is a request about this node, else `None`.
     pub fn answer(&self, seen: &Seen) -> Option<Reply> {
         let path = format!("/api/v1/nodes/{}", self.name());
-        if seen.path != path {
+        // A query (`resourceVersion=0`: served from the API server's cache) reads the same node.
+        if seen.path.split('?').next() != Some(path.as_str()) {
             return None;
         }
         let mut node = self.node.lock().unwrap();

@@ -2,24 +2,26 @@
 //!
 //! Two sources: the local kubelet (`kubelet`) and a list+watch of the API server (`apiserver`).
 //! Both hand out a [`PodSnapshot`]; the daemon checks [`PodSnapshot::check_fresh`] before acting.
+//! Lists and summaries are read record by record ([`records`]): one bad pod or stats entry is
+//! named and left aside, never the whole answer.
 
 pub mod apiserver;
 pub mod kubelet;
 pub mod model;
+pub mod records;
 pub mod stats;
+pub mod status;
 
 use std::{
     collections::HashMap,
-    sync::atomic::Ordering,
     time::{Duration, SystemTime},
 };
 
-use k8s_openapi::api::core::v1::Pod;
 use node_agent_policy::PodInfo;
 
-use crate::api::Counters;
-use model::{ContainerRef, PodError, Read};
-use stats::Summary;
+use model::{ContainerRef, Read};
+use records::{Item, Problem, ProblemKind};
+use stats::PodStats;
 
 /// The pods on this node at one moment, as the policy sees them.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,8 +33,11 @@ pub struct PodSnapshot {
     pub containers: HashMap<String, ContainerRef>,
     /// When the oldest part of this snapshot was read (pods or usage).
     pub observed_at: SystemTime,
-    /// Pods left out because their object was unreadable (each one logged and counted).
-    pub skipped: Vec<PodError>,
+    /// The records not taken as they came, each naming its pod: pods left out (unreadable, or
+    /// sharing a UID), stats entries refused, quantities read as zero or none.
+    pub problems: Vec<Problem>,
+    /// How many pods the source listed (terminal and left-out ones included).
+    pub listed: usize,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -61,45 +66,67 @@ pub fn check_fresh(
 }
 
 impl PodSnapshot {
-    /// Builds the view from raw pods and, when there is one, the kubelet's summary (matched by
-    /// UID). Unreadable pods are logged, counted and listed in `skipped`.
+    /// Builds the view from the pods read (each already in the model) and, when there is one,
+    /// the kubelet's stats entries (matched by UID). `problems` are the records decoding
+    /// already left aside; pods sharing a UID (both) and bad quantities join them. Nothing is
+    /// logged here: a [`records::ProblemLog`] says each problem once.
     pub fn build(
-        raw: &[Pod],
-        summary: Option<&Summary>,
+        items: Vec<Item>,
+        stats: Option<&[PodStats]>,
         observed_at: SystemTime,
-        counters: &Counters,
+        mut problems: Vec<Problem>,
     ) -> Self {
-        let stats: HashMap<&str, &stats::PodStats> = summary
-            .map(|s| s.pods.iter().map(|p| (p.pod_ref.uid.as_str(), p)).collect())
-            .unwrap_or_default();
-        let mut pods = Vec::with_capacity(raw.len());
+        let stats: HashMap<&str, &PodStats> = stats
+            .unwrap_or_default()
+            .iter()
+            .map(|p| (p.pod_ref.uid.as_str(), p))
+            .collect();
+        let listed = items.len()
+            + problems
+                .iter()
+                .filter(|p| p.kind == ProblemKind::PodUnreadable)
+                .count();
+        let mut uids: HashMap<String, usize> = HashMap::new();
+        for item in &items {
+            *uids.entry(item.uid.clone()).or_default() += 1;
+        }
+        let mut pods = Vec::with_capacity(items.len());
         let mut containers = HashMap::new();
-        let mut skipped = Vec::new();
-        for pod in raw {
-            match model::read(pod) {
-                Ok(Read::Active {
-                    mut pod,
-                    containers: running,
-                }) => {
-                    if let Some(s) = pod.uid.as_deref().and_then(|uid| stats.get(uid)) {
-                        model::apply_stats(&mut pod, s);
-                    }
-                    containers.extend(running);
-                    pods.push(*pod);
-                }
-                Ok(Read::Terminal) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "pod left out of the snapshot");
-                    counters.pods_skipped.fetch_add(1, Ordering::Relaxed);
-                    skipped.push(e);
-                }
+        for item in items {
+            let shared = uids[&item.uid];
+            if shared > 1 {
+                problems.push(Problem {
+                    detail: format!("{shared} pods carry UID {}", item.uid),
+                    pod: item.name,
+                    kind: ProblemKind::DuplicateUid,
+                });
+                continue;
             }
+            let Read::Active {
+                mut pod,
+                containers: running,
+                invalid,
+            } = item.read
+            else {
+                continue;
+            };
+            if let Some(s) = stats.get(item.uid.as_str()) {
+                model::apply_stats(&mut pod, s);
+            }
+            problems.extend(invalid.into_iter().map(|e| Problem {
+                pod: item.name.clone(),
+                kind: ProblemKind::FieldInvalid,
+                detail: e.to_string(),
+            }));
+            containers.extend(running);
+            pods.push(*pod);
         }
         Self {
             pods,
             containers,
             observed_at,
-            skipped,
+            problems,
+            listed,
         }
     }
 

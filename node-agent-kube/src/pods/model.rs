@@ -54,12 +54,25 @@ pub enum Read {
         pod: Box<PodInfo>,
         /// Its running containers by runtime id.
         containers: Vec<(String, ContainerRef)>,
+        /// Quantities that are not quantities (or are negative). The pod stays a candidate
+        /// with each such request read as zero and each such limit as none: left out, it
+        /// would pass its eviction on to an innocent neighbour.
+        invalid: Vec<PodError>,
     },
     /// Succeeded or Failed: the kubelet leaves terminal pods out of its active pods.
     Terminal,
 }
 
-/// Reads one `v1.Pod`.
+/// How a quantity that is not one is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bad {
+    /// A request: zero, so the pod ranks as using more than it asked for.
+    AsZero,
+    /// A limit or an overhead: as if unset.
+    AsUnset,
+}
+
+/// Reads one `v1.Pod`; `Err` when it names no pod (no namespace, name, UID or spec).
 pub fn read(pod: &Pod) -> Result<Read, PodError> {
     let meta = &pod.metadata;
     let namespace = meta.namespace.clone().ok_or(PodError::Missing {
@@ -83,10 +96,11 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
         return Ok(Read::Terminal);
     }
     let annotations = meta.annotations.clone().unwrap_or_default();
+    let mut invalid = Vec::new();
     let mut containers = Vec::with_capacity(spec.containers.len());
     for c in &spec.containers {
-        let (requests, limits) =
-            container_resources(&namespace, &name, &format!("container {}", c.name), c)?;
+        let part = format!("container {}", c.name);
+        let (requests, limits) = container_resources(&namespace, &name, &part, c, &mut invalid);
         containers.push(ContainerInfo {
             name: c.name.clone(),
             requests,
@@ -96,8 +110,8 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
     }
     let mut init_containers = Vec::new();
     for c in spec.init_containers.as_deref().unwrap_or_default() {
-        let (requests, limits) =
-            container_resources(&namespace, &name, &format!("init container {}", c.name), c)?;
+        let part = format!("init container {}", c.name);
+        let (requests, limits) = container_resources(&namespace, &name, &part, c, &mut invalid);
         init_containers.push(InitContainerInfo {
             name: c.name.clone(),
             requests,
@@ -106,12 +120,16 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
         });
     }
     let overhead = resources(
-        &namespace,
-        &name,
-        "spec",
-        "overhead",
+        Where {
+            ns: &namespace,
+            pod: &name,
+            part: "spec",
+            field: "overhead",
+        },
         spec.overhead.as_ref(),
-    )?;
+        Bad::AsUnset,
+        &mut invalid,
+    );
     let pod_level_requests = match spec.resources.as_ref() {
         // Pod-level resources are cpu and memory: named in requests or limits, they are set.
         Some(r)
@@ -121,12 +139,16 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
                 .any(|m| m.contains_key("cpu") || m.contains_key("memory")) =>
         {
             let requests = resources(
-                &namespace,
-                &name,
-                "spec",
-                "resources.requests",
+                Where {
+                    ns: &namespace,
+                    pod: &name,
+                    part: "spec",
+                    field: "resources.requests",
+                },
                 r.requests.as_ref(),
-            )?;
+                Bad::AsZero,
+                &mut invalid,
+            );
             Some(Resources {
                 memory: requests.memory,
                 ephemeral_storage: None,
@@ -139,21 +161,20 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
         let Some(empty_dir) = &v.empty_dir else {
             continue;
         };
-        let size_limit = match &empty_dir.size_limit {
-            None => None,
-            Some(q) => Some(
-                q.0.parse::<Quantity>()
-                    .ok()
-                    .filter(|q| !q.is_negative())
-                    .ok_or_else(|| PodError::BadQuantity {
-                        namespace: namespace.clone(),
-                        name: name.clone(),
-                        part: format!("volume {}", v.name),
-                        field: "emptyDir.sizeLimit".to_string(),
-                        value: q.0.clone(),
-                    })?,
-            ),
-        };
+        // A size limit that is not one is read as none: the volume is not evicted for it.
+        let size_limit = empty_dir.size_limit.as_ref().and_then(|q| {
+            let parsed = q.0.parse::<Quantity>().ok().filter(|q| !q.is_negative());
+            if parsed.is_none() {
+                invalid.push(PodError::BadQuantity {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    part: format!("volume {}", v.name),
+                    field: "emptyDir.sizeLimit".to_string(),
+                    value: q.0.clone(),
+                });
+            }
+            parsed
+        });
         empty_dirs.push(EmptyDirInfo {
             name: v.name.clone(),
             size_limit,
@@ -201,6 +222,7 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
             uid: Some(uid),
         }),
         containers: running,
+        invalid,
     })
 }
 
@@ -210,53 +232,76 @@ fn container_resources(
     pod: &str,
     part: &str,
     c: &Container,
-) -> Result<(Resources, Resources), PodError> {
+    invalid: &mut Vec<PodError>,
+) -> (Resources, Resources) {
     let res = c.resources.as_ref();
+    let at = |field| Where {
+        ns,
+        pod,
+        part,
+        field,
+    };
     let limits = resources(
-        ns,
-        pod,
-        part,
-        "resources.limits",
+        at("resources.limits"),
         res.and_then(|r| r.limits.as_ref()),
-    )?;
+        Bad::AsUnset,
+        invalid,
+    );
     let mut requests = resources(
-        ns,
-        pod,
-        part,
-        "resources.requests",
+        at("resources.requests"),
         res.and_then(|r| r.requests.as_ref()),
-    )?;
-    // The API server defaults an unset request to the limit.
+        Bad::AsZero,
+        invalid,
+    );
+    // The API server defaults an unset request to the limit (a bad one is not unset).
     requests.memory = requests.memory.or(limits.memory);
     requests.ephemeral_storage = requests.ephemeral_storage.or(limits.ephemeral_storage);
-    Ok((requests, limits))
+    (requests, limits)
 }
 
-/// The memory and ephemeral-storage entries of a resource list (`field` names it in errors).
+/// Where a resource list is, for its errors.
+#[derive(Debug, Clone, Copy)]
+struct Where<'a> {
+    ns: &'a str,
+    pod: &'a str,
+    part: &'a str,
+    field: &'a str,
+}
+
+/// The memory and ephemeral-storage entries of a resource list; an entry that is not a
+/// quantity (or is negative) is named in `invalid` and read as `bad` says.
 fn resources(
-    ns: &str,
-    pod: &str,
-    part: &str,
-    field: &str,
+    at: Where<'_>,
     map: Option<&BTreeMap<String, KubeQuantity>>,
-) -> Result<Resources, PodError> {
+    bad: Bad,
+    invalid: &mut Vec<PodError>,
+) -> Resources {
     let mut r = Resources::default();
     for (key, slot) in [
         ("memory", &mut r.memory),
         ("ephemeral-storage", &mut r.ephemeral_storage),
     ] {
-        if let Some(q) = map.and_then(|m| m.get(key)) {
-            let parsed = q.0.parse::<Quantity>().ok().filter(|q| !q.is_negative());
-            *slot = Some(parsed.ok_or_else(|| PodError::BadQuantity {
-                namespace: ns.to_string(),
-                name: pod.to_string(),
-                part: part.to_string(),
-                field: format!("{field}.{key}"),
-                value: q.0.clone(),
-            })?);
+        let Some(q) = map.and_then(|m| m.get(key)) else {
+            continue;
+        };
+        match q.0.parse::<Quantity>().ok().filter(|q| !q.is_negative()) {
+            Some(parsed) => *slot = Some(parsed),
+            None => {
+                invalid.push(PodError::BadQuantity {
+                    namespace: at.ns.to_string(),
+                    name: at.pod.to_string(),
+                    part: at.part.to_string(),
+                    field: format!("{}.{key}", at.field),
+                    value: q.0.clone(),
+                });
+                *slot = match bad {
+                    Bad::AsZero => Some(Quantity::from_int(0, node_agent_policy::Format::BinarySi)),
+                    Bad::AsUnset => None,
+                };
+            }
         }
     }
-    Ok(r)
+    r
 }
 
 /// Fills the pod's usage from its `/stats/summary` entry: the pod's working set, processes,
@@ -316,6 +361,14 @@ mod tests {
     }
 
     fn memory_request_mi(spec: serde_json::Value) -> i128 {
+        let Read::Active { pod, invalid, .. } = read(&pod(spec)).unwrap() else {
+            panic!("an active pod");
+        };
+        assert!(invalid.is_empty(), "{invalid:?}");
+        pod.request_nanos(Resource::Memory) / 1_000_000_000 / (1 << 20)
+    }
+
+    fn memory_request_mi_as_read(spec: serde_json::Value) -> i128 {
         let Read::Active { pod, .. } = read(&pod(spec)).unwrap() else {
             panic!("an active pod");
         };
@@ -398,30 +451,72 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_quantity_names_where_it_is() {
+    fn a_bad_quantity_names_where_it_is_and_the_pod_stays_a_candidate() {
+        // (spec, the error's start, the pod's memory request in MiB as read, its
+        // ephemeral-storage limit as read)
         let cases = [
             (
-                serde_json::json!({"containers": [], "overhead": {"memory": "-1"}}),
+                serde_json::json!({"containers": [{"name": "a", "resources": {"requests": {"memory": "100Mi"}}}],
+                    "overhead": {"memory": "-1"}}),
                 "pod shop/web: spec: overhead.memory \"-1\"",
+                100,
+                None,
             ),
             (
                 serde_json::json!({"containers": [], "initContainers": [{"name": "i",
                     "resources": {"requests": {"ephemeral-storage": "lots"}}}]}),
                 "pod shop/web: init container i: resources.requests.ephemeral-storage \"lots\"",
+                0,
+                None,
             ),
             (
-                serde_json::json!({"containers": [], "resources": {"requests": {"memory": "x"}}}),
-                "pod shop/web: spec: resources.requests.memory \"x\"",
+                serde_json::json!({"containers": [{"name": "a", "resources": {"requests": {"memory": "x"}}}], "resources": {"requests": {"memory": "x"}}}),
+                "pod shop/web: container a: resources.requests.memory \"x\"",
+                0,
+                None,
+            ),
+            (
+                serde_json::json!({"containers": [{"name": "a", "resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi", "ephemeral-storage": "much"}}}]}),
+                "pod shop/web: container a: resources.limits.ephemeral-storage \"much\"",
+                1024,
+                None,
+            ),
+            (
+                serde_json::json!({"containers": [{"name": "a", "resources": {"requests": {"memory": "-5Mi"}, "limits": {"memory": "64Mi", "ephemeral-storage": "1Gi"}}}]}),
+                "pod shop/web: container a: resources.requests.memory \"-5Mi\": a bad request is not defaulted to the limit",
+                0,
+                Some("1Gi"),
             ),
             (
                 serde_json::json!({"containers": [],
                     "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "-1Gi"}}]}),
                 "pod shop/web: volume scratch: emptyDir.sizeLimit \"-1Gi\"",
+                0,
+                None,
             ),
         ];
-        for (spec, want) in cases {
-            let err = read(&pod(spec)).unwrap_err().to_string();
-            assert!(err.starts_with(want), "{err}");
+        for (spec, want, request_mi, limit) in cases {
+            let Read::Active {
+                pod: info, invalid, ..
+            } = read(&pod(spec.clone())).unwrap()
+            else {
+                panic!("an active pod");
+            };
+            let err = invalid[0].to_string();
+            let named = want.split(':').take(3).collect::<Vec<_>>().join(":");
+            assert!(err.starts_with(&named), "{err} / {want}");
+            assert_eq!(memory_request_mi_as_read(spec), request_mi, "{want}");
+            assert_eq!(
+                node_agent_policy::local_storage::pod_ephemeral_storage_limit(&info)
+                    .map(|q| q.to_string())
+                    .as_deref(),
+                limit,
+                "{want}"
+            );
+            assert!(
+                info.empty_dirs.iter().all(|d| d.size_limit.is_none()),
+                "{want}"
+            );
         }
     }
 }

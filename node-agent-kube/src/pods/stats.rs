@@ -1,31 +1,9 @@
-//! The kubelet's `/stats/summary` (`stats/v1alpha1`), only the parts ranking needs. Field names
-//! follow the kubelet's JSON tags (`ephemeral-storage`, `process_stats`, `process_count`).
+//! The kubelet's `/stats/summary` (`stats/v1alpha1`), only the parts ranking needs: the pod
+//! entries, each read on its own (`records::decode_summary`). Field names follow the kubelet's
+//! JSON tags (`ephemeral-storage`, `process_stats`, `process_count`). The node part is not
+//! read: the agent measures the node itself.
 
 use serde::Deserialize;
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Summary {
-    pub node: NodeStats,
-    #[serde(default)]
-    pub pods: Vec<PodStats>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeStats {
-    pub node_name: String,
-    pub memory: Option<MemoryStats>,
-    pub fs: Option<FsStats>,
-    pub rlimit: Option<RlimitStats>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RlimitStats {
-    pub maxpid: Option<u64>,
-    pub curproc: Option<u64>,
-}
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]

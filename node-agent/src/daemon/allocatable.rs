@@ -80,7 +80,8 @@ impl Reader {
                     Ok(bytes) => Allocatable::Bytes(bytes),
                     Err(e) => {
                         if e.is_unreachable() {
-                            // Counted and logged by the client's backoff already.
+                            // Counted by the client's backoff; the cluster connection's state
+                            // (`daemon::feed`) logs the outage once and names it on /readyz.
                             metrics.kube_error(KubeOperation::NodeAllocatable);
                             if matches!(*tx.borrow(), Allocatable::Bytes(_)) {
                                 continue;

@@ -495,6 +495,7 @@ impl Daemon {
                     new.settings.pod_refresh_interval,
                     kube.counters.clone(),
                     metrics.clone(),
+                    self.report.health.clone(),
                 ) {
                     Ok(c) => Some(c),
                     Err(e) => {

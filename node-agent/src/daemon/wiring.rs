@@ -128,6 +128,7 @@ async fn start(
                 config.current.settings.pod_refresh_interval,
                 counters.clone(),
                 metrics.clone(),
+                health.clone(),
             )?;
             Some(Kube { cluster, counters })
         }

@@ -344,6 +344,14 @@ pub(crate) fn classify_program_error(
         {
             LoadError::NotPermitted { source: io_error }
         }
+        // BPF_PROG_LOAD of a tracing program without CAP_PERFMON (CAP_BPF alone creates the
+        // maps): EPERM before the verifier runs. Only EPERM: the verifier rejects a program
+        // with EACCES, and that is not about privileges.
+        aya::programs::ProgramError::LoadError { io_error, .. }
+            if io_error.raw_os_error() == Some(libc::EPERM) =>
+        {
+            LoadError::NotPermitted { source: io_error }
+        }
         other => LoadError::Program {
             name,
             source: other,

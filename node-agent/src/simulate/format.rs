@@ -335,6 +335,12 @@ fn read_pod(index: usize, value: &serde_yaml_ng::Value) -> Result<PodInfo, Forma
         index,
         source: Box::new(source),
     })? {
+        // The daemon keeps such a pod ranked (its bad request read as zero); a scenario is
+        // written by hand, so it is refused, naming the field.
+        Read::Active { invalid, .. } if !invalid.is_empty() => Err(FormatError::Pod {
+            index,
+            source: Box::new(invalid[0].clone()),
+        }),
         Read::Active { pod, .. } => Ok(*pod),
         Read::Terminal => Err(field(
             format!("{at}.status.phase"),

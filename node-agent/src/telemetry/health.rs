@@ -1,8 +1,10 @@
 //! Liveness (the main loop still beats) and readiness (programs attached, first evaluation
-//! done, every signal source readable), kept in atomics (and one small lock for the degraded
-//! sources) so the loop records them without I/O.
+//! done, every signal source readable, and in Kubernetes mode the pod source and the cluster
+//! connection delivering), kept in atomics (and small locks for the degraded sources) so the
+//! loop and the Kubernetes feed record them without I/O.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
@@ -20,6 +22,8 @@ pub struct Health {
     ready: AtomicBool,
     /// Signal sources that could not be read, with why: `/readyz` names them.
     degraded: Mutex<Vec<(String, String)>>,
+    /// Kubernetes sources (`pods`, `cluster`) that do not deliver now, with why.
+    kube: Mutex<BTreeMap<&'static str, String>>,
 }
 
 /// What `/healthz` reports.
@@ -42,6 +46,7 @@ impl Health {
             last_beat_nanos: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             degraded: Mutex::new(Vec::new()),
+            kube: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -66,21 +71,42 @@ impl Health {
         *self.degraded.lock().unwrap_or_else(|p| p.into_inner()) = sources;
     }
 
-    /// What `/readyz` says: ready, or why not (programs not attached, no evaluation yet, or
-    /// signal sources degraded, each named).
+    /// A Kubernetes source (`pods`, `cluster`) delivers (`None`) or not, and why: `/readyz`
+    /// names each one that does not.
+    pub fn set_kube_source(&self, source: &'static str, not_ready: Option<String>) {
+        let mut kube = self.kube.lock().unwrap_or_else(|p| p.into_inner());
+        match not_ready {
+            Some(why) => kube.insert(source, why),
+            None => kube.remove(source),
+        };
+    }
+
+    /// What `/readyz` says: ready, or why not (programs not attached, no evaluation yet, the
+    /// pod source or the cluster connection not delivering, or signal sources degraded, each
+    /// named).
     pub(crate) fn readiness(&self) -> Result<(), String> {
         if !self.is_ready() {
             return Err("not ready: programs not attached or no evaluation yet\n".into());
         }
+        let kube = self.kube.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let degraded = self.degraded();
-        if degraded.is_empty() {
+        if degraded.is_empty() && kube.is_empty() {
             return Ok(());
         }
-        Err(degraded.iter().fold(
-            "not ready: signal sources degraded (their signals are unknown; the others are decided on):\n"
-                .to_string(),
-            |text, (source, error)| text + &format!("{source}: {error}\n"),
-        ))
+        let mut text = String::new();
+        if !kube.is_empty() {
+            text += "not ready: the agent cannot decide on what it cannot read (no pod is evicted on data it could not verify):\n";
+            for (source, why) in &kube {
+                text += &format!("{source}: {why}\n");
+            }
+        }
+        if !degraded.is_empty() {
+            text += "not ready: signal sources degraded (their signals are unknown; the others are decided on):\n";
+            for (source, error) in &degraded {
+                text += &format!("{source}: {error}\n");
+            }
+        }
+        Err(text)
     }
 
     pub(crate) fn degraded(&self) -> Vec<(String, String)> {
@@ -191,6 +217,32 @@ mod tests {
         assert!(why.contains("imagefs: statvfs /images"), "{why}");
         health.set_degraded(Vec::new());
         assert!(health.degraded().is_empty());
+        assert_eq!(health.readiness(), Ok(()));
+    }
+
+    #[test]
+    fn kubernetes_sources_are_named_until_they_deliver() {
+        let health = Health::new(ms(1000));
+        health.set_ready(true);
+        health.set_kube_source(
+            "pods",
+            Some("cannot be read: kubelet: TLS handshake failed".into()),
+        );
+        health.set_kube_source("cluster", Some("cannot be read: 403 Forbidden".into()));
+        health.set_degraded(vec![("imagefs".into(), "statvfs: gone".into())]);
+        let why = health.readiness().unwrap_err();
+        for words in [
+            "cluster: cannot be read: 403",
+            "pods: cannot be read: kubelet: TLS",
+            "imagefs: statvfs: gone",
+        ] {
+            assert!(why.contains(words), "{words}: {why}");
+        }
+        health.set_degraded(Vec::new());
+        health.set_kube_source("cluster", None);
+        let why = health.readiness().unwrap_err();
+        assert!(!why.contains("cluster") && why.contains("pods:"), "{why}");
+        health.set_kube_source("pods", None);
         assert_eq!(health.readiness(), Ok(()));
     }
 

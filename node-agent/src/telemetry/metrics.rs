@@ -6,6 +6,7 @@ mod kube;
 mod process;
 mod reclaim;
 mod record;
+mod sources;
 #[cfg(test)]
 mod tests;
 mod text;
@@ -173,6 +174,8 @@ pub struct Metrics {
     executor_refused: Family<LaneLabels, Counter>,
     /// Node-level reclaim's families, in their own module.
     reclaim: reclaim::ReclaimMetrics,
+    /// The sources' readiness and the listener's accept errors, in their own module.
+    sources: sources::SourceMetrics,
 }
 
 impl Metrics {
@@ -208,6 +211,7 @@ impl Metrics {
             telemetry_connections_closed: Family::default(),
             executor_refused: Family::default(),
             reclaim: reclaim::ReclaimMetrics::default(),
+            sources: sources::SourceMetrics::default(),
         };
         metrics.precreate();
         Arc::new(metrics.registered())
@@ -295,6 +299,7 @@ impl Metrics {
             .register_collector(Box::new(ProcessCollector::default()));
         let r = self.registry.sub_registry_with_prefix("node_agent");
         self.reclaim.register(r);
+        self.sources.register(r);
         // prometheus-client appends `_total` to counter names and the unit to the others', and
         // a full stop to each help text.
         r.register_with_unit(
@@ -440,6 +445,11 @@ impl Metrics {
     /// Node-level reclaim's counters.
     pub fn reclaim(&self) -> &reclaim::ReclaimMetrics {
         &self.reclaim
+    }
+
+    /// Whether the sources deliver, and the listener's accept errors.
+    pub fn sources(&self) -> &sources::SourceMetrics {
+        &self.sources
     }
 
     pub fn export_kube_counters(&self, counters: Arc<Counters>) {

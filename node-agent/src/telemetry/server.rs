@@ -100,6 +100,7 @@ impl Server {
         let clock = Clock::new();
         let mut table: Table<AbortHandle> = Table::new(limits);
         let mut closed = ClosedLog::default();
+        let mut refused = AcceptLog::default();
         let mut next_seq = 0u64;
         let mut connections = JoinSet::new();
         let mut sweep = tokio::time::interval(SWEEP_EVERY);
@@ -132,9 +133,12 @@ impl Server {
                 }
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
-                        Ok(accepted) => accepted,
+                        Ok(accepted) => {
+                            refused.accepted(local_addr);
+                            accepted
+                        }
                         Err(error) => {
-                            tracing::warn!(%local_addr, %error, "accepting a telemetry connection failed");
+                            refused.failed(local_addr, &error, &metrics);
                             tokio::time::sleep(ACCEPT_BACKOFF).await;
                             continue;
                         }
@@ -206,6 +210,32 @@ impl Server {
         }
         closed.report(local_addr, 0);
         tracing::debug!(%local_addr, "stopped serving metrics and health");
+    }
+}
+
+/// Accept failures (out of file descriptors, say): each counted, one warning when they start
+/// and one line when a connection is accepted again, not one per 100 ms retry.
+#[derive(Debug, Default)]
+struct AcceptLog {
+    /// Failures since the last accepted connection.
+    failing: u64,
+}
+
+impl AcceptLog {
+    fn failed(&mut self, local_addr: SocketAddr, error: &std::io::Error, metrics: &Metrics) {
+        metrics.sources().accept_error();
+        if self.failing == 0 {
+            tracing::warn!(%local_addr, %error,
+                "accepting telemetry connections fails; retrying every {ACCEPT_BACKOFF:?}, each failure counted in node_agent_telemetry_accept_errors_total");
+        }
+        self.failing += 1;
+    }
+
+    fn accepted(&mut self, local_addr: SocketAddr) {
+        if self.failing > 0 {
+            tracing::info!(%local_addr, failures = self.failing, "accepting telemetry connections again");
+        }
+        self.failing = 0;
     }
 }
 

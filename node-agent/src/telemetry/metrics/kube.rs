@@ -6,7 +6,7 @@ use node_agent_kube::api::Counters;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _},
-    metrics::counter::ConstCounter,
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
 
 /// The Kubernetes clients' failure counts (`node_agent_kube::api::Counters`), read at each
@@ -20,7 +20,7 @@ impl Collector for KubeCounters {
         let read = |f: fn(&Counters) -> &std::sync::atomic::AtomicU64| {
             c.map_or(0, |c| f(c).load(Ordering::Relaxed))
         };
-        let rows: [(&str, &str, u64); 4] = [
+        let rows: [(&str, &str, u64); 7] = [
             (
                 "kube_request_failures",
                 "Kubernetes API or kubelet requests that failed after their last try",
@@ -33,13 +33,28 @@ impl Collector for KubeCounters {
             ),
             (
                 "kube_pods_skipped",
-                "Pods left out of a snapshot because their object could not be read",
+                "Pods left out of the snapshots (object unreadable, or a UID two pods share), counted when each first appears",
                 read(|c| &c.pods_skipped),
             ),
             (
+                "kube_stats_skipped",
+                "Stats entries refused (unreadable, or a UID two entries share): their pods rank as pods without stats; counted when each first appears",
+                read(|c| &c.stats_skipped),
+            ),
+            (
+                "kube_fields_invalid",
+                "Pod quantities that are not quantities, read as a zero request or no limit; counted when each first appears",
+                read(|c| &c.fields_invalid),
+            ),
+            (
                 "kube_watch_events_dropped",
-                "Pod watch events that could not be decoded (each makes the agent list again)",
+                "Pod watch lines not applied (unreadable, too large, too slow, or a silent watch given up)",
                 read(|c| &c.watch_events_dropped),
+            ),
+            (
+                "kube_pod_relists",
+                "Lists of the node's pods by the API server pod source (the first one and every relist)",
+                read(|c| &c.pod_relists),
             ),
         ];
         for (name, help, value) in rows {
@@ -47,6 +62,15 @@ impl Collector for KubeCounters {
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
         }
+        // The pause before the pod source's next list or watch while it backs off.
+        let backoff = ConstGauge::new(read(|c| &c.pod_watch_backoff_millis) as f64 / 1000.0);
+        let metric = encoder.encode_descriptor(
+            "kube_pod_watch_backoff",
+            "The pause before the API server pod source's next list or watch while it backs off (0 while its watch is healthy)",
+            Some(&prometheus_client::registry::Unit::Seconds),
+            backoff.metric_type(),
+        )?;
+        backoff.encode(metric)?;
         Ok(())
     }
 }

@@ -158,6 +158,16 @@ fn each_recorder_writes_its_sample() {
         ("and read as zero before a cluster is connected",
          |_| {},
          "node_agent_kube_request_failures_total 0"),
+        ("a source's readiness is a gauge by source",
+         |m| m.sources().set_ready("cluster", false),
+         "node_agent_kube_source_ready{source=\"cluster\"} 0"),
+        ("the pod watch's pause is in seconds",
+         |m| {
+             let c = Arc::new(Counters::default());
+             c.pod_watch_backoff_millis.store(2500, Ordering::Relaxed);
+             m.export_kube_counters(c);
+         },
+         "node_agent_kube_pod_watch_backoff_seconds 2.5"),
         ("kube errors count by operation",
          |m| m.kube_error(KubeOperation::NodeTaint),
          "node_agent_kube_errors_total{operation=\"node taint\"} 1"),
@@ -207,6 +217,8 @@ fn populated() -> Arc<Metrics> {
     metrics.set_tracked_cgroups(1, 0, true);
     metrics.set_signal_unknown(Signal::ImageFsAvailable, false);
     metrics.set_no_evictable_pod(Some(Signal::MemoryAvailable));
+    metrics.sources().set_ready("pods", false);
+    metrics.sources().accept_error();
     metrics.set_kernel_counters(
         5,
         Some(node_agent_common::SamplerStats {
@@ -244,7 +256,7 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 24] = [
+const COUNTERS: [&str; 28] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
@@ -252,9 +264,12 @@ const COUNTERS: [&str; 24] = [
     "node_agent_executor_refused",
     "node_agent_kernel_events",
     "node_agent_kube_errors",
+    "node_agent_kube_fields_invalid",
+    "node_agent_kube_pod_relists",
     "node_agent_kube_pods_skipped",
     "node_agent_kube_request_failures",
     "node_agent_kube_retries",
+    "node_agent_kube_stats_skipped",
     "node_agent_kube_watch_events_dropped",
     "node_agent_memory_sampler_busy_seconds",
     "node_agent_memory_sampler_late_ticks",
@@ -267,13 +282,16 @@ const COUNTERS: [&str; 24] = [
     "node_agent_ringbuf_lost_events",
     "node_agent_ringbuf_sent_events",
     "node_agent_stale_data",
+    "node_agent_telemetry_accept_errors",
     "node_agent_telemetry_connections_closed",
     "node_agent_tracking_cap_reached",
 ];
 
-const OTHERS: [&str; 18] = [
+const OTHERS: [&str; 20] = [
     "node_agent_build_info",
     "node_agent_decision_latency_seconds",
+    "node_agent_kube_pod_watch_backoff_seconds",
+    "node_agent_kube_source_ready",
     "node_agent_memory_mechanism",
     "node_agent_no_evictable_pod",
     "node_agent_node_condition",
