@@ -385,7 +385,10 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     for field in ["nodefsPath", "kubeletConfig"] {
         assert!(mounted(&config[field]), "{field} is inside a mount");
     }
-    assert!(config.get("imagefsPath").is_none(), "the runtime says where its images are");
+    assert!(
+        config.get("imagefsPath").is_none(),
+        "the runtime says where its images are"
+    );
     // The runtime's socket, for node-level reclaim: named by CONTAINER_RUNTIME_ENDPOINT (the
     // config leaves it to the DaemonSet, whose runtime component sets it), inside the mount of
     // the host's /run (a mount of the socket file would go stale when the runtime restarts),
@@ -422,7 +425,10 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     // /run is never missing, so never created; the runtime's root may be, on a node of
     // another runtime, and is then created empty rather than keeping the pod from starting.
     let run = volume("host-run");
-    assert_eq!((run.path.as_str(), run.type_.as_deref()), ("/run", Some("Directory")));
+    assert_eq!(
+        (run.path.as_str(), run.type_.as_deref()),
+        ("/run", Some("Directory"))
+    );
     let root = volume("runtime-root");
     assert_eq!(
         (root.path.as_str(), root.type_.as_deref()),

@@ -20,14 +20,12 @@ use std::{
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tracing_subscriber::{
-    fmt::MakeWriter, layer::SubscriberExt as _, reload, util::SubscriberInitExt as _,
-    EnvFilter, Layer, Registry,
+    fmt::MakeWriter, layer::SubscriberExt as _, reload, util::SubscriberInitExt as _, EnvFilter,
+    Layer, Registry,
 };
 
 /// How each log line is written.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// `2025-01-01T00:00:00.000000Z  INFO node_agent::daemon::report: evicted pod=shop/web ...`
@@ -369,7 +367,10 @@ mod tests {
         assert_eq!(json["message"], "eviction");
         assert_eq!(json["level"], "INFO");
         assert_eq!(json["target"], module_path!());
-        assert!(text.contains(" INFO ") && text.contains("eviction"), "{text}");
+        assert!(
+            text.contains(" INFO ") && text.contains("eviction"),
+            "{text}"
+        );
         let timestamp = json["timestamp"].as_str().unwrap();
         assert!(
             timestamp.parse::<jiff::Timestamp>().is_ok(),
@@ -380,7 +381,16 @@ mod tests {
         keys.sort_unstable();
         assert_eq!(
             keys,
-            ["level", "message", "pod", "reason", "result", "signal", "target", "timestamp"]
+            [
+                "level",
+                "message",
+                "pod",
+                "reason",
+                "result",
+                "signal",
+                "target",
+                "timestamp"
+            ]
         );
     }
 
@@ -389,14 +399,38 @@ mod tests {
         let debug: LogLevel = "debug".parse().unwrap();
         let warn: LogLevel = "warn".parse().unwrap();
         let table = [
-            (None, None, (LogFormat::Json, warn.clone()), "the file alone"),
-            (Some(LogFormat::Text), None, (LogFormat::Text, warn.clone()), "the format flag"),
-            (None, Some(debug.clone()), (LogFormat::Json, debug.clone()), "the level flag or RUST_LOG"),
-            (Some(LogFormat::Text), Some(debug.clone()), (LogFormat::Text, debug.clone()), "both flags"),
+            (
+                None,
+                None,
+                (LogFormat::Json, warn.clone()),
+                "the file alone",
+            ),
+            (
+                Some(LogFormat::Text),
+                None,
+                (LogFormat::Text, warn.clone()),
+                "the format flag",
+            ),
+            (
+                None,
+                Some(debug.clone()),
+                (LogFormat::Json, debug.clone()),
+                "the level flag or RUST_LOG",
+            ),
+            (
+                Some(LogFormat::Text),
+                Some(debug.clone()),
+                (LogFormat::Text, debug.clone()),
+                "both flags",
+            ),
         ];
         for (format, level, want, behaviour) in table {
             let command_line = CommandLine { format, level };
-            assert_eq!(command_line.over(LogFormat::Json, &warn), want, "{behaviour}");
+            assert_eq!(
+                command_line.over(LogFormat::Json, &warn),
+                want,
+                "{behaviour}"
+            );
         }
     }
 
@@ -408,7 +442,14 @@ mod tests {
                 Ok(good.trim().to_string())
             );
         }
-        for bad in ["", "  ", "loud", "inof", "info,node_agent", "node_agent=verbose"] {
+        for bad in [
+            "",
+            "  ",
+            "loud",
+            "inof",
+            "info,node_agent",
+            "node_agent=verbose",
+        ] {
             let err = bad.parse::<LogLevel>().unwrap_err().to_string();
             assert!(
                 err.contains("is not a log level or filter: expected error, warn, info"),

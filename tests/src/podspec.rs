@@ -65,8 +65,13 @@ const CONTAINER_FIELDS_ELSEWHERE: &[&str] = &[
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Volume {
     /// `kind` is the hostPath's `type` (`""` when unset).
-    HostPath { path: String, kind: String },
-    ConfigMap { name: String },
+    HostPath {
+        path: String,
+        kind: String,
+    },
+    ConfigMap {
+        name: String,
+    },
     EmptyDir,
 }
 
@@ -278,7 +283,9 @@ impl PodTemplate {
                 .with_context(|| format!("volumeMount {name}: no such volume"))?;
             // A stand-in for a hostPath is checked as the kubelet checks the host's own path.
             let host_path = match (backing(name, volume)?, volume) {
-                (Some(path), Volume::HostPath { kind, .. }) => host_path_as_kubelet(&path, kind, name)?,
+                (Some(path), Volume::HostPath { kind, .. }) => {
+                    host_path_as_kubelet(&path, kind, name)?
+                }
                 (Some(path), _) => path,
                 (None, Volume::HostPath { path, kind }) => {
                     host_path_as_kubelet(std::path::Path::new(path), kind, name)?
@@ -375,7 +382,11 @@ impl PodTemplate {
 /// (mode 0755) when missing; unset, nothing is checked, and containerd's CRI then makes a
 /// missing path itself (its `WithMounts`), which the test refuses to do on the host: a
 /// manifest that relies on it creates on nodes what the test would create here.
-fn host_path_as_kubelet(path: &std::path::Path, kind: &str, volume: &str) -> anyhow::Result<PathBuf> {
+fn host_path_as_kubelet(
+    path: &std::path::Path,
+    kind: &str,
+    volume: &str,
+) -> anyhow::Result<PathBuf> {
     match kind {
         "Directory" if !path.is_dir() => bail!(
             "hostPath {} (volume {volume}, type Directory) is not a directory: the kubelet would not start the pod",
@@ -426,7 +437,10 @@ pub fn render_daemonset(components: &[&str], name: &str) -> anyhow::Result<PodTe
             .output()
             .with_context(|| format!("running {kubectl}"))?;
         if !out.status.success() {
-            bail!("kubectl kustomize: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "kubectl kustomize: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         anyhow::Ok(String::from_utf8(out.stdout)?)
     })();

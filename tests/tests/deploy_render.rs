@@ -456,7 +456,11 @@ fn runtime_of(ds: &Value) -> (String, (String, String), String) {
         .filter(|e| e["name"] == "CONTAINER_RUNTIME_ENDPOINT")
         .map(|e| e["value"].as_str().unwrap().to_string())
         .collect::<Vec<_>>();
-    assert_eq!(endpoint.len(), 1, "one CONTAINER_RUNTIME_ENDPOINT: {endpoint:?}");
+    assert_eq!(
+        endpoint.len(),
+        1,
+        "one CONTAINER_RUNTIME_ENDPOINT: {endpoint:?}"
+    );
     let volume = pod["volumes"]
         .as_array()
         .unwrap()
@@ -469,7 +473,11 @@ fn runtime_of(ds: &Value) -> (String, (String, String), String) {
         .iter()
         .filter(|m| m["name"] == "runtime-root")
         .collect();
-    assert_eq!(mounts.len(), 1, "one mount of the runtime's root: {mounts:?}");
+    assert_eq!(
+        mounts.len(),
+        1,
+        "one mount of the runtime's root: {mounts:?}"
+    );
     assert_eq!(mounts[0]["readOnly"], true);
     assert_eq!(mounts[0]["mountPropagation"], "HostToContainer");
     (
@@ -494,14 +502,29 @@ fn each_runtime_component_names_its_socket_and_mounts_its_root_where_it_is() {
         base,
         (
             "unix:///host/run/containerd/containerd.sock".to_string(),
-            ("/var/lib/containerd".to_string(), "DirectoryOrCreate".to_string()),
+            (
+                "/var/lib/containerd".to_string(),
+                "DirectoryOrCreate".to_string()
+            ),
             "/var/lib/containerd".to_string()
         )
     );
     for (component, socket, root) in [
-        ("runtime-k3s", "/run/k3s/containerd/containerd.sock", "/var/lib/rancher/k3s/agent/containerd"),
-        ("runtime-rke2", "/run/k3s/containerd/containerd.sock", "/var/lib/rancher/rke2/agent/containerd"),
-        ("runtime-crio", "/run/crio/crio.sock", "/var/lib/containers/storage"),
+        (
+            "runtime-k3s",
+            "/run/k3s/containerd/containerd.sock",
+            "/var/lib/rancher/k3s/agent/containerd",
+        ),
+        (
+            "runtime-rke2",
+            "/run/k3s/containerd/containerd.sock",
+            "/var/lib/rancher/rke2/agent/containerd",
+        ),
+        (
+            "runtime-crio",
+            "/run/crio/crio.sock",
+            "/var/lib/containers/storage",
+        ),
     ] {
         // Listed after enforce-by-node-label, as kustomization.yaml says: both DaemonSets.
         let (_dir, docs) = render_install(component, &["enforce-by-node-label", component], None);
@@ -512,7 +535,11 @@ fn each_runtime_component_names_its_socket_and_mounts_its_root_where_it_is() {
             // The socket as the host has it, inside the DaemonSet's mount of the host's /run.
             assert_eq!(endpoint, format!("unix:///host{socket}"), "{component}");
             // The root at its own path: the runtime's ImageFsInfo names host paths below it.
-            assert_eq!((host.as_str(), kind.as_str()), (root, "DirectoryOrCreate"), "{component}");
+            assert_eq!(
+                (host.as_str(), kind.as_str()),
+                (root, "DirectoryOrCreate"),
+                "{component}"
+            );
             assert_eq!(mount, root, "{component}");
             // Everything else is the base's.
             let pod = &ds["spec"]["template"]["spec"];
@@ -522,9 +549,14 @@ fn each_runtime_component_names_its_socket_and_mounts_its_root_where_it_is() {
                 .iter()
                 .find(|v| v["name"] == "host-run")
                 .unwrap();
-            assert_eq!(run["hostPath"], serde_json::json!({"path": "/run", "type": "Directory"}));
             assert_eq!(
-                pod["containers"][0]["volumeMounts"].as_array().map(Vec::len),
+                run["hostPath"],
+                serde_json::json!({"path": "/run", "type": "Directory"})
+            );
+            assert_eq!(
+                pod["containers"][0]["volumeMounts"]
+                    .as_array()
+                    .map(Vec::len),
                 base_mounts,
                 "{component}: the same mounts, one of them moved"
             );

@@ -15,7 +15,7 @@
 
 use std::{
     collections::BTreeMap,
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -48,9 +48,21 @@ fn daemonset() -> anyhow::Result<PodTemplate> {
 /// where its root is.
 const RUNTIMES: [(&[&str], &str, &str); 4] = [
     (&[], "containerd/containerd.sock", "/var/lib/containerd"),
-    (&["runtime-k3s"], "k3s/containerd/containerd.sock", "/var/lib/rancher/k3s/agent/containerd"),
-    (&["runtime-rke2"], "k3s/containerd/containerd.sock", "/var/lib/rancher/rke2/agent/containerd"),
-    (&["runtime-crio"], "crio/crio.sock", "/var/lib/containers/storage"),
+    (
+        &["runtime-k3s"],
+        "k3s/containerd/containerd.sock",
+        "/var/lib/rancher/k3s/agent/containerd",
+    ),
+    (
+        &["runtime-rke2"],
+        "k3s/containerd/containerd.sock",
+        "/var/lib/rancher/rke2/agent/containerd",
+    ),
+    (
+        &["runtime-crio"],
+        "crio/crio.sock",
+        "/var/lib/containers/storage",
+    ),
 ];
 
 /// The image `cargo xtask test` built (`cargo xtask image`); the test fails without it.
@@ -189,8 +201,13 @@ async fn run_agent_on(
     let socket = host_run.join(node.socket_below_run);
     std::fs::create_dir_all(socket.parent().context("the socket's directory")?)?;
     if !socket.exists() {
-        std::fs::hard_link(ctrd.socket(), &socket)
-            .with_context(|| format!("linking {} as {}", ctrd.socket().display(), socket.display()))?;
+        std::fs::hard_link(ctrd.socket(), &socket).with_context(|| {
+            format!(
+                "linking {} as {}",
+                ctrd.socket().display(),
+                socket.display()
+            )
+        })?;
     }
     let mounts = template.mounts(|name, volume| {
         Ok(match (name, volume) {
@@ -206,7 +223,6 @@ async fn run_agent_on(
             (_, Volume::HostPath { path, .. }) => {
                 bail!("hostPath {path} (volume {name}): not a path of this node's runtime ({}) nor the agent's", node.root)
             }
-            _ => None,
         })
     })?;
     let mut security = template.security_context()?;
@@ -393,7 +409,9 @@ fn the_image_runs_with_the_daemonsets_privileges_and_reports_a_host_oom_kill() {
                 &reference,
                 &["/usr/local/bin/node-agent", "--version"],
             );
-            let id = ctrd.run_container(&agent.pod, version.clone(), true).await?;
+            let id = ctrd
+                .run_container(&agent.pod, version.clone(), true)
+                .await?;
             ctrd.wait_state(&id, ContainerState::Exited, Duration::from_secs(30))
                 .await?;
             let said = Containerd::container_log(&agent.pod, &version);
@@ -403,7 +421,8 @@ fn the_image_runs_with_the_daemonsets_privileges_and_reports_a_host_oom_kill() {
                 .output()?;
             let head = String::from_utf8(head.stdout)?.trim().to_string();
             assert!(
-                head.len() == 40 && said.contains(&format!("node-agent 0.1.0 (commit {head}, rustc ")),
+                head.len() == 40
+                    && said.contains(&format!("node-agent 0.1.0 (commit {head}, rustc ")),
                 "the image's --version names HEAD {head}: {said}"
             );
             assert_eq!(
@@ -538,7 +557,11 @@ fn on_a_node_of_another_runtime_the_agent_starts_and_reports_the_runtime_unavail
             };
             let (config, ca) = kubernetes_mode();
             let files: &[(&str, &[u8])] = &[("ca.crt", &ca), ("token", b"token\n")];
-            let custom = Custom { config: &config, files, env: &[] };
+            let custom = Custom {
+                config: &config,
+                files,
+                env: &[],
+            };
             let agent =
                 run_agent_on(&ctrd, &template, &reference, 0, |_| {}, Some(custom), &node).await?;
             let ip = ctrd.pod_ip(&agent.pod).await?;

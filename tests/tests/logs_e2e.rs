@@ -16,8 +16,20 @@ const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
 #[test]
 fn every_line_of_an_eviction_run_is_json_with_the_text_lines_fields() -> anyhow::Result<()> {
     require_root();
-    let hog = PodSpec::new("shop", "hog", "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "16Mi", 'a');
-    let calm = PodSpec::new("shop", "calm", "6ba7b810-9dad-11d1-80b4-00c04fd430c8", "512Mi", 'b');
+    let hog = PodSpec::new(
+        "shop",
+        "hog",
+        "1b4e28ba-2fa1-11d2-883f-0016d3cca427",
+        "16Mi",
+        'a',
+    );
+    let calm = PodSpec::new(
+        "shop",
+        "calm",
+        "6ba7b810-9dad-11d1-80b4-00c04fd430c8",
+        "512Mi",
+        'b',
+    );
     let w = World::new("e2e-json-logs", &[hog, calm], MEM_HELPER)?;
     let mut daemon = w.start("", "logFormat: json\n")?;
     let _calm = w.load("calm", 120)?;
@@ -29,9 +41,11 @@ fn every_line_of_an_eviction_run_is_json_with_the_text_lines_fields() -> anyhow:
     assert!(lines.len() >= 3, "{lines:#?}");
     let mut eviction = None;
     for line in &lines {
-        let v: Value = serde_json::from_str(line)
-            .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
-        let object = v.as_object().unwrap_or_else(|| panic!("not an object: {line}"));
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        let object = v
+            .as_object()
+            .unwrap_or_else(|| panic!("not an object: {line}"));
         for key in ["timestamp", "level", "target", "message"] {
             assert!(object[key].is_string(), "{key} in {line}");
         }
@@ -47,7 +61,10 @@ fn every_line_of_an_eviction_run_is_json_with_the_text_lines_fields() -> anyhow:
     assert_eq!(eviction["pod"], "shop/hog", "{eviction}");
     assert_eq!(eviction["signal"], "memory.available", "{eviction}");
     assert_eq!(eviction["result"], "evicted", "{eviction}");
-    assert_eq!(eviction["target"], "node_agent::daemon::report", "{eviction}");
+    assert_eq!(
+        eviction["target"], "node_agent::daemon::report",
+        "{eviction}"
+    );
     let running = lines
         .iter()
         .find(|l| l.contains("node-agent running"))
@@ -65,7 +82,10 @@ fn every_line_of_an_eviction_run_is_json_with_the_text_lines_fields() -> anyhow:
         .expect("the switch is logged");
     assert!(switch >= before, "{lines:#?}");
     for line in &lines[..switch] {
-        assert!(serde_json::from_str::<Value>(line).is_ok(), "JSON before the switch: {line}");
+        assert!(
+            serde_json::from_str::<Value>(line).is_ok(),
+            "JSON before the switch: {line}"
+        );
     }
     assert!(
         lines[switch].contains(" INFO ") && lines[switch].contains("log_format=text was=json"),
@@ -74,9 +94,17 @@ fn every_line_of_an_eviction_run_is_json_with_the_text_lines_fields() -> anyhow:
     );
     let after = &lines[switch..];
     for line in after {
-        assert!(serde_json::from_str::<Value>(line).is_err(), "text after the switch: {line}");
+        assert!(
+            serde_json::from_str::<Value>(line).is_err(),
+            "text after the switch: {line}"
+        );
     }
-    assert!(after.iter().any(|l| l.contains(" INFO ") && l.contains("config reloaded")), "{after:#?}");
+    assert!(
+        after
+            .iter()
+            .any(|l| l.contains(" INFO ") && l.contains("config reloaded")),
+        "{after:#?}"
+    );
     w.assert_nothing_refused();
     daemon.stop()
 }

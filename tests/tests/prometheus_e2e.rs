@@ -54,7 +54,8 @@ impl Prometheus {
         let binary = std::env::var("PROMETHEUS").expect(
             "PROMETHEUS names the Prometheus server (set by `cargo xtask test`; `cargo xtask setup` unpacks Debian's prometheus)",
         );
-        let dir = std::env::temp_dir().join(format!("node-agent-prometheus-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("node-agent-prometheus-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("data"))?;
         std::fs::write(dir.join("rules.yaml"), rules)?;
@@ -70,8 +71,14 @@ impl Prometheus {
         let port = free_port()?;
         let log = std::fs::File::create(dir.join("prometheus.log"))?;
         let child = Command::new(&binary)
-            .arg(format!("--config.file={}", dir.join("prometheus.yaml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yaml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .current_dir(&dir)
             .stdin(Stdio::null())
@@ -175,7 +182,10 @@ fn dashboard_queries() -> anyhow::Result<Vec<(String, String)>> {
         panels.extend(panel["panels"].as_array().cloned().unwrap_or_default());
         for target in panel["targets"].as_array().into_iter().flatten() {
             let expr = target["expr"].as_str().context("a target without expr")?;
-            queries.push((panel["title"].as_str().unwrap_or("?").to_string(), expr.to_string()));
+            queries.push((
+                panel["title"].as_str().unwrap_or("?").to_string(),
+                expr.to_string(),
+            ));
         }
     }
     Ok(queries)
@@ -183,7 +193,8 @@ fn dashboard_queries() -> anyhow::Result<Vec<(String, String)>> {
 
 /// A dashboard query as Grafana sends it for "all nodes" over the last minutes.
 fn as_grafana_sends(expr: &str) -> String {
-    expr.replace("$node", ".*").replace("$__rate_interval", "5m")
+    expr.replace("$node", ".*")
+        .replace("$__rate_interval", "5m")
 }
 
 /// An alert expression with `bool` after its last top-level comparison: the series it watches
@@ -200,7 +211,11 @@ fn with_bool(expr: &str) -> String {
             b')' | b'}' | b']' => depth -= 1,
             b'=' | b'!' | b'>' | b'<' if depth == 0 => {
                 // `==`, `!=`, `>=`, `<=` or `>`, `<`.
-                let len = if bytes.get(i + 1) == Some(&b'=') { 2 } else { 1 };
+                let len = if bytes.get(i + 1) == Some(&b'=') {
+                    2
+                } else {
+                    1
+                };
                 at = Some(i + len);
                 i += len;
                 continue;
@@ -236,10 +251,34 @@ fn value(sample: &Value) -> Option<f64> {
 #[test]
 fn a_real_prometheus_fills_every_panel_and_fires_the_alerts() -> anyhow::Result<()> {
     require_root();
-    let hog = PodSpec::new("shop", "hog", "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "16Mi", 'a');
-    let calm = PodSpec::new("shop", "calm", "6ba7b810-9dad-11d1-80b4-00c04fd430c8", "512Mi", 'b');
-    let oomer = PodSpec::new("shop", "oomer", "7c9e6679-7425-40de-944b-e07fc1f90ae7", "16Mi", 'c');
-    let keeper = PodSpec::new("batch", "keeper", "9a7b3c1d-2e4f-4a6b-8c0d-1e2f3a4b5c6d", "64Mi", 'd');
+    let hog = PodSpec::new(
+        "shop",
+        "hog",
+        "1b4e28ba-2fa1-11d2-883f-0016d3cca427",
+        "16Mi",
+        'a',
+    );
+    let calm = PodSpec::new(
+        "shop",
+        "calm",
+        "6ba7b810-9dad-11d1-80b4-00c04fd430c8",
+        "512Mi",
+        'b',
+    );
+    let oomer = PodSpec::new(
+        "shop",
+        "oomer",
+        "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+        "16Mi",
+        'c',
+    );
+    let keeper = PodSpec::new(
+        "batch",
+        "keeper",
+        "9a7b3c1d-2e4f-4a6b-8c0d-1e2f3a4b5c6d",
+        "64Mi",
+        'd',
+    );
     let w = World::new("e2e-prometheus", &[hog, calm, oomer, keeper], MEM_HELPER)?;
     let kube = "  evictionWaitTimeout: 1s\n  exclusions: {namespaces: [batch]}\n";
     let mut daemon = w.start(kube, "")?;
@@ -247,11 +286,15 @@ fn a_real_prometheus_fills_every_panel_and_fires_the_alerts() -> anyhow::Result<
     let prometheus = Prometheus::start(w.port, &rules)?;
     // Scraped before anything happens (Prometheus hands its targets to the scraper a few
     // seconds after start), so every counter's step up is seen as one.
-    wait_until(scaled(Duration::from_secs(30)), "two scrapes of the agent", || {
-        prometheus
-            .query(r#"count_over_time(up{job="node-agent"}[1m]) >= 2"#)
-            .is_ok_and(|r| !r.is_empty())
-    })?;
+    wait_until(
+        scaled(Duration::from_secs(30)),
+        "two scrapes of the agent",
+        || {
+            prometheus
+                .query(r#"count_over_time(up{job="node-agent"}[1m]) >= 2"#)
+                .is_ok_and(|r| !r.is_empty())
+        },
+    )?;
 
     // An OOM kill inside a pod with a limit of its own.
     let oomer_pod = w.dir_of("oomer").parent().context("pod dir")?.to_path_buf();
@@ -310,8 +353,15 @@ fn a_real_prometheus_fills_every_panel_and_fires_the_alerts() -> anyhow::Result<
         std::thread::sleep(Duration::from_millis(500));
     };
     eprintln!("fired: {fired:?}, firing now: {firing:?}");
-    for quiet in ["NodeAgentDown", "NodeAgentRingBufferLosses", "NodeAgentEvictionsFailing"] {
-        assert!(!fired.iter().any(|f| f == quiet), "{quiet} fired: {fired:?}");
+    for quiet in [
+        "NodeAgentDown",
+        "NodeAgentRingBufferLosses",
+        "NodeAgentEvictionsFailing",
+    ] {
+        assert!(
+            !fired.iter().any(|f| f == quiet),
+            "{quiet} fired: {fired:?}"
+        );
     }
 
     // Every alert expression has series to watch.
@@ -338,13 +388,21 @@ fn a_real_prometheus_fills_every_panel_and_fires_the_alerts() -> anyhow::Result<
             (true, true) => empty.push(format!("{panel}: {expr} has data without the sampler")),
         }
     }
-    assert!(empty.is_empty(), "panels without data:\n{}", empty.join("\n"));
+    assert!(
+        empty.is_empty(),
+        "panels without data:\n{}",
+        empty.join("\n")
+    );
     // The figures are the agent's own: the evictions it made, the OOM kill it saw.
     let evicted = prometheus.query(&as_grafana_sends(
         r#"sum(increase(node_agent_evictions_total{job="node-agent",node=~"$node",result="evicted"}[$__rate_interval]))"#,
     ))?;
-    assert!(evicted.iter().filter_map(value).any(|v| v >= 1.5), "{evicted:?}");
-    let ooms = prometheus.query(r#"node_agent_oom_kills_total{job="node-agent",namespace="shop"}"#)?;
+    assert!(
+        evicted.iter().filter_map(value).any(|v| v >= 1.5),
+        "{evicted:?}"
+    );
+    let ooms =
+        prometheus.query(r#"node_agent_oom_kills_total{job="node-agent",namespace="shop"}"#)?;
     assert!(ooms.iter().filter_map(value).any(|v| v >= 1.0), "{ooms:?}");
 
     w.assert_nothing_refused();

@@ -88,7 +88,8 @@ pub fn agent(tc: &EbpfToolchain, release: bool) -> anyhow::Result<PathBuf> {
     });
     let _ = std::fs::remove_file(&ready);
     let _ = std::fs::remove_file(&failed);
-    let object_built = object_built.map_err(|_| anyhow::anyhow!("the eBPF build's thread panicked"))?;
+    let object_built =
+        object_built.map_err(|_| anyhow::anyhow!("the eBPF build's thread panicked"))?;
     // The object's own error first: it is why the agent's build script gave up.
     object_built?;
     agent

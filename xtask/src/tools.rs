@@ -106,8 +106,10 @@ fn on_path_first(dir: &Path) {
     if std::env::split_paths(&path).next().as_deref() == Some(dir) {
         return;
     }
-    let joined = std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&path)))
-        .expect("PATH entries came from PATH");
+    let joined = std::env::join_paths(
+        std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&path)),
+    )
+    .expect("PATH entries came from PATH");
     // Single-threaded here: before any test or build thread starts.
     std::env::set_var("PATH", joined);
 }
@@ -212,7 +214,10 @@ fn python_venv() -> anyhow::Result<PathBuf> {
         .context("python3 is needed for the tools' virtual environment")?;
     let make_venv = || run(Command::new(&python).args(["-m", "venv"]).arg(&venv));
     if make_venv().is_err() {
-        apt_install(&["python3-venv"], "a Python virtual environment for the test tools")?;
+        apt_install(
+            &["python3-venv"],
+            "a Python virtual environment for the test tools",
+        )?;
         make_venv()?;
     }
     Ok(venv)

@@ -256,7 +256,11 @@ impl Metrics {
         }
         // The triggers with a kernel timestamp: their latency from 0, so that rate() and
         // histogram_quantile() see the first decision rather than a series born at 1.
-        for trigger in [Trigger::MemoryThreshold, Trigger::PidThreshold, Trigger::OomKill] {
+        for trigger in [
+            Trigger::MemoryThreshold,
+            Trigger::PidThreshold,
+            Trigger::OomKill,
+        ] {
             self.decision_latency.get_or_create_owned(&TriggerLabels {
                 trigger: trigger.as_str(),
             });
