@@ -137,7 +137,10 @@ pub fn run(tc: &EbpfToolchain, release: bool, args: &[String]) -> anyhow::Result
     std::process::exit(status.code().unwrap_or(1));
 }
 
-/// The kernel and end-to-end test files (tests/tests/*.rs), by name.
+/// The test that runs the image; it goes last, so its image builds while the others run.
+const IMAGE_TEST: &str = "image_container";
+
+/// The kernel and end-to-end test files (tests/tests/*.rs), by name, the image's test last.
 fn kernel_test_files() -> anyhow::Result<Vec<String>> {
     let dir = workspace_root().join("tests/tests");
     let mut files: Vec<String> = std::fs::read_dir(&dir)
@@ -148,7 +151,7 @@ fn kernel_test_files() -> anyhow::Result<Vec<String>> {
             (path.extension()? == "rs").then(|| path.file_stem()?.to_str().map(str::to_string))?
         })
         .collect();
-    files.sort();
+    files.sort_by_key(|f| (f == IMAGE_TEST, f.clone()));
     Ok(files)
 }
 
@@ -166,6 +169,8 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let tools = crate::tools::for_tests()?;
+    // The container test's image builds beside everything else; that test runs last.
+    let mut image = crate::image::for_tests(tc)?;
     // The end-to-end tests run the agent binary itself, built with the same object.
     let agent_bin = agent_with(&object, false)?;
     let mut failed = Vec::new();
@@ -216,6 +221,21 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
     for file in kernel_test_files()? {
         eprintln!("xtask: kernel and end-to-end tests: {file} (root, real kernel)");
         let step = Instant::now();
+        let image_env = match file.as_str() {
+            IMAGE_TEST => match image.wait() {
+                Ok(env) => {
+                    took.push(("waiting for the image".into(), step.elapsed()));
+                    env
+                }
+                Err(e) => {
+                    eprintln!("xtask: {file} cannot run: no image: {e:#}");
+                    failed.push(format!("{file} (no image)"));
+                    continue;
+                }
+            },
+            _ => Vec::new(),
+        };
+        let step = Instant::now();
         let mut kernel = cargo_with_object(&object, "nextest");
         kernel
             .args([
@@ -234,7 +254,8 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
             .env("KUBECTL", &tools.kubectl)
             .env("KUBERNETES_VALIDATE", &tools.kubernetes_validate)
             .env("PROMTOOL", &tools.promtool)
-            .env("PROMETHEUS", &tools.prometheus);
+            .env("PROMETHEUS", &tools.prometheus)
+            .envs(image_env);
         if let Err(e) = run_cmd(&mut kernel) {
             eprintln!("xtask: {file} failed: {e:#}");
             failed.push(file.clone());

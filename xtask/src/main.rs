@@ -97,17 +97,7 @@ fn main() -> ExitCode {
         Command::Run { release, args } => {
             toolchain::setup().and_then(|tc| agent::run(&tc, release, &args))
         }
-        Command::Test { args } => toolchain::setup()
-            .and_then(|tc| {
-                let started = std::time::Instant::now();
-                image::for_tests(&tc)?;
-                eprintln!(
-                    "xtask: the image for the container tests took {:.1} s",
-                    started.elapsed().as_secs_f64()
-                );
-                Ok(tc)
-            })
-            .and_then(|tc| agent::test(&tc, &args)),
+        Command::Test { args } => toolchain::setup().and_then(|tc| agent::test(&tc, &args)),
         Command::Image => toolchain::setup().and_then(|tc| image::image(&tc).map(drop)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
         Command::VmTest(args) => toolchain::setup().and_then(|tc| vm::test(&tc, &args)),
