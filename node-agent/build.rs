@@ -101,10 +101,8 @@ fn commit() {
                     watch_head(&manifest);
                     commit
                 }
-                None => {
-                    "unknown (not built from a git checkout, and NODE_AGENT_GIT_COMMIT is not set)"
-                        .to_string()
-                }
+                None => "unknown: not built from a git checkout, and NODE_AGENT_GIT_COMMIT not set"
+                    .to_string(),
             }
         }
     };

@@ -19,7 +19,7 @@ fn the_version_names_the_commit_it_was_built_from() {
     let commit = match (std::env::var("NODE_AGENT_GIT_COMMIT"), head) {
         (Ok(given), _) if !given.trim().is_empty() => given.trim().to_string(),
         (_, Some(head)) => head,
-        (_, None) => "unknown (not built from a git checkout".to_string(),
+        (_, None) => "unknown: not built from a git checkout".to_string(),
     };
     assert!(
         said.starts_with(&format!(
