@@ -381,6 +381,12 @@ impl Daemon {
         }
     }
 
+    /// Every log line so far, in order.
+    pub fn lines(&mut self) -> Vec<String> {
+        self.drain();
+        self.log.clone()
+    }
+
     /// How many log lines so far contain `needle`.
     pub fn log_count(&mut self, needle: &str) -> usize {
         self.drain();

@@ -101,9 +101,7 @@ fn main() -> ExitCode {
         Command::Run { release, args } => {
             toolchain::setup().and_then(|tc| agent::run(&tc, release, &args))
         }
-        Command::Test { args } => toolchain::setup()
-            .and_then(|tc| image::for_tests(&tc).map(|()| tc))
-            .and_then(|tc| agent::test(&tc, &args)),
+        Command::Test { args } => toolchain::setup().and_then(|tc| agent::test(&tc, &args)),
         Command::Image => toolchain::setup().and_then(|tc| image::image(&tc).map(drop)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
         Command::VmTest(args) => toolchain::setup().and_then(|tc| vm::test(&tc, &args)),

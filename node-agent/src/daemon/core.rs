@@ -744,6 +744,7 @@ impl Daemon {
         self.policy = remap_state(&old.eviction, &new.eviction, &self.policy);
         self.config.current = new;
         let config = &self.config.current;
+        crate::logging::configure(config.settings.log_format, &config.settings.log_level);
         self.node.memory_capacity = config.settings.memory_capacity;
         if let Some(fs) = fs {
             self.node.fs = fs;
