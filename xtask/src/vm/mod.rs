@@ -77,6 +77,11 @@ const HOST_ONLY: &[(&str, &str)] = &[
         "needs promtool; checks text, not the kernel",
     ),
     (
+        "prometheus_e2e",
+        "needs a Prometheus server, which the VM image does not carry; checks queries and \
+         alerts, not the kernel",
+    ),
+    (
         "reclaim_e2e",
         "needs containerd and runc, which the VM image does not carry",
     ),
@@ -86,6 +91,14 @@ const HOST_ONLY: &[(&str, &str)] = &[
          at 75 s per test under emulation",
     ),
 ];
+
+/// Single tests that run on the host only, each with the reason (printed): the rest of their
+/// binary runs in the VMs.
+const HOST_ONLY_TESTS: &[(&str, &str)] = &[(
+    "oom_e2e::a_kill_in_a_container_the_pod_source_has_not_listed_is_named_by_the_runtime",
+    "needs containerd and runc, which the VM image does not carry; the kill it names is the \
+     same kernel event as the other OOM tests'",
+)];
 
 /// How the agent watches memory thresholds on a kernel (node-agent's `MemoryMechanism`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +193,10 @@ pub fn test(tc: &EbpfToolchain, args: &TestArgs) -> anyhow::Result<()> {
         for name in build::list_tests(path)? {
             let full = format!("{binary}::{name}");
             all.push(full.clone());
+            if let Some((_, why)) = HOST_ONLY_TESTS.iter().find(|(t, _)| *t == full) {
+                eprintln!("xtask: vm-test: {full} runs on the host only: {why}");
+                continue;
+            }
             if !args.all_tests {
                 if let Some((_, why)) = LEFT_OUT.iter().find(|(t, _)| *t == full) {
                     eprintln!("xtask: vm-test: leaving out {full}: {why} (--all-tests runs it)");
@@ -194,7 +211,11 @@ pub fn test(tc: &EbpfToolchain, args: &TestArgs) -> anyhow::Result<()> {
             }
         }
     }
-    for (left_out, _) in LEFT_OUT.iter().filter(|(t, _)| !all.iter().any(|a| a == t)) {
+    for (left_out, _) in LEFT_OUT
+        .iter()
+        .chain(HOST_ONLY_TESTS)
+        .filter(|(t, _)| !all.iter().any(|a| a == t))
+    {
         eprintln!(
             "xtask: vm-test: warning: LEFT_OUT names {left_out}, which is no test (renamed?)"
         );
