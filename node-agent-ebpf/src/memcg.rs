@@ -17,9 +17,9 @@
 //!   plus 1 ms (the shortest period), and at least every 250 ms (`SamplerControl::wait_ns`):
 //!   every 1 ms near a line, a few times a second while all are far, since each tick costs an
 //!   interrupt and wakes an idle CPU. A BPF program on the `memcg:*` tracepoints, which fire
-//!   several times per page, costs more than the 3 % budget before it does anything
-//!   (measured: an empty program on `mod_memcg_lruvec_state` alone slows a page-fault loop by
-//!   about 6 %), and it cannot see a crossing that no later memory event follows. The timer
+//!   several times per page, costs more than the probe-cost budget before it does anything
+//!   (docs/benchmarks.md, "Why not the memcg tracepoints"), and it cannot see a crossing that
+//!   no later memory event follows. The timer
 //!   sees every crossing within the bound one shortest period after it whatever the workload
 //!   does next, at the cost of one short callback per period while a line is set, and none
 //!   while none is. It lives in [`crate::sampler`].
