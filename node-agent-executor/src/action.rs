@@ -13,7 +13,7 @@ use node_agent_policy::{Eviction, NodeCondition, PodInfo, Resource};
 
 use crate::{
     lanes::Refused,
-    reclaim::{Detected, Reclaim, ReclaimOutcome, RuntimeError},
+    reclaim::{Detected, Identity, Reclaim, ReclaimOutcome, RuntimeError},
 };
 
 /// One thing to do in the cluster or on the node's runtime.
@@ -49,15 +49,6 @@ pub struct Unnamed {
     pub comm: String,
     pub cause: OomCause,
     pub saw_before: String,
-}
-
-/// Whose container it is, as the runtime's labels say.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub container: String,
 }
 
 impl PodOomEvent {

@@ -22,8 +22,7 @@ pub mod plan;
 pub mod reclaim;
 mod run;
 
-pub use action::{
-    Action, Evict, Identity, NodeEvent, Outcome, PodOomEvent, Report, StatusReport, Unnamed,
-};
+pub use action::{Action, Evict, NodeEvent, Outcome, PodOomEvent, Report, StatusReport, Unnamed};
 pub use lanes::{Refused, LANES};
+pub use reclaim::Identity;
 pub use run::{Executor, Settings, CONDITION_HEARTBEAT, EVENT_BACKLOG, STOPPED_REASON};

@@ -279,14 +279,14 @@ impl NodeReclaimer {
         &mut self,
         runtime: &Runtime,
         id: &str,
-    ) -> Result<crate::action::Identity, RuntimeError> {
+    ) -> Result<Identity, RuntimeError> {
         let client = self.client(&runtime.settings);
         let containers = client.list_containers(None).await?;
         let c = containers
             .into_iter()
             .find(|c| c.id == id)
             .ok_or_else(|| RuntimeError::NoSuchContainer(id.to_string()))?;
-        Ok(crate::action::Identity {
+        Ok(Identity {
             namespace: c.pod.namespace,
             name: c.pod.name,
             uid: c.pod.uid,
@@ -397,6 +397,15 @@ pub fn build_reclaim_event(node: &str, outcome: &ReclaimOutcome, now: SystemTime
     }
     e.note = Some(note);
     Some(e)
+}
+
+/// Whose container it is, as the runtime's labels say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub container: String,
 }
 
 #[cfg(test)]

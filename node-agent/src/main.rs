@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use node_agent::logging::LogLevel;
+use node_agent::{error_chain, logging::LogLevel};
 
 /// eBPF-accelerated node pressure monitor for Kubernetes.
 #[derive(Debug, Parser)]
@@ -86,12 +86,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// One line: the error and its causes, so an operator sees the root cause without a backtrace.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    std::iter::successors(Some(e), |e| e.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
 }

@@ -4,31 +4,11 @@
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use node_agent_common::{ForkRateLimit, MemoryThreshold, PidLimits, SamplerStats, TaskCounts};
 
-use super::{sampler::Sampler, KernelPrograms, LoadError};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ControlError {
-    #[error("counting CPUs")]
-    Cpus(#[source] std::io::Error),
-    #[error("map {map} (key {key})")]
-    Map {
-        map: &'static str,
-        key: u64,
-        #[source]
-        source: aya::maps::MapError,
-    },
-    #[error(transparent)]
-    Setup(#[from] LoadError),
-    #[error(transparent)]
-    Sampler(#[from] super::sampler::SamplerError),
-}
-
-pub(crate) fn map_err(
-    map: &'static str,
-    key: u64,
-) -> impl FnOnce(aya::maps::MapError) -> ControlError {
-    move |source| ControlError::Map { map, key, source }
-}
+use super::{
+    error::{map_err, ControlError, LoadError},
+    sampler::Sampler,
+    KernelPrograms,
+};
 
 macro_rules! typed_map {
     ($self:ident, $name:literal, $ty:ty) => {{

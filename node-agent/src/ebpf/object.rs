@@ -10,64 +10,14 @@ use node_agent_common::{
     DEFAULT_RING_BYTES, DEFAULT_SAMPLER_MAX_PERIOD_NS, DEFAULT_SAMPLER_PERIOD_NS,
 };
 
-use super::sampler::{Sampler, SamplerPace};
-use crate::btf::{Btf, BtfError};
+use super::{
+    error::{classify_load_error, classify_program_error, LoadError},
+    sampler::{Sampler, SamplerPace},
+};
+use crate::btf::Btf;
 
 /// The object `cargo xtask build` compiled; empty when built with plain `cargo build`.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/node-agent-ebpf.o"));
-
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error(
-        "this node-agent binary was built without its kernel programs (plain `cargo build`); \
-         build it with `cargo xtask build`"
-    )]
-    NotEmbedded,
-    #[error(
-        "loading kernel programs needs root, or CAP_BPF and CAP_PERFMON (and CAP_SYS_RESOURCE \
-         before 5.11, which charges BPF memory to RLIMIT_MEMLOCK) (the kernel said: {source})"
-    )]
-    NotPermitted {
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "the kernel has no BTF at {path}: this agent needs a kernel built with \
-         CONFIG_DEBUG_INFO_BTF=y (5.8 or later)",
-        path = crate::btf::VMLINUX
-    )]
-    NoBtf,
-    #[error("reading the kernel's BTF")]
-    Btf(#[source] BtfError),
-    #[error("ring buffer size {0} must be a power of two and at least 4096 bytes")]
-    RingSize(u32),
-    #[error("loading the eBPF object")]
-    Object(#[source] aya::EbpfError),
-    #[error("the eBPF object has no program `{0}`")]
-    MissingProgram(&'static str),
-    #[error("the eBPF object has no map `{0}`")]
-    MissingMap(&'static str),
-    #[error("program `{name}`")]
-    Program {
-        name: &'static str,
-        #[source]
-        source: aya::programs::ProgramError,
-    },
-    #[error("map `{name}`")]
-    Map {
-        name: &'static str,
-        #[source]
-        source: aya::maps::MapError,
-    },
-    #[error("opening the memory cgroup hierarchy at {path}")]
-    MemoryHierarchy {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("setting up the in-kernel memory sampler")]
-    Sampler(#[source] Box<super::control::ControlError>),
-}
 
 /// How memory thresholds are watched on this kernel, cheapest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,7 +189,7 @@ fn choose_memory(
             Ok(()) => return Ok((MemoryMechanism::PageCounterFexit, None)),
             Err(e) if options.memory == MemoryChoice::PageCounterFexit => return Err(e),
             Err(e) => tracing::info!(
-                reason = %error_chain(&e),
+                reason = %crate::error_chain(&e),
                 "fexit on the page counter does not attach here; trying the in-kernel sampler"
             ),
         }
@@ -258,19 +208,12 @@ fn choose_memory(
             Ok(s) => return Ok((MemoryMechanism::CounterSampler, Some(s))),
             Err(e) if options.memory == MemoryChoice::CounterSampler => return Err(e),
             Err(e) => tracing::warn!(
-                reason = %error_chain(&e),
+                reason = %crate::error_chain(&e),
                 "the in-kernel memory sampler does not load here; memory is polled from cgroupfs"
             ),
         }
     }
     Ok((MemoryMechanism::Unavailable, None))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    std::iter::successors(Some(e), |e| e.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 /// Attaches the page-counter fexit programs, all or none.
@@ -316,46 +259,6 @@ fn raise_memlock_limit() {
     let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
     if rc != 0 {
         tracing::debug!(error = %std::io::Error::last_os_error(), "could not raise RLIMIT_MEMLOCK");
-    }
-}
-
-fn is_permission(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
-}
-
-fn classify_load_error(e: aya::EbpfError) -> LoadError {
-    match e {
-        aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
-            if is_permission(&io_error) =>
-        {
-            LoadError::NotPermitted { source: io_error }
-        }
-        other => LoadError::Object(other),
-    }
-}
-
-pub(crate) fn classify_program_error(
-    name: &'static str,
-    e: aya::programs::ProgramError,
-) -> LoadError {
-    match e {
-        aya::programs::ProgramError::SyscallError(aya::sys::SyscallError { io_error, .. })
-            if is_permission(&io_error) =>
-        {
-            LoadError::NotPermitted { source: io_error }
-        }
-        // BPF_PROG_LOAD of a tracing program without CAP_PERFMON (CAP_BPF alone creates the
-        // maps): EPERM before the verifier runs. Only EPERM: the verifier rejects a program
-        // with EACCES, and that is not about privileges.
-        aya::programs::ProgramError::LoadError { io_error, .. }
-            if io_error.raw_os_error() == Some(libc::EPERM) =>
-        {
-            LoadError::NotPermitted { source: io_error }
-        }
-        other => LoadError::Program {
-            name,
-            source: other,
-        },
     }
 }
 

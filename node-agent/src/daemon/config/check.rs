@@ -319,10 +319,7 @@ pub fn run(args: &CheckArgs) -> std::process::ExitCode {
     match checked.refusal {
         None => std::process::ExitCode::SUCCESS,
         Some(e) => {
-            let chain = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(": ");
+            let chain = crate::error_chain(&e);
             eprintln!("node-agent: check-config: {chain}");
             std::process::ExitCode::FAILURE
         }

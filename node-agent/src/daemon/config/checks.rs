@@ -186,12 +186,7 @@ fn working_set(memory: &Hierarchy, node_dir: &Path) -> Result<u64, String> {
     }
     paths::read_memory(node_dir, memory.version())
         .map(|reading| reading.working_set())
-        .map_err(|e| {
-            std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(": ")
-        })
+        .map_err(|e| crate::error_chain(&e))
 }
 
 /// The tightest memory limit on this process's cgroup in `memory` and its ancestors. `None`
@@ -253,13 +248,7 @@ mod tests {
         settings
     }
 
-    /// The whole error chain, as the daemon logs it.
-    fn chain(error: &dyn std::error::Error) -> String {
-        std::iter::successors(Some(error), |e| e.source())
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(": ")
-    }
+    use crate::error_chain as chain;
 
     #[test]
     fn suspicious_settings_in_the_file_are_refused_with_the_reason() {

@@ -29,36 +29,11 @@ use node_agent_common::{
 };
 
 use self::iterator::{open_cgroup, run_cgroup_iterator, run_on, timer_cpus};
-use super::{control::ControlError, LoadError};
+use super::error::{classify_program_error, map_err, ControlError, LoadError, SamplerError};
 
 mod iterator;
 
 pub(crate) const ATTACH_PROGRAM: &str = "memory_sampler_attach";
-
-#[derive(Debug, thiserror::Error)]
-pub enum SamplerError {
-    #[error("the sampler watches at most {MAX_MEMORY_LINES} memory lines")]
-    Full,
-    #[error("opening cgroup {cgroup} in the memory hierarchy at {mount} by its id")]
-    Open {
-        cgroup: u64,
-        mount: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("running the cgroup iterator on cgroup {cgroup} ({step})")]
-    Iterator {
-        cgroup: u64,
-        step: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "the kernel found no memory page counter for cgroup {cgroup} (on cgroup v2, is the \
-         memory controller enabled in its parent's cgroup.subtree_control?)"
-    )]
-    Unresolved { cgroup: u64 },
-}
 
 /// How often the sampler ticks (see `SamplerControl::wait_ns`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +83,7 @@ impl Sampler {
             .map_err(|source| LoadError::Program { name, source })?;
         program
             .load("cgroup", btf)
-            .map_err(|source| super::object::classify_program_error(name, source))?;
+            .map_err(|source| classify_program_error(name, source))?;
         let mount = File::open(memory_mount).map_err(|source| LoadError::MemoryHierarchy {
             path: memory_mount.display().to_string(),
             source,
@@ -216,7 +191,7 @@ impl Sampler {
         (0..SAMPLER_TIMERS)
             .map(|timer| {
                 map.get(&timer, 0)
-                    .map_err(super::control::map_err("SAMPLER_STATS", u64::from(timer)))
+                    .map_err(map_err("SAMPLER_STATS", u64::from(timer)))
             })
             .collect()
     }
@@ -244,7 +219,7 @@ impl Sampler {
         };
         lines_map::<TimerSlot>(ebpf, "SAMPLER_TIMER")?
             .set(timer, slot, 0)
-            .map_err(super::control::map_err("SAMPLER_TIMER", u64::from(timer)))
+            .map_err(map_err("SAMPLER_TIMER", u64::from(timer)))
     }
 
     fn write_line(&self, ebpf: &mut Ebpf, index: u32, cgroup: u64) -> Result<(), ControlError> {
@@ -254,7 +229,7 @@ impl Sampler {
             counter: 0,
         };
         map.set(index, line, 0)
-            .map_err(super::control::map_err("MEMORY_LINES", u64::from(index)))
+            .map_err(map_err("MEMORY_LINES", u64::from(index)))
     }
 
     /// Writes the periods and slots in use, and which timer the attach program starts next.
@@ -269,7 +244,7 @@ impl Sampler {
             timer,
         };
         map.set(0, control, 0)
-            .map_err(super::control::map_err("SAMPLER_CONTROL", 0))
+            .map_err(map_err("SAMPLER_CONTROL", 0))
     }
 
     /// Runs the attach program on the cgroup's directory, once per timer on that timer's CPU,
@@ -316,7 +291,7 @@ impl Sampler {
         let map = lines_map::<MemoryLine>(ebpf, "MEMORY_LINES")?;
         let line = map
             .get(&index, 0)
-            .map_err(super::control::map_err("MEMORY_LINES", u64::from(index)))?;
+            .map_err(map_err("MEMORY_LINES", u64::from(index)))?;
         if line.cgroup_id != cgroup || line.counter == 0 {
             return Err(SamplerError::Unresolved { cgroup }.into());
         }
