@@ -147,7 +147,10 @@ fn an_oom_storm_in_one_container_is_one_event_counted_in_its_series() -> anyhow:
 /// The last thing done before the kill: the hog's eviction blocked, or (every pod blocked in
 /// turn) no pod left to evict, the hog named among those passed over and why.
 fn says_hog_was_blocked(said: &str) -> bool {
+    // The hog first, then calm (every eviction is blocked), then none left: the kill may
+    // come after any of the three.
     said.contains("eviction of shop/hog blocked by its PodDisruptionBudget")
+        || said.contains("eviction of shop/calm blocked by its PodDisruptionBudget")
         || (said.contains("but no pod may be evicted")
             && said.contains("shop/hog (blocked_by_pdb)"))
 }
@@ -220,12 +223,28 @@ fn refused_oom_events_are_said_once_and_posted_again_with_their_count() -> anyho
     std::thread::sleep(scaled(Duration::from_secs(3)));
     refusing.store(false, std::sync::atomic::Ordering::SeqCst);
     kill_in(&w, "hog", 2)?;
-    wait_until(wait(), "the pod's OOM event", || !oom_events(&w).is_empty())?;
+    // Posted again with its count so far, then (a kill after that post) its series updated.
+    let counted = |w: &World| -> Option<u64> {
+        w.cluster()
+            .answered
+            .iter()
+            .filter(|a| a.path.contains("/events"))
+            .filter_map(|a| a.body["series"]["count"].as_u64())
+            .max()
+    };
+    wait_until(
+        wait(),
+        "the series counting every kill since the first",
+        || counted(&w) == Some(5),
+    )?;
     let events = oom_events(&w);
     assert_eq!(events.len(), 1, "one event taken");
     let e = &events[0].body;
     assert_eq!(e["regarding"]["name"], "hog");
-    assert_eq!(e["series"]["count"], 5, "every kill since the first: {e}");
+    assert!(
+        e["series"]["count"].as_u64().is_some_and(|n| n >= 4),
+        "posted again with the refused kills counted: {e}"
+    );
     assert!(daemon.metric(errors)?.unwrap_or(0.0) >= 2.0);
     assert_eq!(daemon.log_count("event not recorded"), 1, "said once");
     assert_eq!(daemon.log_count("events recorded again"), 1);

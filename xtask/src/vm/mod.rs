@@ -94,11 +94,21 @@ const HOST_ONLY: &[(&str, &str)] = &[
 
 /// Single tests that run on the host only, each with the reason (printed): the rest of their
 /// binary runs in the VMs.
-const HOST_ONLY_TESTS: &[(&str, &str)] = &[(
-    "oom_e2e::a_kill_in_a_container_the_pod_source_has_not_listed_is_named_by_the_runtime",
-    "needs containerd and runc, which the VM image does not carry; the kill it names is the \
+const HOST_ONLY_TESTS: &[(&str, &str)] = &[
+    (
+        "daemon_wedge::a_hung_filesystem_never_stops_memory_decisions",
+        "needs /dev/fuse for the hung filesystem, which the VM image does not carry",
+    ),
+    (
+        "daemon_wedge::the_hung_filesystem_hangs_statfs_until_dropped",
+        "needs /dev/fuse for the hung filesystem, which the VM image does not carry",
+    ),
+    (
+        "oom_e2e::a_kill_in_a_container_the_pod_source_has_not_listed_is_named_by_the_runtime",
+        "needs containerd and runc, which the VM image does not carry; the kill it names is the \
      same kernel event as the other OOM tests'",
-)];
+    ),
+];
 
 /// How the agent watches memory thresholds on a kernel (node-agent's `MemoryMechanism`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
