@@ -258,7 +258,7 @@ impl Config<'_> {
             "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
              eviction:\n  evictionHard: {{memory.available: {threshold}}}\n\
              kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  podRefreshInterval: 200ms\n  \
-             kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
+             kubelet: {{url: '{url}', caFile: '{ca}', clusterCA: false}}\n  \
              apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n{kube}\
              listen: '127.0.0.1:{port}'\ntraceSocket: '{socket}'\nnodeCgroup: '{cg}'\nmemoryCapacity: 1Gi\n\
              resyncInterval: 60s\nforkLimit: 0\n{agent}",

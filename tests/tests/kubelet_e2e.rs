@@ -44,7 +44,7 @@ fn kubeadm_addresses() -> Value {
 /// The world's config with these `kubelet:` settings in place of its fixed URL.
 fn config_with(w: &World, kubelet: &str) -> String {
     let fixed = format!(
-        "kubelet: {{url: '{}', caFile: '{}'}}",
+        "kubelet: {{url: '{}', caFile: '{}', clusterCA: false}}",
         w.fake.url(),
         w.fake.pki.ca_file.display()
     );

@@ -352,7 +352,7 @@ fn the_effective_configuration_reads_back_as_the_same() {
         shipped(),
         doc(""),
         doc("dryRun: true\nmemoryCapacity: 1.5Gi\nringBufferSize: 4096\nresyncInterval: 90s\nkubeletConfig: null\neviction: {evictionHard: {pid.available: 1000}, evictionSoft: {memory.available: 1Gi}, evictionSoftGracePeriod: {memory.available: 1m30s}}"),
-        doc("kubernetes: {podSource: apiserver, kubelet: {caFile: null, insecureSkipTLSVerify: true}, exclusions: {namespaces: [a], labelSelector: {matchExpressions: [{key: k, operator: Exists}]}}}\ncri: {keepImages: []}"),
+        doc("kubernetes: {podSource: apiserver, kubelet: {caFile: null, clusterCA: false, insecureSkipTLSVerify: true}, exclusions: {namespaces: [a], labelSelector: {matchExpressions: [{key: k, operator: Exists}]}}}\ncri: {keepImages: []}"),
     ];
     for text in files {
         let file = NodeAgentConfiguration::parse(&text).unwrap();
