@@ -182,7 +182,11 @@ impl KubeletEndpoint {
                 ));
             }
         }
-        if self.ca_file.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+        if self
+            .ca_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
             return Err(invalid(
                 "kubelet.caFile",
                 "empty: give a path, or null for none",
@@ -195,8 +199,7 @@ impl KubeletEndpoint {
                  to skip the check, set caFile: null and clusterCA: false as well (explicitly)",
             ));
         }
-        if uses_it && self.ca_file.is_none() && !self.cluster_ca && !self.insecure_skip_tls_verify
-        {
+        if uses_it && self.ca_file.is_none() && !self.cluster_ca && !self.insecure_skip_tls_verify {
             return Err(invalid(
                 "kubelet.caFile",
                 "null and kubelet.clusterCA false: nothing to check the kubelet's certificate \
@@ -514,7 +517,10 @@ mod tests {
         assert_eq!(c.node_name, "node-a");
         assert_eq!(c.pod_source, PodSourceKind::Kubelet);
         assert_eq!(c.pdb_policy, PdbPolicy::Respect);
-        assert!(c.kubelet.url.is_empty(), "the kubelet is found from the Node");
+        assert!(
+            c.kubelet.url.is_empty(),
+            "the kubelet is found from the Node"
+        );
         assert_eq!(
             c.kubelet.preferred_address_types,
             NodeAddressType::DEFAULT_ORDER
@@ -576,8 +582,8 @@ mod tests {
             ("the API server's watch", "podSource: apiserver", PodSourceKind::Apiserver),
         ];
         for (what, yaml, source) in rows {
-            let c = KubeConfig::from_yaml(yaml, Some("n"))
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let c =
+                KubeConfig::from_yaml(yaml, Some("n")).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(c.pod_source, *source, "{what}");
         }
     }

@@ -141,7 +141,10 @@ pub enum TransportError {
         detail: Option<String>,
     },
     #[error("{endpoint}: {name:?} is neither a DNS name nor an IP address a certificate can name")]
-    BadServerName { endpoint: &'static str, name: String },
+    BadServerName {
+        endpoint: &'static str,
+        name: String,
+    },
     #[error("{endpoint}: cannot set up TLS: {detail}")]
     TlsSetup {
         endpoint: &'static str,
@@ -559,7 +562,10 @@ fn client_tls(endpoint: &'static str, tls: &Tls) -> Result<rustls::ClientConfig,
 
 /// The certificates of a PEM file (a CA bundle, or a kubelet's `kubelet.crt`: its certificate
 /// followed by the CA that signed it).
-fn read_ca(endpoint: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TransportError> {
+fn read_ca(
+    endpoint: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TransportError> {
     let pem = std::fs::read(path).map_err(|source| TransportError::ReadCa {
         endpoint,
         path: path.to_path_buf(),
@@ -596,7 +602,11 @@ struct NameMismatch {
 
 impl std::fmt::Display for NameMismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the certificate is not valid for {}", self.tried.join(" nor "))?;
+        write!(
+            f,
+            "the certificate is not valid for {}",
+            self.tried.join(" nor ")
+        )?;
         match &self.presented {
             Some(names) if names.is_empty() => f.write_str(" (it names nothing)"),
             Some(names) => write!(f, " (it names {})", names.join(", ")),

@@ -451,7 +451,10 @@ fn the_config_s_kubernetes_section_parses_with_this_crate_s_loader() {
     assert_eq!(config.node_name, "worker-1");
     // The kubelet found from the Node, verified with kubeadm's and kind's kubelet.crt (below
     // the DaemonSet's /var/lib/kubelet mount) or the cluster CA; never unchecked.
-    assert_eq!(config.kubelet, node_agent_kube::config::KubeletEndpoint::default());
+    assert_eq!(
+        config.kubelet,
+        node_agent_kube::config::KubeletEndpoint::default()
+    );
     assert!(config
         .kubelet
         .ca_file

@@ -217,9 +217,15 @@ async fn the_kubelet_is_found_once_and_again_only_after_a_failure() {
     bounded(async {
         let cluster = Cluster::start().await;
         let first = Fake::start_with(Pki::kubelet_self_signed("worker-1"), kubelet_for(NODE)).await;
-        cluster.set_node(node_object(kubeadm_addresses("worker-1"), first.addr.port()));
+        cluster.set_node(node_object(
+            kubeadm_addresses("worker-1"),
+            first.addr.port(),
+        ));
         let mut source = cluster
-            .source(&format!("{{caFile: '{}', clusterCA: true}}", ca(&first.pki.ca_file)))
+            .source(&format!(
+                "{{caFile: '{}', clusterCA: true}}",
+                ca(&first.pki.ca_file)
+            ))
             .with_timing(Timing {
                 after_failure: Duration::from_millis(200),
                 every: Duration::from_secs(3600),
@@ -227,7 +233,11 @@ async fn the_kubelet_is_found_once_and_again_only_after_a_failure() {
         for _ in 0..5 {
             source.snapshot().await.unwrap();
         }
-        assert_eq!(cluster.node_reads(), 1, "the Node is read once, not per request");
+        assert_eq!(
+            cluster.node_reads(),
+            1,
+            "the Node is read once, not per request"
+        );
         assert_eq!(first.calls().len(), 10);
 
         // The kubelet moves (another port, now with a certificate the cluster signed) and the
@@ -239,7 +249,10 @@ async fn the_kubelet_is_found_once_and_again_only_after_a_failure() {
             kubelet_for(NODE),
         )
         .await;
-        cluster.set_node(node_object(kubeadm_addresses("worker-1"), second.addr.port()));
+        cluster.set_node(node_object(
+            kubeadm_addresses("worker-1"),
+            second.addr.port(),
+        ));
         let err = source.snapshot().await.unwrap_err();
         assert!(
             matches!(&err, KubeletError::Read { .. })
@@ -251,7 +264,11 @@ async fn the_kubelet_is_found_once_and_again_only_after_a_failure() {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let snapshot = source.snapshot().await.unwrap();
         assert_eq!(snapshot.pods.len(), 3);
-        assert_eq!(cluster.node_reads(), 2, "worked out again after the failure");
+        assert_eq!(
+            cluster.node_reads(),
+            2,
+            "worked out again after the failure"
+        );
         assert_eq!(second.calls().len(), 2);
         assert!(source
             .target()
@@ -272,7 +289,10 @@ async fn a_renewed_kubelet_certificate_is_trusted_once_its_file_is_read_again() 
         std::fs::copy(&old.pki.ca_file, &kubelet_crt).unwrap();
         cluster.set_node(node_object(kubeadm_addresses("worker-1"), old.addr.port()));
         let mut source = cluster
-            .source(&format!("{{caFile: '{}', clusterCA: false}}", kubelet_crt.display()))
+            .source(&format!(
+                "{{caFile: '{}', clusterCA: false}}",
+                kubelet_crt.display()
+            ))
             .with_timing(Timing {
                 after_failure: Duration::from_millis(100),
                 every: Duration::from_secs(3600),
@@ -282,9 +302,13 @@ async fn a_renewed_kubelet_certificate_is_trusted_once_its_file_is_read_again() 
         // kubeadm's kubelet.crt expires after a year; deleting it and restarting the kubelet
         // makes a new one, at the same address.
         drop(old);
-        let renewed = Fake::start_with(Pki::kubelet_self_signed("worker-1"), kubelet_for(NODE)).await;
+        let renewed =
+            Fake::start_with(Pki::kubelet_self_signed("worker-1"), kubelet_for(NODE)).await;
         std::fs::copy(&renewed.pki.ca_file, &kubelet_crt).unwrap();
-        cluster.set_node(node_object(kubeadm_addresses("worker-1"), renewed.addr.port()));
+        cluster.set_node(node_object(
+            kubeadm_addresses("worker-1"),
+            renewed.addr.port(),
+        ));
         assert!(source.snapshot().await.is_err(), "the old address is gone");
         tokio::time::sleep(Duration::from_millis(150)).await;
         let snapshot = source.snapshot().await.unwrap();
@@ -343,7 +367,9 @@ async fn a_kubelet_url_is_dialled_as_given_and_checked_for_its_host() {
         assert_eq!(cluster.node_reads(), 0, "no Node read for a fixed URL");
         let target = source.target().unwrap();
         assert_eq!(target.from, "kubelet.url");
-        assert!(matches!(&target.tls, Some(Tls::Verify { also_named, .. }) if also_named.is_empty()));
+        assert!(
+            matches!(&target.tls, Some(Tls::Verify { also_named, .. }) if also_named.is_empty())
+        );
     })
     .await;
 }

@@ -19,8 +19,20 @@ const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
 
 fn pods() -> [PodSpec; 2] {
     [
-        PodSpec::new("shop", "hog", "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "16Mi", 'a'),
-        PodSpec::new("shop", "calm", "6ba7b810-9dad-11d1-80b4-00c04fd430c8", "512Mi", 'b'),
+        PodSpec::new(
+            "shop",
+            "hog",
+            "1b4e28ba-2fa1-11d2-883f-0016d3cca427",
+            "16Mi",
+            'a',
+        ),
+        PodSpec::new(
+            "shop",
+            "calm",
+            "6ba7b810-9dad-11d1-80b4-00c04fd430c8",
+            "512Mi",
+            'b',
+        ),
     ]
 }
 
@@ -86,8 +98,7 @@ enum Want {
 }
 
 #[test]
-fn the_kubelet_is_reached_at_its_nodes_address_verified_or_refused_by_name() -> anyhow::Result<()>
-{
+fn the_kubelet_is_reached_at_its_nodes_address_verified_or_refused_by_name() -> anyhow::Result<()> {
     require_root();
     let rt = tokio::runtime::Runtime::new()?;
     let other = Pki::new();
@@ -162,7 +173,10 @@ fn the_kubelet_is_reached_at_its_nodes_address_verified_or_refused_by_name() -> 
                     Some(verified),
                     "{probe}"
                 );
-                assert!(gets(&fake_kubelet, "/pods") >= 2, "{probe}: read at the kubelet");
+                assert!(
+                    gets(&fake_kubelet, "/pods") >= 2,
+                    "{probe}: read at the kubelet"
+                );
                 assert!(
                     gets(&fake_kubelet, "/stats/summary") >= 2,
                     "{probe}: usage from the kubelet"

@@ -23,7 +23,12 @@ const ROUTES: &[(&str, &str, Kind, &str)] = &[
     ("GET", "/pods", Kind::Read, "nodes/pods"),
     ("GET", "/stats/summary", Kind::Read, "nodes/stats"),
     // The same through the API server's node proxy: a CONNECT of nodes/proxy, verb get.
-    ("GET", "/api/v1/nodes/*/proxy/pods", Kind::Read, "nodes/proxy"),
+    (
+        "GET",
+        "/api/v1/nodes/*/proxy/pods",
+        Kind::Read,
+        "nodes/proxy",
+    ),
     (
         "GET",
         "/api/v1/nodes/*/proxy/stats/summary",
@@ -33,9 +38,19 @@ const ROUTES: &[(&str, &str, Kind, &str)] = &[
     ("GET", "/api/v1/pods", Kind::Read, "pods"),
     ("GET", "/api/v1/nodes/*", Kind::Read, "nodes"),
     ("PATCH", "/api/v1/nodes/*", Kind::Node, "nodes"),
-    ("PATCH", "/api/v1/nodes/*/status", Kind::NodeStatus, "nodes/status"),
+    (
+        "PATCH",
+        "/api/v1/nodes/*/status",
+        Kind::NodeStatus,
+        "nodes/status",
+    ),
     ("GET", "/api/v1/namespaces/*/pods/*", Kind::Read, "pods"),
-    ("DELETE", "/api/v1/namespaces/*/pods/*", Kind::Delete, "pods"),
+    (
+        "DELETE",
+        "/api/v1/namespaces/*/pods/*",
+        Kind::Delete,
+        "pods",
+    ),
     (
         "PATCH",
         "/api/v1/namespaces/*/pods/*/status",
@@ -189,7 +204,12 @@ fn invalid(kind: &str, name: &str, causes: &[(&str, &str)]) -> Reply {
 
 /// Checks `req` (with its raw body) as the API server would, RBAC granting everything but the
 /// `denied` resources; `Err` is the server's answer.
-pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String], denied: &[String]) -> Result<(), Reply> {
+pub fn check(
+    req: &Seen,
+    raw_body: &[u8],
+    tokens: &[String],
+    denied: &[String],
+) -> Result<(), Reply> {
     let authorized = req
         .authorization
         .as_deref()

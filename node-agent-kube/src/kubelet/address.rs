@@ -316,7 +316,14 @@ mod tests {
     fn the_first_usable_address_of_the_preferred_types_is_dialled() {
         let default = &NodeAddressType::DEFAULT_ORDER[..];
         /// (behaviour, addresses, port, preferred, URL, names the certificate may carry instead)
-        type Row = (&'static str, Value, Value, &'static [NodeAddressType], &'static str, &'static [&'static str]);
+        type Row = (
+            &'static str,
+            Value,
+            Value,
+            &'static [NodeAddressType],
+            &'static str,
+            &'static [&'static str],
+        );
         #[rustfmt::skip]
         let rows: Vec<Row> = vec![
             ("kubeadm: the InternalIP, the hostname as the other name", kubeadm(), json!(10250), default,
@@ -376,7 +383,9 @@ mod tests {
                 "Port is \"10250\", not a port"),
         ];
         for (what, status, preferred, want) in rows {
-            let err = choose("worker-1", status.as_ref(), preferred).unwrap_err().to_string();
+            let err = choose("worker-1", status.as_ref(), preferred)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(want), "{what}: {err}");
         }
     }
@@ -387,9 +396,13 @@ mod tests {
         let many: Vec<Value> = (0..100)
             .map(|_| json!({"type": "InternalIP", "address": long}))
             .collect();
-        let err = choose("worker-1", Some(&status(Value::Array(many), json!(10250))), &[InternalIp])
-            .unwrap_err()
-            .to_string();
+        let err = choose(
+            "worker-1",
+            Some(&status(Value::Array(many), json!(10250))),
+            &[InternalIp],
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.len() < 1500, "{} bytes", err.len());
         assert!(err.ends_with("and 92 more"), "{err}");
     }
@@ -405,17 +418,27 @@ mod tests {
             &NodeAddressType::DEFAULT_ORDER,
         )
         .unwrap();
-        assert_eq!((chosen.kind, chosen.address.as_str()), (Hostname, "worker-1"));
+        assert_eq!(
+            (chosen.kind, chosen.address.as_str()),
+            (Hostname, "worker-1")
+        );
         assert_eq!(chosen.refused, ["InternalIP=garbage (not an IP address)"]);
-        assert!(chosen.hostnames.is_empty(), "the chosen name is not repeated");
+        assert!(
+            chosen.hostnames.is_empty(),
+            "the chosen name is not repeated"
+        );
     }
 
     #[test]
     fn address_types_read_and_print_as_the_api_spells_them() {
         let types: Vec<NodeAddressType> =
-            serde_yaml_ng::from_str("[InternalIP, Hostname, InternalDNS, ExternalDNS, ExternalIP]").unwrap();
+            serde_yaml_ng::from_str("[InternalIP, Hostname, InternalDNS, ExternalDNS, ExternalIP]")
+                .unwrap();
         assert_eq!(types, NodeAddressType::DEFAULT_ORDER);
         assert!(serde_yaml_ng::from_str::<NodeAddressType>("InternalIp").is_err());
-        assert_eq!(serde_yaml_ng::to_string(&InternalIp).unwrap().trim(), "InternalIP");
+        assert_eq!(
+            serde_yaml_ng::to_string(&InternalIp).unwrap().trim(),
+            "InternalIP"
+        );
     }
 }

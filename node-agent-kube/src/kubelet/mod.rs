@@ -101,9 +101,12 @@ impl Trust {
         let mut ca_files = Vec::new();
         if let Some(path) = ca_file {
             match std::fs::metadata(path) {
-                Err(e) if e.kind() == ErrorKind::NotFound && cluster_ca.is_some() => notes.push(
-                    format!("kubelet.caFile {} does not exist: not trusted", path.display()),
-                ),
+                Err(e) if e.kind() == ErrorKind::NotFound && cluster_ca.is_some() => {
+                    notes.push(format!(
+                        "kubelet.caFile {} does not exist: not trusted",
+                        path.display()
+                    ))
+                }
                 // Any other problem is the transport's to name when it reads the file.
                 _ => ca_files.push(path.clone()),
             }
@@ -136,15 +139,14 @@ impl fmt::Display for Target {
         write!(f, "{}, {}", self.url, self.from)?;
         match &self.tls {
             None => {}
-            Some(Tls::Insecure) => f.write_str(
-                "; its certificate NOT checked (kubelet.insecureSkipTLSVerify: true)",
-            )?,
+            Some(Tls::Insecure) => {
+                f.write_str("; its certificate NOT checked (kubelet.insecureSkipTLSVerify: true)")?
+            }
             Some(Tls::Verify {
                 ca_files,
                 also_named,
             }) => {
-                let files: Vec<String> =
-                    ca_files.iter().map(|p| p.display().to_string()).collect();
+                let files: Vec<String> = ca_files.iter().map(|p| p.display().to_string()).collect();
                 let host = self
                     .url
                     .trim_start_matches("https://")

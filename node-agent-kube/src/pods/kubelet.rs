@@ -74,7 +74,8 @@ impl KubeletClient {
                 path: req.path,
                 why: format!(
                     "it is the summary of node {}, not of {}: this kubelet is another node's",
-                    node.as_deref().map_or("(none named)".to_string(), |n| format!("{n:?}")),
+                    node.as_deref()
+                        .map_or("(none named)".to_string(), |n| format!("{n:?}")),
                     self.ctx.node
                 ),
             });

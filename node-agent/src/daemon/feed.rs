@@ -146,8 +146,8 @@ impl Cluster {
         cluster.state(&SourceState::Starting);
         let mut tasks = Vec::new();
         // 1 unless the agent reads a kubelet whose certificate it does not check.
-        let unchecked = config.pod_source == PodSourceKind::Kubelet
-            && Trust::of(config) == Trust::Insecure;
+        let unchecked =
+            config.pod_source == PodSourceKind::Kubelet && Trust::of(config) == Trust::Insecure;
         metrics.sources().set_kubelet_tls_verified(!unchecked);
         if unchecked {
             tracing::warn!(
