@@ -245,7 +245,7 @@ fn the_node_proxy_reads_what_the_kubelet_would_and_is_named_when_rbac_refuses_it
     let w = world("e2e-node-proxy", json!([]), 10250)?;
     let config = config_with(&w, "{caFile: null, clusterCA: false}")
         .replace("podSource: kubelet", "podSource: nodeProxy");
-    let mut daemon = w.start_text(&config)?;
+    let daemon = w.start_text(&config)?;
     wait_until(wait(), "both sources ready", || kube_ready(&daemon))?;
     let proxy = format!("/api/v1/nodes/{NODE}/proxy");
     assert!(gets(&w.fake, &format!("{proxy}/pods")) >= 2);

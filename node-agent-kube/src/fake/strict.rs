@@ -108,7 +108,10 @@ fn forbidden(req: &Seen, path: &str, resource: &str, wild: &[String]) -> Reply {
         ""
     };
     let kind = resource.split('/').next().unwrap_or(resource);
-    let (name, scope) = match (path.starts_with("/api/v1/namespaces/") || group != "", wild) {
+    let (name, scope) = match (
+        path.starts_with("/api/v1/namespaces/") || !group.is_empty(),
+        wild,
+    ) {
         (true, [ns, name, ..]) => (name.clone(), format!("in the namespace {ns:?}")),
         (true, [ns]) => (String::new(), format!("in the namespace {ns:?}")),
         (_, [name, ..]) => (name.clone(), "at the cluster scope".to_string()),

@@ -210,7 +210,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 enum How {
     /// The Node's addresses, read through the API server (`api`).
     Node {
-        api: Context,
+        api: Box<Context>,
         preferred: Vec<NodeAddressType>,
     },
     /// `kubelet.url`.
@@ -249,7 +249,7 @@ impl KubeletSource {
     pub fn kubelet(config: &KubeConfig, api: &Context) -> Self {
         let how = if config.kubelet.url.is_empty() {
             How::Node {
-                api: api.clone(),
+                api: Box::new(api.clone()),
                 preferred: config.kubelet.preferred_address_types.clone(),
             }
         } else {
