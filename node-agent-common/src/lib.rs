@@ -6,17 +6,19 @@
 
 pub mod events;
 pub mod offsets;
+pub mod sampler;
 pub mod tasks;
 pub mod thresholds;
 
 pub use events::*;
 pub use offsets::KernelOffsets;
-pub use tasks::{PidLimits, TaskCounts};
-pub use thresholds::{
-    ForkRateLimit, MemoryLine, MemoryThreshold, SamplerControl, SamplerStats,
-    DEFAULT_SAMPLER_MAX_PERIOD_NS, DEFAULT_SAMPLER_PERIOD_NS, MAX_MEMORY_LINES,
-    PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU, SAMPLER_LATE_NS, SAMPLER_TIMERS,
+pub use sampler::{
+    MemoryLine, SamplerControl, SamplerStats, DEFAULT_SAMPLER_MAX_PERIOD_NS,
+    DEFAULT_SAMPLER_PERIOD_NS, LARGEST_SINGLE_CHARGE_BYTES, MAX_CHARGE_BYTES_PER_US_PER_CPU,
+    MAX_MEMORY_LINES, SAMPLER_LATE_NS, SAMPLER_TIMERS,
 };
+pub use tasks::{PidLimits, TaskCounts};
+pub use thresholds::{ForkRateLimit, MemoryThreshold};
 
 /// Most cgroups the kernel side tracks at once (pods and their containers on one node,
 /// plus the node-level cgroups). Sized for 1000 pods with a few containers each.

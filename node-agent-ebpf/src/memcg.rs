@@ -12,16 +12,17 @@
 //!   kubepods). Counters that are not a memcg's `memory` counter (memsw, kmem, hugetlb) map to
 //!   no watched cgroup id and are skipped.
 //! - **An in-kernel sampler**, where fexit cannot attach: a `bpf_timer` reads each watched
-//!   line's page counter and nothing runs on the fault path at all. It ticks every 1 ms while
-//!   some line is near enough for a plausible charge rate to reach it sooner, and stretches to
-//!   at most 5 ms while every line is far (`SamplerControl`): each tick costs its interrupt on
-//!   whichever CPU it lands, so a node whose lines are all far pays a fifth. A BPF program on
-//!   the `memcg:*` tracepoints, which fire several times per page, costs more than the 3 %
-//!   budget before it does anything (measured: an empty program on `mod_memcg_lruvec_state`
-//!   alone slows a page-fault loop by about 6 %), and it cannot see a crossing that no later
-//!   memory event follows. The timer sees every crossing within one period whatever the
-//!   workload does next, at the cost of one short callback per period while a line is set, and
-//!   none while none is. It lives in [`crate::sampler`].
+//!   line's page counter and nothing runs on the fault path at all. It reads a line again once
+//!   the charge-rate bound could have closed its headroom beyond one largest single charge,
+//!   plus 1 ms (the shortest period), and at least every 250 ms (`SamplerControl::wait_ns`):
+//!   every 1 ms near a line, a few times a second while all are far, since each tick costs an
+//!   interrupt and wakes an idle CPU. A BPF program on the `memcg:*` tracepoints, which fire
+//!   several times per page, costs more than the 3 % budget before it does anything
+//!   (measured: an empty program on `mod_memcg_lruvec_state` alone slows a page-fault loop by
+//!   about 6 %), and it cannot see a crossing that no later memory event follows. The timer
+//!   sees every crossing within the bound one shortest period after it whatever the workload
+//!   does next, at the cost of one short callback per period while a line is set, and none
+//!   while none is. It lives in [`crate::sampler`].
 //!
 //! Both end in [`check`], which reports each crossing once.
 

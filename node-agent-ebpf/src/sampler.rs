@@ -1,6 +1,9 @@
 //! The in-kernel memory sampler, where fexit on the page counter cannot attach (see
-//! [`crate::memcg`]): `bpf_timer`s read each watched line's page counter every 1 to 5 ms and
-//! report crossings through [`check`], so nothing runs on the fault path at all.
+//! [`crate::memcg`]): `bpf_timer`s read each watched line's page counter and report crossings
+//! through [`check`], so nothing runs on the fault path at all. After each tick they wait as
+//! long as the charge-rate bound allows (`SamplerControl::wait_ns` in node-agent-common, the
+//! one pacing rule): one shortest period (1 ms) near a line, up to the longest (250 ms) while
+//! every line is far, so an idle node with far lines is woken a few times a second.
 //!
 //! The sampler learns where each watched cgroup's page counter lives from a cgroup iterator
 //! (`iter/cgroup`, 6.1+) that user space runs per new line on that cgroup's directory: it
@@ -172,13 +175,10 @@ extern "C" fn sample(_map: *mut c_void, key: *mut u32, t: *mut SamplerTimer) -> 
     let Some(control) = SAMPLER_CONTROL.get(0) else {
         return 0;
     };
+    let control = *control;
     let (lines, period) = (control.lines, control.period_ns);
-    let pace = Pace {
-        period,
-        max_period: control.max_period_ns.max(period),
-        bytes_per_us: control.charge_bytes_per_us,
-    };
-    let mut next = pace.max_period;
+    // With no line to read, the longest wait.
+    let mut next = control.max_period_ns.max(period);
     let o = OFFSETS.load();
     if o.valid != 0 {
         for slot in 0..MAX_MEMORY_LINES {
@@ -186,7 +186,7 @@ extern "C" fn sample(_map: *mut c_void, key: *mut u32, t: *mut SamplerTimer) -> 
                 break;
             }
             if let Some(line) = MEMORY_LINES.get(slot) {
-                if let Ok(wait) = check_line(&o, line.cgroup_id, line.counter, &pace) {
+                if let Ok(wait) = check_line(&o, line.cgroup_id, line.counter, &control) {
                     next = next.min(wait);
                 }
             }
@@ -254,30 +254,15 @@ fn turn(wait: u64, period: u64, now: u64, partner_due: u64) -> (u64, bool) {
     ((partner_due + wait - now).max(period), false)
 }
 
-/// How long lines may wait between ticks.
-struct Pace {
-    period: u64,
-    max_period: u64,
-    bytes_per_us: u64,
-}
-
-impl Pace {
-    /// The time the plausible charge rate needs to cover `headroom` bytes, within the periods.
-    #[inline(always)]
-    fn wait(&self, headroom: u64) -> u64 {
-        if self.bytes_per_us == 0 {
-            return self.period;
-        }
-        let max_us = self.max_period / 1000;
-        let us = (headroom / self.bytes_per_us).min(max_us);
-        (us * 1000).clamp(self.period, self.max_period)
-    }
-}
-
 /// Checks one line; returns how long it may wait for the next check. Lines that cannot be
 /// read (unresolved, removed cgroup, no threshold) set no bound (`Err`).
 #[inline(always)]
-fn check_line(o: &KernelOffsets, id: u64, counter: u64, pace: &Pace) -> Result<u64, i64> {
+fn check_line(
+    o: &KernelOffsets,
+    id: u64,
+    counter: u64,
+    control: &SamplerControl,
+) -> Result<u64, i64> {
     if id == 0 || counter == 0 {
         return Err(-1);
     }
@@ -295,7 +280,7 @@ fn check_line(o: &KernelOffsets, id: u64, counter: u64, pace: &Pace) -> Result<u
     let t = unsafe { &*t };
     if t.above != 0 {
         // Waiting for the down-crossing: memory can be freed at once (a process exits).
-        return Ok(pace.period);
+        return Ok(control.period_ns);
     }
-    Ok(pace.wait(t.bytes.saturating_sub(usage)))
+    Ok(control.wait_ns(t.bytes.saturating_sub(usage)))
 }

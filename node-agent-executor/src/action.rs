@@ -60,6 +60,21 @@ pub struct Identity {
     pub container: String,
 }
 
+impl PodOomEvent {
+    /// The event written: its namespace and name.
+    pub fn event(&self) -> (String, String) {
+        match self {
+            Self::New { kill, at, .. } => (
+                kill.namespace.clone(),
+                node_agent_kube::events::event_name(&kill.name, *at),
+            ),
+            Self::Series {
+                namespace, name, ..
+            } => (namespace.clone(), name.clone()),
+        }
+    }
+}
+
 impl Unnamed {
     /// The kill, named.
     pub fn named(self, who: Identity) -> PodOomKill {
@@ -92,6 +107,9 @@ pub enum PodOomEvent {
         kill: PodOomKill,
         /// The first kill's time: the event's time and, with the pod's name, its name.
         at: SystemTime,
+        /// Posted again after a failed write: the kills counted so far and the last one's
+        /// time, written as the new event's `series`.
+        repeats: Option<(u32, SystemTime)>,
     },
     Series {
         namespace: String,
@@ -126,8 +144,13 @@ pub enum Outcome {
         reason: &'static str,
         result: Result<(), ApiError>,
     },
-    /// A pod's OOM event posted, or its series written.
-    PodOomEvent(Result<(), ApiError>),
+    /// A pod's OOM event posted, or its series written: which event (namespace, name), and
+    /// how it went.
+    PodOomEvent {
+        namespace: String,
+        name: String,
+        result: Result<(), ApiError>,
+    },
     Status(Box<StatusReport>),
     Reclaim(Box<ReclaimOutcome>),
     /// Images detected (how many, and where the runtime keeps them), or why the runtime could

@@ -339,7 +339,15 @@ async fn event_lane(
                 let result = node_event(&current, &event).await;
                 Outcome::NodeEvent { reason, result }
             }
-            EventJob::PodOom(event) => Outcome::PodOomEvent(pod_oom_event(&current, &event).await),
+            EventJob::PodOom(event) => {
+                let (namespace, name) = event.event();
+                let result = pod_oom_event(&current, &event).await;
+                Outcome::PodOomEvent {
+                    namespace,
+                    name,
+                    result,
+                }
+            }
         };
         if outcomes.send(outcome).is_err() {
             return;
@@ -352,8 +360,8 @@ async fn pod_oom_event(settings: &Settings, event: &PodOomEvent) -> Result<(), A
         return Ok(());
     };
     match event {
-        PodOomEvent::New { kill, at } => {
-            let built = events::build_pod_oom_kill(&ctx.node, kill, *at);
+        PodOomEvent::New { kill, at, repeats } => {
+            let built = events::build_pod_oom_kill(&ctx.node, kill, *at, *repeats);
             if settings.dry_run {
                 tracing::info!(pod = %format!("{}/{}", kill.namespace, kill.name), note = ?built.note,
                     "dry run: the pod's OOM event not posted");

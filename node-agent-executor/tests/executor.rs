@@ -30,7 +30,7 @@ fn kind(o: &Outcome) -> &'static str {
     match o {
         Outcome::Eviction(_) => "eviction",
         Outcome::NodeEvent { .. } => "event",
-        Outcome::PodOomEvent(_) => "pod event",
+        Outcome::PodOomEvent { .. } => "pod event",
         Outcome::Identified { .. } => "identified",
         Outcome::Status(_) => "status",
         Outcome::Reclaim(_) => "reclaim",
@@ -486,7 +486,7 @@ async fn node_events_name_the_node_and_the_killed_process() {
         let kill = OomKill {
             pid: 4242,
             comm: "java".into(),
-            pod: Some(("shop".into(), "web-7c9f8d6b5-x2x9q".into())),
+            pod_uid: Some(UID.into()),
         };
         ex.act(Action::NodeEvent(NodeEvent::OomKill(kill))).await;
         let seen = fake.seen();
@@ -512,7 +512,7 @@ async fn node_events_name_the_node_and_the_killed_process() {
         );
         assert_eq!(
             seen[1].body["note"],
-            "Out of memory: killed process 4242 (java) in pod shop/web-7c9f8d6b5-x2x9q"
+            format!("Out of memory: killed process 4242 (java) in the cgroup of pod UID {UID}, which neither the pod source nor the container runtime names")
         );
     })
     .await;
@@ -620,7 +620,7 @@ fn kill(pid: u32) -> OomKill {
     OomKill {
         pid,
         comm: "stress".into(),
-        pod: Some(("shop".into(), "web-7c9f8d6b5-x2x9q".into())),
+        pod_uid: Some(UID.into()),
     }
 }
 
@@ -784,7 +784,10 @@ async fn a_pod_oom_storm_is_one_event_on_the_pod_counted_in_its_series() {
         }
         for _ in 0..2 {
             let outcome = ex.outcomes.recv().await.unwrap();
-            assert!(matches!(outcome, Outcome::PodOomEvent(Ok(()))), "{outcome:?}");
+            assert!(
+                matches!(outcome, Outcome::PodOomEvent { result: Ok(()), .. }),
+                "{outcome:?}"
+            );
         }
         assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
         let seen = fake.seen();
@@ -824,7 +827,10 @@ async fn a_pod_oom_storm_is_one_event_on_the_pod_counted_in_its_series() {
         let mut plan = Acting::default();
         ex.executor
             .submit(plan.pod_oom_kill(kill, Duration::ZERO, wall).expect("a new event"));
-        assert!(matches!(ex.outcomes.recv().await.unwrap(), Outcome::PodOomEvent(Ok(()))));
+        assert!(matches!(
+            ex.outcomes.recv().await.unwrap(),
+            Outcome::PodOomEvent { result: Ok(()), .. }
+        ));
         assert!(quiet.calls().is_empty(), "{:?}", quiet.calls());
     })
     .await;

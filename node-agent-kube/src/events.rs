@@ -7,7 +7,10 @@ use std::{collections::BTreeMap, time::SystemTime};
 
 use http::{Method, StatusCode};
 use k8s_openapi::{
-    api::{core::v1::ObjectReference, events::v1::Event},
+    api::{
+        core::v1::ObjectReference,
+        events::v1::{Event, EventSeries},
+    },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use node_agent_policy::Eviction;
@@ -33,8 +36,10 @@ pub const STARVED_RESOURCE: &str = "starved_resource";
 pub struct OomKill {
     pub pid: u32,
     pub comm: String,
-    /// `namespace/name` of its pod, when it belonged to one.
-    pub pod: Option<(String, String)>,
+    /// The UID of the pod whose cgroup the process ran in, when it ran in one that neither the
+    /// pod source nor the container runtime could name (a kill in a named pod is told on the
+    /// pod, never on the node; a pod is never guessed).
+    pub pod_uid: Option<String>,
 }
 
 /// An event's name as client-go gives it: the object's name and the time in hex nanoseconds.
@@ -83,7 +88,8 @@ pub fn node_event(node: &str, now: SystemTime) -> Event {
 /// `Evicted` on the pod, with the decision's own message and the annotations the kubelet
 /// derives from the same figures (the containers the message names, their usage, the
 /// resource the node is short of). An eviction for a local storage limit has no annotations,
-/// as the kubelet's has none.
+/// as the kubelet's has none. The node it happened on is the event's `related` object (which
+/// the admission policy checks for every event about a pod).
 pub fn build_pod_evicted(decision: &Eviction, node: &str, now: SystemTime) -> Event {
     let regarding = ObjectReference {
         api_version: Some("v1".into()),
@@ -94,6 +100,7 @@ pub fn build_pod_evicted(decision: &Eviction, node: &str, now: SystemTime) -> Ev
         ..ObjectReference::default()
     };
     let mut e = base(&decision.namespace, &decision.name, node, now, regarding);
+    e.related = Some(node_ref(node));
     let join = |f: &dyn Fn(&node_agent_policy::OffendingContainer) -> String| {
         decision
             .offending_containers
@@ -133,13 +140,16 @@ pub fn build_threshold_met(node: &str, starved_resource: &str, now: SystemTime) 
 /// log) in alerts and dashboards keyed on that reason.
 pub const OOM_KILL_REASON: &str = "NodeAgentOOMKill";
 
-/// [`OOM_KILL_REASON`] on the node, naming the killed process and its pod.
+/// [`OOM_KILL_REASON`] on the node, naming the killed process (and the UID of a pod nobody
+/// could name).
 pub fn build_oom_kill(node: &str, kill: &OomKill, now: SystemTime) -> Event {
     let mut e = base(NODE_EVENT_NAMESPACE, node, node, now, node_ref(node));
     e.action = Some("OOMKilling".into());
     e.reason = Some(OOM_KILL_REASON.into());
-    let pod = match &kill.pod {
-        Some((ns, name)) => format!(" in pod {ns}/{name}"),
+    let pod = match &kill.pod_uid {
+        Some(uid) => format!(
+            " in the cgroup of pod UID {uid}, which neither the pod source nor the container runtime names"
+        ),
         None => String::new(),
     };
     e.note = Some(format!(
@@ -202,8 +212,15 @@ fn human(bytes: u64) -> String {
 
 /// [`OOM_KILL_REASON`] on the pod: the container, the process, what ran out (the memory in use
 /// against the limit that was hit, or the whole node), and what the agent saw before. The
-/// node it happened on is the event's `related` object.
-pub fn build_pod_oom_kill(node: &str, kill: &PodOomKill, at: SystemTime) -> Event {
+/// node it happened on is the event's `related` object. `repeats` (count, last seen) when
+/// the event is posted again after a failed write, its kills since counted in its `series`
+/// from the start, as client-go creates an event its series update could not find.
+pub fn build_pod_oom_kill(
+    node: &str,
+    kill: &PodOomKill,
+    at: SystemTime,
+    repeats: Option<(u32, SystemTime)>,
+) -> Event {
     let regarding = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
@@ -256,6 +273,12 @@ pub fn build_pod_oom_kill(node: &str, kill: &PodOomKill, at: SystemTime) -> Even
         note.push('…');
     }
     e.note = Some(note);
+    e.series = repeats
+        .filter(|(count, _)| *count >= 2)
+        .map(|(count, last)| EventSeries {
+            count: i32::try_from(count).unwrap_or(i32::MAX),
+            last_observed_time: micro_time(last),
+        });
     e
 }
 
@@ -307,7 +330,8 @@ pub async fn post(ctx: &Context, event: &Event) -> Result<(), ApiError> {
     let result = call(&ctx.transport, &req, &[StatusCode::OK, StatusCode::CREATED]).await;
     if let Err(e) = &result {
         Counters::bump(&ctx.counters.request_failures);
-        tracing::warn!(error = %e, reason = ?event.reason, "event not recorded");
+        // Said by whoever asked for it (once per episode, the agent's reporter), not per call.
+        tracing::debug!(error = %e, reason = ?event.reason, "event POST failed");
     }
     result.map(|_| ())
 }

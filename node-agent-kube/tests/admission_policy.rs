@@ -314,6 +314,42 @@ fn event(user: &User, reporting_node: &str, regarding: Value) -> Review {
     }
 }
 
+/// An event about a pod as the agent writes it (`Evicted`, `NodeAgentOOMKill`): its node as
+/// the related object, unless `related` says otherwise.
+fn pod_event(user: &User, related: Option<Value>) -> Review {
+    let mut review = event(user, NODE, pod_ref());
+    review.request["namespace"] = json!("shop");
+    review.object["metadata"]["namespace"] = json!("shop");
+    review.object["reason"] = json!("NodeAgentOOMKill");
+    if let Some(related) = related {
+        review.object["related"] = related;
+    }
+    review
+}
+
+/// A merge patch of an event's series (its repeats), reaching admission as an UPDATE of the
+/// whole event: `reported_from` is the node whose agent reported the event before.
+fn count_series(user: &User, reported_from: &str) -> Review {
+    let mut old = pod_event(user, Some(node_ref(NODE))).object;
+    old["reportingInstance"] = json!(format!("node-agent-{reported_from}"));
+    let mut object = old.clone();
+    object["reportingInstance"] = json!(format!("node-agent-{NODE}"));
+    object["series"] = json!({"count": 7, "lastObservedTime": "2026-11-25T23:00:00.000000Z"});
+    let mut request = request(
+        user,
+        ("events.k8s.io", "events", ""),
+        "UPDATE",
+        "shop",
+        "x.17f",
+    );
+    request["namespace"] = json!("shop");
+    Review {
+        request,
+        object,
+        old_object: old,
+    }
+}
+
 fn node_ref(node: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Node", "name": node, "uid": node})
 }
@@ -353,6 +389,8 @@ fn the_policy_binds_the_agents_writes_to_its_node() {
     let uid = refused("pod's UID");
     let own_events = refused("events must come from its own node");
     let own_taint = refused("only its own taint");
+    let pod_node = refused("must name its own node as the related object");
+    let own_update = refused("only the events it reported from its own node");
     let (ours, other) = (
         taint(TAINT_KEY, "NoSchedule"),
         taint("dedicated", "NoSchedule"),
@@ -389,7 +427,12 @@ fn the_policy_binds_the_agents_writes_to_its_node() {
         ("marking a pod on another node Evicted", patch_pod_status(&agent, OTHER_NODE), Box::new(own_pods)),
         ("creating a pod, even on its node", create_pod(&agent, NODE), Box::new(own_pods)),
         ("an event about its node", event(&agent, NODE, node_ref(NODE)), Box::new(|d| *d == Allowed)),
-        ("an event about a pod, from its node", event(&agent, NODE, pod_ref()), Box::new(|d| *d == Allowed)),
+        ("an event about a pod, its node related", pod_event(&agent, Some(node_ref(NODE))), Box::new(|d| *d == Allowed)),
+        ("an event about a pod with no related node", pod_event(&agent, None), Box::new(pod_node)),
+        ("an event about a pod, another node related", pod_event(&agent, Some(node_ref(OTHER_NODE))), Box::new(pod_node)),
+        ("an event about a pod, a pod related", pod_event(&agent, Some(pod_ref())), Box::new(pod_node)),
+        ("counting its own event's series", count_series(&agent, NODE), Box::new(|d| *d == Allowed)),
+        ("taking over another node's event", count_series(&agent, OTHER_NODE), Box::new(own_update)),
         ("an event about another node", event(&agent, NODE, node_ref(OTHER_NODE)), Box::new(own_events)),
         ("an event claiming another node's agent", event(&agent, OTHER_NODE, pod_ref()), Box::new(own_events)),
         ("a token without the node-name claim", patch_node_status(&no_claim, NODE), Box::new(bound_token)),
@@ -445,6 +488,7 @@ fn the_policy_matches_every_write_the_agent_may_make_and_is_enforced() {
         ("", "nodes", "UPDATE"),
         ("", "nodes/proxy", "CONNECT"),
         ("events.k8s.io", "events", "CREATE"),
+        ("events.k8s.io", "events", "UPDATE"),
     ] {
         assert!(
             covered(group, resource, operation),

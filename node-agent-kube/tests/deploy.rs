@@ -173,7 +173,7 @@ fn rbac_grants_exactly_the_intended_verbs() {
         ("", "nodes/status", &["patch"]),
         ("", "nodes/stats", &["get"]),
         ("", "nodes/pods", &["get"]),
-        ("events.k8s.io", "events", &["create"]),
+        ("events.k8s.io", "events", &["create", "patch"]),
     ]
     .into_iter()
     .map(|(g, r, v)| {
@@ -311,17 +311,12 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
         .unwrap()
         .iter()
         .map(|e| {
-            (
-                e.name.as_str(),
-                e.value_from
-                    .as_ref()
-                    .unwrap()
-                    .field_ref
-                    .as_ref()
-                    .unwrap()
-                    .field_path
-                    .as_str(),
-            )
+            let value = match (&e.value, &e.value_from) {
+                (Some(value), None) => value.as_str(),
+                (None, Some(from)) => from.field_ref.as_ref().unwrap().field_path.as_str(),
+                other => panic!("{}: {other:?}", e.name),
+            };
+            (e.name.as_str(), value)
         })
         .collect();
     assert_eq!(env["NODE_NAME"], "spec.nodeName");
@@ -364,7 +359,7 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
         ("/sys/fs/cgroup", "/sys/fs/cgroup"),
         ("/var/lib/kubelet", "/var/lib/kubelet"),
         ("/var/lib/containerd", "/var/lib/containerd"),
-        ("/run/containerd", "/run/containerd"),
+        ("/run", "/host/run"),
     ] {
         let (volume, _) = host_paths
             .iter()
@@ -379,7 +374,7 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
             assert_eq!(m.read_only, Some(true), "{} read-only", m.name);
         }
     }
-    // The config's paths are these mounts.
+    // The config's paths are these mounts; the image filesystem is the runtime's word.
     let config: serde_json::Value = serde_yaml_ng::from_str(&shipped_config()).unwrap();
     let mounted = |p: &serde_json::Value| {
         let p = p.as_str().unwrap_or_else(|| panic!("{p} set"));
@@ -387,45 +382,65 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
             .values()
             .any(|m| std::path::Path::new(p).starts_with(m))
     };
-    for field in ["nodefsPath", "imagefsPath", "kubeletConfig"] {
+    for field in ["nodefsPath", "kubeletConfig"] {
         assert!(mounted(&config[field]), "{field} is inside a mount");
     }
-    // The runtime's socket, for node-level reclaim: inside the mount of its directory (a mount
-    // of the socket file would go stale when the runtime restarts), which must exist on the
-    // node and follows the host's unmounts of the container rootfs below it.
-    let endpoint = config["cri"]["endpoint"]
-        .as_str()
-        .expect("cri.endpoint set");
+    assert!(
+        config.get("imagefsPath").is_none(),
+        "the runtime says where its images are"
+    );
+    // The runtime's socket, for node-level reclaim: named by CONTAINER_RUNTIME_ENDPOINT (the
+    // config leaves it to the DaemonSet, whose runtime component sets it), inside the mount of
+    // the host's /run (a mount of the socket file would go stale when the runtime restarts),
+    // which exists on every node and follows the host's unmounts below it.
+    assert!(config["cri"].get("endpoint").is_none(), "{}", config["cri"]);
+    let endpoint = env["CONTAINER_RUNTIME_ENDPOINT"];
     let socket = serde_json::json!(endpoint
         .strip_prefix("unix://")
         .expect("a unix:// endpoint"));
     assert!(
         mounted(&socket),
-        "cri.endpoint {endpoint} is inside a mount"
+        "CONTAINER_RUNTIME_ENDPOINT {endpoint} is inside a mount"
     );
-    let socket_volume = pod
-        .volumes
-        .as_deref()
-        .unwrap()
-        .iter()
-        .find(|v| v.name == "runtime-socket")
-        .unwrap();
-    let host_path = socket_volume.host_path.as_ref().unwrap();
+    let volume = |name: &str| {
+        pod.volumes
+            .as_deref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == name)
+            .unwrap_or_else(|| panic!("volume {name}"))
+            .host_path
+            .clone()
+            .unwrap()
+    };
+    let mount = |name: &str| {
+        c.volume_mounts
+            .as_deref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("mount {name}"))
+            .clone()
+    };
+    // /run is never missing, so never created; the runtime's root may be, on a node of
+    // another runtime, and is then created empty rather than keeping the pod from starting.
+    let run = volume("host-run");
     assert_eq!(
-        (host_path.path.as_str(), host_path.type_.as_deref()),
-        ("/run/containerd", Some("Directory"))
+        (run.path.as_str(), run.type_.as_deref()),
+        ("/run", Some("Directory"))
     );
-    let socket_mount = c
-        .volume_mounts
-        .as_deref()
-        .unwrap()
-        .iter()
-        .find(|m| m.name == "runtime-socket")
-        .unwrap();
+    let root = volume("runtime-root");
     assert_eq!(
-        socket_mount.mount_propagation.as_deref(),
-        Some("HostToContainer")
+        (root.path.as_str(), root.type_.as_deref()),
+        ("/var/lib/containerd", Some("DirectoryOrCreate"))
     );
+    for name in ["host-run", "runtime-root", "kubelet"] {
+        assert_eq!(
+            mount(name).mount_propagation.as_deref(),
+            Some("HostToContainer"),
+            "{name}"
+        );
+    }
     let config_volume = pod
         .volumes
         .as_deref()

@@ -7,10 +7,22 @@ pub mod cgroup;
 pub mod daemon;
 pub mod ebpf;
 pub mod kernel;
+pub mod logging;
 pub mod simulate;
 pub mod sys;
 pub mod telemetry;
 pub mod trace;
+
+/// `node-agent --version`: the crate's version, the commit it was built from (or why that is
+/// not known) and the compiler.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("NODE_AGENT_COMMIT"),
+    ", rustc ",
+    env!("NODE_AGENT_RUSTC"),
+    ")"
+);
 
 /// An error with its chain of sources, `outer: inner: innermost`: how every error is logged.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

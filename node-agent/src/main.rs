@@ -1,13 +1,23 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use node_agent::logging::LogLevel;
 
 /// eBPF-accelerated node pressure monitor for Kubernetes.
 #[derive(Debug, Parser)]
-#[command(name = "node-agent", version)]
+#[command(name = "node-agent", version = node_agent::VERSION)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines on stderr as text or as JSON lines with the same fields; wins over the config
+    /// file's `logFormat` (default: text).
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    log_format: Option<node_agent::logging::LogFormat>,
+    /// A level (error, warn, info, debug, trace, off) or RUST_LOG directives such as
+    /// `info,node_agent::daemon=debug`; wins over RUST_LOG, and both over the config file's
+    /// `logLevel` (default: info).
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<LogLevel>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -25,19 +35,29 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // check-config's report is its output: only warnings besides it, unless RUST_LOG asks.
+    // check-config's report is its output: only warnings besides it, unless asked.
     let default_level = match cli.command {
         Command::CheckConfig(_) => "warn",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let level = match (cli.log_level, std::env::var("RUST_LOG")) {
+        (Some(level), _) => Some(level),
+        (None, Ok(text)) if !text.trim().is_empty() => match LogLevel::from_rust_log(&text) {
+            Ok(level) => Some(level),
+            Err(e) => {
+                eprintln!("node-agent: RUST_LOG: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        (None, _) => None,
+    };
+    node_agent::logging::init(
+        node_agent::logging::CommandLine {
+            format: cli.log_format,
+            level,
+        },
+        default_level,
+    );
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Run(args) => node_agent::daemon::run(args).map_err(Into::into),
         Command::Trace(args) => node_agent::trace::run(args).map_err(Into::into),
@@ -56,7 +76,13 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("node-agent: {}", error_chain(e.as_ref()));
+            let chain = error_chain(e.as_ref());
+            // Whatever ships the agent's JSON lines gets its last words as one too.
+            if node_agent::logging::is_json() {
+                tracing::error!(error = %chain, "node-agent stopped");
+            } else {
+                eprintln!("node-agent: {chain}");
+            }
             ExitCode::FAILURE
         }
     }

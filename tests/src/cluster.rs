@@ -218,6 +218,29 @@ pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send 
                 delay: s.event_delay,
                 ..Reply::json(201, seen.body.to_string())
             },
+            // An event's series: only an event the fake took (as the API server has only
+            // those).
+            ("PATCH", p) if p.contains("/events/") => {
+                let name = p.rsplit('/').next().unwrap_or("");
+                let exists = s.answered.iter().any(|a| {
+                    a.method == "POST"
+                        && a.status == 201
+                        && a.path.ends_with("/events")
+                        && a.body["metadata"]["name"] == name
+                });
+                if exists {
+                    Reply {
+                        delay: s.event_delay,
+                        ..Reply::json(200, "{}")
+                    }
+                } else {
+                    Reply::status(
+                        404,
+                        "NotFound",
+                        &format!("events.events.k8s.io \"{name}\" not found"),
+                    )
+                }
+            }
             ("DELETE" | "PATCH", _) => Reply::json(200, "{}"),
             _ => Reply::status(404, "NotFound", "not served by the fake cluster"),
         };
@@ -359,6 +382,12 @@ impl Daemon {
                 self.log.push(line);
             }
         }
+    }
+
+    /// Every log line so far, in order.
+    pub fn lines(&mut self) -> Vec<String> {
+        self.drain();
+        self.log.clone()
     }
 
     /// How many log lines so far contain `needle`.

@@ -64,8 +64,14 @@ const CONTAINER_FIELDS_ELSEWHERE: &[&str] = &[
 /// A volume and where its content comes from on the test host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Volume {
-    HostPath { path: String },
-    ConfigMap { name: String },
+    /// `kind` is the hostPath's `type` (`""` when unset).
+    HostPath {
+        path: String,
+        kind: String,
+    },
+    ConfigMap {
+        name: String,
+    },
     EmptyDir,
 }
 
@@ -120,6 +126,7 @@ impl PodTemplate {
             let volume = if let Some(path) = v["hostPath"]["path"].as_str() {
                 Volume::HostPath {
                     path: path.to_string(),
+                    kind: v["hostPath"]["type"].as_str().unwrap_or("").to_string(),
                 }
             } else if let Some(cm) = v["configMap"]["name"].as_str() {
                 Volume::ConfigMap {
@@ -274,14 +281,14 @@ impl PodTemplate {
                 .volumes
                 .get(name)
                 .with_context(|| format!("volumeMount {name}: no such volume"))?;
+            // A stand-in for a hostPath is checked as the kubelet checks the host's own path.
             let host_path = match (backing(name, volume)?, volume) {
+                (Some(path), Volume::HostPath { kind, .. }) => {
+                    host_path_as_kubelet(&path, kind, name)?
+                }
                 (Some(path), _) => path,
-                (None, Volume::HostPath { path }) => {
-                    // `type: Directory`: the kubelet refuses to start the pod without it.
-                    if !std::path::Path::new(path).is_dir() {
-                        bail!("hostPath {path} (volume {name}) is not a directory on this host");
-                    }
-                    PathBuf::from(path)
+                (None, Volume::HostPath { path, kind }) => {
+                    host_path_as_kubelet(std::path::Path::new(path), kind, name)?
                 }
                 (None, other) => bail!("volume {name} ({other:?}) needs a directory from the test"),
             };
@@ -368,6 +375,98 @@ impl PodTemplate {
         };
         Ok((resources, qos))
     }
+}
+
+/// A hostPath as the kubelet prepares it before the runtime mounts it (`pkg/volume/hostpath`):
+/// `Directory` must be a directory, or the pod does not start; `DirectoryOrCreate` is made
+/// (mode 0755) when missing; unset, nothing is checked, and containerd's CRI then makes a
+/// missing path itself (its `WithMounts`), which the test refuses to do on the host: a
+/// manifest that relies on it creates on nodes what the test would create here.
+fn host_path_as_kubelet(
+    path: &std::path::Path,
+    kind: &str,
+    volume: &str,
+) -> anyhow::Result<PathBuf> {
+    match kind {
+        "Directory" if !path.is_dir() => bail!(
+            "hostPath {} (volume {volume}, type Directory) is not a directory: the kubelet would not start the pod",
+            path.display()
+        ),
+        "Directory" => {}
+        "DirectoryOrCreate" if !path.exists() => {
+            std::fs::create_dir_all(path)
+                .with_context(|| format!("creating {} (DirectoryOrCreate)", path.display()))?;
+        }
+        "DirectoryOrCreate" if !path.is_dir() => bail!(
+            "hostPath {} (volume {volume}, DirectoryOrCreate) is not a directory",
+            path.display()
+        ),
+        "DirectoryOrCreate" => {}
+        other => bail!("hostPath {} (volume {volume}): type {other:?} is not translated; give it a type", path.display()),
+    }
+    Ok(path.to_path_buf())
+}
+
+/// deploy/ rendered as an operator renders it (`kubectl kustomize`, KUBECTL) with `components`
+/// enabled by one line each in a copy of its kustomization.yaml: the DaemonSet named `name`.
+pub fn render_daemonset(components: &[&str], name: &str) -> anyhow::Result<PodTemplate> {
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let copy = std::env::temp_dir().join(format!(
+        "node-agent-podspec-{}-{}",
+        std::process::id(),
+        components.join("+").replace('/', "_")
+    ));
+    let _ = std::fs::remove_dir_all(&copy);
+    copy_dir(&deploy, &copy)?;
+    let rendered = (|| {
+        let kustomization = copy.join("kustomization.yaml");
+        let mut text = std::fs::read_to_string(&kustomization)?;
+        if !components.is_empty() {
+            text.push_str("components:\n");
+            for c in components {
+                text.push_str(&format!("  - components/{c}\n"));
+            }
+        }
+        std::fs::write(&kustomization, text)?;
+        let kubectl = std::env::var("KUBECTL").context(
+            "KUBECTL names kubectl (set by `cargo xtask test`; `cargo xtask setup` installs it)",
+        )?;
+        let out = std::process::Command::new(&kubectl)
+            .arg("kustomize")
+            .arg(&copy)
+            .output()
+            .with_context(|| format!("running {kubectl}"))?;
+        if !out.status.success() {
+            bail!(
+                "kubectl kustomize: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        anyhow::Ok(String::from_utf8(out.stdout)?)
+    })();
+    let _ = std::fs::remove_dir_all(&copy);
+    let rendered = rendered?;
+    for doc in serde_yaml_ng::Deserializer::from_str(&rendered) {
+        let v = <Value as serde::Deserialize>::deserialize(doc)?;
+        if v["kind"] == "DaemonSet" && v["metadata"]["name"] == name {
+            return PodTemplate::from_daemonset(&serde_json::to_string(&v)?);
+        }
+    }
+    bail!("no DaemonSet {name} in deploy/ rendered with {components:?}")
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 fn object_keys(v: &Value, what: &str) -> anyhow::Result<Vec<String>> {

@@ -444,6 +444,126 @@ fn the_privileged_component_renders_and_validates() {
     );
 }
 
+/// The runtime-specific part of a rendered DaemonSet: CONTAINER_RUNTIME_ENDPOINT, and the
+/// runtime root's volume (path, type) and mount (path).
+fn runtime_of(ds: &Value) -> (String, (String, String), String) {
+    let pod = &ds["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let endpoint = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "CONTAINER_RUNTIME_ENDPOINT")
+        .map(|e| e["value"].as_str().unwrap().to_string())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        endpoint.len(),
+        1,
+        "one CONTAINER_RUNTIME_ENDPOINT: {endpoint:?}"
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "runtime-root")
+        .expect("the runtime-root volume");
+    let mounts: Vec<&Value> = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["name"] == "runtime-root")
+        .collect();
+    assert_eq!(
+        mounts.len(),
+        1,
+        "one mount of the runtime's root: {mounts:?}"
+    );
+    assert_eq!(mounts[0]["readOnly"], true);
+    assert_eq!(mounts[0]["mountPropagation"], "HostToContainer");
+    (
+        endpoint[0].clone(),
+        (
+            volume["hostPath"]["path"].as_str().unwrap().to_string(),
+            volume["hostPath"]["type"].as_str().unwrap().to_string(),
+        ),
+        mounts[0]["mountPath"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn each_runtime_component_names_its_socket_and_mounts_its_root_where_it_is() {
+    let (_base, docs) = render_install("runtime-containerd", &[], None);
+    let sets = daemon_sets(&docs);
+    let base = runtime_of(sets[0]);
+    let base_mounts = sets[0]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        .as_array()
+        .map(Vec::len);
+    assert_eq!(
+        base,
+        (
+            "unix:///host/run/containerd/containerd.sock".to_string(),
+            (
+                "/var/lib/containerd".to_string(),
+                "DirectoryOrCreate".to_string()
+            ),
+            "/var/lib/containerd".to_string()
+        )
+    );
+    for (component, socket, root) in [
+        (
+            "runtime-k3s",
+            "/run/k3s/containerd/containerd.sock",
+            "/var/lib/rancher/k3s/agent/containerd",
+        ),
+        (
+            "runtime-rke2",
+            "/run/k3s/containerd/containerd.sock",
+            "/var/lib/rancher/rke2/agent/containerd",
+        ),
+        (
+            "runtime-crio",
+            "/run/crio/crio.sock",
+            "/var/lib/containers/storage",
+        ),
+    ] {
+        // Listed after enforce-by-node-label, as kustomization.yaml says: both DaemonSets.
+        let (_dir, docs) = render_install(component, &["enforce-by-node-label", component], None);
+        let sets = daemon_sets(&docs);
+        assert_eq!(sets.len(), 2, "{component}");
+        for ds in sets {
+            let (endpoint, (host, kind), mount) = runtime_of(ds);
+            // The socket as the host has it, inside the DaemonSet's mount of the host's /run.
+            assert_eq!(endpoint, format!("unix:///host{socket}"), "{component}");
+            // The root at its own path: the runtime's ImageFsInfo names host paths below it.
+            assert_eq!(
+                (host.as_str(), kind.as_str()),
+                (root, "DirectoryOrCreate"),
+                "{component}"
+            );
+            assert_eq!(mount, root, "{component}");
+            // Everything else is the base's.
+            let pod = &ds["spec"]["template"]["spec"];
+            let run = pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == "host-run")
+                .unwrap();
+            assert_eq!(
+                run["hostPath"],
+                serde_json::json!({"path": "/run", "type": "Directory"})
+            );
+            assert_eq!(
+                pod["containers"][0]["volumeMounts"]
+                    .as_array()
+                    .map(Vec::len),
+                base_mounts,
+                "{component}: the same mounts, one of them moved"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_override_add_on_renders_and_validates_with_its_two_grants() {
     let (text, docs) = render(&deploy_dir().join("override"));
@@ -532,10 +652,18 @@ tests:
         values: '0x5'
       - series: 'node_agent_config_reloads_total{job="node-agent",instance="b:9464",node="n2",result="ok"}'
         values: '0 1 2 3 4 5'
+      - series: 'node_agent_no_evictable_pod{job="node-agent",instance="a:9464",node="n1",eviction_signal="memory.available"}'
+        values: '0 1x10'
+      - series: 'node_agent_no_evictable_pod{job="node-agent",instance="b:9464",node="n2",eviction_signal="memory.available"}'
+        values: '0 1 0 1 0 1 0'
       - series: 'node_agent_kube_source_ready{job="node-agent",instance="a:9464",node="n1",source="pods"}'
         values: '1 0x10'
       - series: 'node_agent_kube_source_ready{job="node-agent",instance="a:9464",node="n1",source="cluster"}'
         values: '1x10'
+      - series: 'node_agent_oom_kills_foreseen_total{job="node-agent",instance="a:9464",node="n1",reason="node"}'
+        values: '0 0 3 3 3 3'
+      - series: 'node_agent_oom_kills_foreseen_total{job="node-agent",instance="a:9464",node="n1",reason="cgroup_limit"}'
+        values: '0x5'
     alert_rule_test:
       - eval_time: 4m
         alertname: NodeAgentDown
@@ -579,6 +707,16 @@ tests:
               summary: node-agent on n1 cannot read nodefs.available
               description: The source of nodefs.available has been unreadable for 5 minutes; that signal triggers no eviction.
       - eval_time: 2m
+        alertname: NodeAgentNoEvictablePod
+        exp_alerts: []
+      - eval_time: 4m
+        alertname: NodeAgentNoEvictablePod
+        exp_alerts:
+          - exp_labels: {severity: warning, job: node-agent, instance: "a:9464", node: n1, eviction_signal: memory.available}
+            exp_annotations:
+              summary: node-agent on n1 has no pod it may evict for memory.available
+              description: "memory.available has been past its threshold for 2 minutes with no pod the agent may evict (critical, excluded, terminating or held by a PodDisruptionBudget); the agent's log names the pods it passed over."
+      - eval_time: 2m
         alertname: NodeAgentConfigReloadRefused
         exp_alerts: []
       - eval_time: 5m
@@ -598,6 +736,16 @@ tests:
             exp_annotations:
               summary: node-agent on n1 cannot read its pods source
               description: The pods source has not delivered for 2 minutes, so the agent cannot evict on that node; its /readyz and log say why (a kubelet certificate the agent cannot verify, RBAC, an unreachable API server).
+      - eval_time: 1m
+        alertname: NodeAgentForeseenOOMKills
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: NodeAgentForeseenOOMKills
+        exp_alerts:
+          - exp_labels: {severity: warning, job: node-agent, instance: "a:9464", node: n1, reason: node}
+            exp_annotations:
+              summary: node-agent on n1 saw OOM kills coming (node)
+              description: '3 OOM kills (node) in 15 minutes came after the agent had seen memory pressure. The NodeAgentOOMKill events on the pods say what it saw and did before each: lower the memory thresholds (evict earlier) or clear what blocked the evictions (PodDisruptionBudgets, pods that may not be evicted).'
 "#;
 
 #[test]
@@ -610,12 +758,36 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
         "Service/node-agent",
         "ServiceMonitor/node-agent",
         "PrometheusRule/node-agent",
+        "ConfigMap/node-agent-dashboard",
     ] {
         assert!(
             kinds.iter().any(|k| k == expected),
             "{expected} in {kinds:?}"
         );
     }
+    // The dashboard, as Grafana's sidecar finds it: by its label, one JSON file.
+    let dashboard = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "node-agent-dashboard")
+        .unwrap();
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value = serde_json::from_str(
+        dashboard["data"]["node-agent.json"]
+            .as_str()
+            .expect("data.node-agent.json"),
+    )
+    .expect("the dashboard is JSON");
+    assert_eq!(json["uid"], "node-agent");
+    assert_eq!(
+        json["panels"].as_array().map(Vec::len),
+        serde_json::from_str::<Value>(
+            &std::fs::read_to_string(deploy_dir().join("components/monitoring/dashboard.json"))
+                .unwrap()
+        )
+        .unwrap()["panels"]
+            .as_array()
+            .map(Vec::len)
+    );
     // The Service reaches the DaemonSet's pods (by the label every agent DaemonSet's pods
     // carry) on the port the ServiceMonitor scrapes.
     let find = |kind: &str| docs.iter().find(|d| d["kind"] == kind).expect(kind);
@@ -653,7 +825,7 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
     )
     .expect("rules file");
     let said = promtool(&["check", "rules", "rules.yaml"], &dir);
-    assert!(said.contains("SUCCESS: 7 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 9 rules found"), "{said}");
     std::fs::write(dir.join("tests.yaml"), ALERT_TESTS).expect("tests file");
     promtool(&["test", "rules", "tests.yaml"], &dir);
 }

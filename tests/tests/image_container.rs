@@ -1,19 +1,21 @@
 //! The agent's image (`cargo xtask image`) in a real containerd, run with the security context
-//! and mounts of `deploy/daemonset/daemonset.yaml` translated as the kubelet would: it must load its
-//! kernel programs, report a real OOM kill on the host and answer `/healthz`. Then each added
-//! capability is taken away in turn and the agent must fail to start: the set is minimal.
+//! and mounts of the DaemonSet as `kubectl kustomize deploy` renders it (each runtime
+//! component too), translated as the kubelet would: it must load its kernel programs, report a
+//! real OOM kill on the host and answer `/healthz`. Then each added capability is taken away
+//! in turn and the agent must fail to start: the set is minimal.
 //!
 //! Differences from a cluster, all outside the security context: the ConfigMap is a standalone
-//! config (no API server here), and three hostPaths this machine lacks (it runs no kubelet) are
-//! stood in for: `/var/lib/kubelet` by an empty directory, `/var/lib/containerd` by the test
-//! containerd's own root, `/run/containerd` by the test containerd's directory holding its
-//! socket (`containerd.sock`, as on a node). In Kubernetes mode (an API server that cannot be
-//! reached) the agent reaches that containerd through the mount, at the ConfigMap's
-//! `cri.endpoint`.
+//! config (no API server here), and the hostPaths this machine lacks (it runs no kubelet) are
+//! stood in for: `/var/lib/kubelet` by an empty directory, the runtime's root by the test
+//! containerd's own root, the host's `/run` by a directory holding the test containerd's
+//! socket where the runtime component says the runtime's socket is
+//! (`containerd/containerd.sock`, `k3s/containerd/containerd.sock`, `crio/crio.sock`). In
+//! Kubernetes mode (an API server that cannot be reached) the agent reaches that containerd
+//! through the mount, at the DaemonSet's `CONTAINER_RUNTIME_ENDPOINT`.
 
 use std::{
     collections::BTreeMap,
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -21,7 +23,7 @@ use anyhow::{bail, Context as _};
 use node_agent_cri::{model::ContainerState, proto};
 use node_agent_tests::{
     containerd::{Containerd, Options, Pod},
-    podspec::{check_container_fields, PodTemplate, Volume},
+    podspec::{check_container_fields, render_daemonset, PodTemplate, Volume},
     require_root, runtime, AgentProcess, Helper, TestCgroup,
 };
 
@@ -31,14 +33,37 @@ const AGENT_UID: &str = "8c1f7a52-3d4e-4b6a-9f0e-1a2b3c4d5e6f";
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
-fn daemonset() -> anyhow::Result<PodTemplate> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset/daemonset.yaml");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let template = PodTemplate::from_daemonset(&text)?;
+/// The DaemonSet as rendered with `components`, checked for fields the test cannot translate.
+fn daemonset_with(components: &[&str]) -> anyhow::Result<PodTemplate> {
+    let template = render_daemonset(components, "node-agent")?;
     check_container_fields(&template)?;
     Ok(template)
 }
+
+fn daemonset() -> anyhow::Result<PodTemplate> {
+    daemonset_with(&[])
+}
+
+/// Where each runtime component says the runtime's socket is, below the host's /run, and
+/// where its root is.
+const RUNTIMES: [(&[&str], &str, &str); 4] = [
+    (&[], "containerd/containerd.sock", "/var/lib/containerd"),
+    (
+        &["runtime-k3s"],
+        "k3s/containerd/containerd.sock",
+        "/var/lib/rancher/k3s/agent/containerd",
+    ),
+    (
+        &["runtime-rke2"],
+        "k3s/containerd/containerd.sock",
+        "/var/lib/rancher/rke2/agent/containerd",
+    ),
+    (
+        &["runtime-crio"],
+        "crio/crio.sock",
+        "/var/lib/containers/storage",
+    ),
+];
 
 /// The image `cargo xtask test` built (`cargo xtask image`); the test fails without it.
 fn image() -> (PathBuf, String) {
@@ -77,6 +102,21 @@ struct Custom<'a> {
     env: &'a [(&'a str, &'a str)],
 }
 
+/// What stands in for the runtime's paths on a node: the test containerd's socket at this
+/// path below the stand-in /run, and the runtime root's hostPath (`root`) backed by `backing`
+/// (the test containerd's root; a path that does not exist, for a node of another runtime).
+struct Node<'a> {
+    socket_below_run: &'a str,
+    root: &'a str,
+    backing: Option<PathBuf>,
+}
+
+const STANDARD: Node<'static> = Node {
+    socket_below_run: "containerd/containerd.sock",
+    root: "/var/lib/containerd",
+    backing: None,
+};
+
 /// As [`run_agent`], with a config of the test's own.
 async fn run_agent_with(
     ctrd: &Containerd,
@@ -85,6 +125,19 @@ async fn run_agent_with(
     attempt: u32,
     tweak: impl FnOnce(&mut proto::LinuxContainerSecurityContext),
     custom: Option<Custom<'_>>,
+) -> anyhow::Result<AgentPod> {
+    run_agent_on(ctrd, template, reference, attempt, tweak, custom, &STANDARD).await
+}
+
+/// As [`run_agent_with`], on a node whose runtime's paths are `node`.
+async fn run_agent_on(
+    ctrd: &Containerd,
+    template: &PodTemplate,
+    reference: &str,
+    attempt: u32,
+    tweak: impl FnOnce(&mut proto::LinuxContainerSecurityContext),
+    custom: Option<Custom<'_>>,
+    node: &Node<'_>,
 ) -> anyhow::Result<AgentPod> {
     let port = template.port("http")?;
     let (resources, qos) = template.resources()?;
@@ -138,26 +191,38 @@ async fn run_agent_with(
         ("metadata.namespace", "node-agent"),
     ]
     .into();
-    let root = ctrd.root().to_path_buf();
-    let socket_dir = ctrd
-        .socket()
-        .parent()
-        .context("the test containerd's socket directory")?
-        .to_path_buf();
-    anyhow::ensure!(
-        ctrd.socket().file_name() == Some("containerd.sock".as_ref()),
-        "the test containerd's socket is named as containerd's default"
-    );
+    let root = node
+        .backing
+        .clone()
+        .unwrap_or_else(|| ctrd.root().to_path_buf());
+    // The host's /run as this node has it: the runtime's socket where its runtime keeps it (a
+    // hard link: the same socket under the runtime's own name and directory).
+    let host_run = volumes.join("host-run");
+    let socket = host_run.join(node.socket_below_run);
+    std::fs::create_dir_all(socket.parent().context("the socket's directory")?)?;
+    if !socket.exists() {
+        std::fs::hard_link(ctrd.socket(), &socket).with_context(|| {
+            format!(
+                "linking {} as {}",
+                ctrd.socket().display(),
+                socket.display()
+            )
+        })?;
+    }
     let mounts = template.mounts(|name, volume| {
         Ok(match (name, volume) {
             (_, Volume::ConfigMap { .. }) => Some(config_dir.clone()),
             (_, Volume::EmptyDir) => Some(run_dir.clone()),
-            (_, Volume::HostPath { path }) if path == "/var/lib/kubelet" => {
+            (_, Volume::HostPath { path, .. }) if path == "/var/lib/kubelet" => {
                 Some(kubelet_dir.clone())
             }
-            (_, Volume::HostPath { path }) if path == "/var/lib/containerd" => Some(root.clone()),
-            (_, Volume::HostPath { path }) if path == "/run/containerd" => Some(socket_dir.clone()),
-            _ => None,
+            (_, Volume::HostPath { path, .. }) if path == node.root => Some(root.clone()),
+            (_, Volume::HostPath { path, .. }) if path == "/run" => Some(host_run.clone()),
+            // The host's own cgroups.
+            (_, Volume::HostPath { path, .. }) if path == "/sys/fs/cgroup" => None,
+            (_, Volume::HostPath { path, .. }) => {
+                bail!("hostPath {path} (volume {name}): not a path of this node's runtime ({}) nor the agent's", node.root)
+            }
         })
     })?;
     let mut security = template.security_context()?;
@@ -335,6 +400,31 @@ fn the_image_runs_with_the_daemonsets_privileges_and_reports_a_host_oom_kill() {
             );
             let metrics = http_get(&ip, agent.port, "/metrics")?;
             assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+
+            // The image names the commit it was built from.
+            let version = Containerd::container_config(
+                &agent.pod,
+                "version",
+                0,
+                &reference,
+                &["/usr/local/bin/node-agent", "--version"],
+            );
+            let id = ctrd
+                .run_container(&agent.pod, version.clone(), true)
+                .await?;
+            ctrd.wait_state(&id, ContainerState::Exited, Duration::from_secs(30))
+                .await?;
+            let said = Containerd::container_log(&agent.pod, &version);
+            let head = std::process::Command::new("git")
+                .args(["rev-parse", "HEAD"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .output()?;
+            let head = String::from_utf8(head.stdout)?.trim().to_string();
+            assert!(
+                head.len() == 40
+                    && said.contains(&format!("node-agent 0.1.0 (commit {head}, rustc ")),
+                "the image's --version names HEAD {head}: {said}"
+            );
             assert_eq!(
                 ctrd.client()
                     .list_containers(Some(ContainerState::Running))
@@ -348,86 +438,159 @@ fn the_image_runs_with_the_daemonsets_privileges_and_reports_a_host_oom_kill() {
         .unwrap();
 }
 
-/// The shipped config's `cri.endpoint` (deploy/config.yaml, the ConfigMap's content).
-fn shipped_cri_endpoint() -> anyhow::Result<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config.yaml");
-    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path)?)?;
-    Ok(config["cri"]["endpoint"]
-        .as_str()
-        .context("cri.endpoint in deploy/config.yaml")?
-        .to_string())
+/// Kubernetes mode against unreachable addresses (their failures are the agent's to log) with
+/// a real CA, so node-level reclaim is on and the agent asks the runtime at once; no
+/// `cri.endpoint`: the DaemonSet's CONTAINER_RUNTIME_ENDPOINT names it, as deploy/config.yaml
+/// leaves it.
+fn kubernetes_mode() -> (String, Vec<u8>) {
+    let pki = node_agent_kube::fake::Pki::new();
+    let ca = std::fs::read(&pki.ca_file).expect("the fake's CA");
+    let config = "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
+         kubernetes:\n  apiServer: {url: 'https://127.0.0.1:1', caFile: /etc/node-agent/ca.crt}\n  \
+         kubelet: {url: 'https://127.0.0.1:2', caFile: /etc/node-agent/ca.crt}\n  \
+         tokenPath: /etc/node-agent/token\n  retry: {attempts: 1}\n\
+         listen: '0.0.0.0:{port}'\n"
+        .to_string();
+    (config, ca)
+}
+
+/// Waits until the agent's log says `needle`; an error with its log otherwise.
+async fn wait_for_log(agent: &AgentPod, needle: &str, what: &str) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = Containerd::container_log(&agent.pod, &agent.config);
+        if log.contains(needle) {
+            return Ok(log);
+        }
+        if Instant::now() > deadline {
+            bail!("{what} within 30 s; it said:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[test]
-fn the_agent_reaches_the_runtime_through_the_daemonsets_socket_mount() {
+fn each_runtime_component_reaches_its_runtime_through_the_daemonsets_mounts() {
     require_root();
     let (archive, reference) = image();
     runtime()
         .block_on(async {
-            let template = daemonset()?;
             let ctrd = Containerd::start(Options::default()).await?;
             ctrd.import_archive(&archive, &reference).await?;
-            // Kubernetes mode, so node-level reclaim is on and the agent detects the runtime's
-            // images at once; the API server and kubelet are unreachable addresses (their
-            // failures are the agent's to log), the CA a real one.
-            let pki = node_agent_kube::fake::Pki::new();
-            let ca = std::fs::read(&pki.ca_file)?;
-            let endpoint = shipped_cri_endpoint()?;
-            let config = format!(
-                "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
-                 kubernetes:\n  apiServer: {{url: 'https://127.0.0.1:1', caFile: /etc/node-agent/ca.crt}}\n  \
-                 kubelet: {{url: 'https://127.0.0.1:2', caFile: /etc/node-agent/ca.crt}}\n  \
-                 tokenPath: /etc/node-agent/token\n  retry: {{attempts: 1}}\n\
-                 cri:\n  endpoint: {endpoint}\n\
-                 listen: '0.0.0.0:{{port}}'\n"
-            );
+            let (config, ca) = kubernetes_mode();
             let files: &[(&str, &[u8])] = &[("ca.crt", &ca), ("token", b"token\n")];
             let env: &[(&str, &str)] = &[("RUST_LOG", "info,node_agent=debug")];
-            let agent = run_agent_with(
-                &ctrd,
-                &template,
-                &reference,
-                0,
-                |_| {},
-                Some(Custom {
-                    config: &config,
-                    files,
-                    env,
-                }),
+            for (attempt, (components, socket, root)) in (0..).zip(RUNTIMES) {
+                let template = daemonset_with(components)?;
+                let node = Node {
+                    socket_below_run: socket,
+                    root,
+                    backing: None,
+                };
+                let custom = Custom { config: &config, files, env };
+                let agent =
+                    run_agent_on(&ctrd, &template, &reference, attempt, |_| {}, Some(custom), &node)
+                        .await?;
+                let log = wait_for_log(
+                    &agent,
+                    "container runtime images detected",
+                    &format!("with {components:?} the agent did not list the runtime's images at /host/run/{socket}"),
+                )
+                .await?;
+                assert!(
+                    !log.contains("container runtime unavailable"),
+                    "{components:?}: reached at once: {log}"
+                );
+                let said = log
+                    .lines()
+                    .find(|l| l.contains("node-level reclaim through the container runtime"))
+                    .unwrap_or_default();
+                assert!(
+                    said.contains(&format!("endpoint=unix:///host/run/{socket} "))
+                        && said.contains("CONTAINER_RUNTIME_ENDPOINT"),
+                    "{components:?}: the DaemonSet's endpoint: {log}"
+                );
+                // The mounts as the DaemonSet asks: read-only, following the host's unmounts.
+                let pid = ctrd.container_pid(&agent.id).await?;
+                let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+                for path in ["/host/run", root] {
+                    let mount = mountinfo
+                        .lines()
+                        .find(|l| l.split_whitespace().nth(4) == Some(path))
+                        .with_context(|| format!("{path} in the container's mounts:\n{mountinfo}"))?;
+                    assert!(
+                        mount
+                            .split_whitespace()
+                            .nth(5)
+                            .is_some_and(|o| o.split(',').any(|f| f == "ro")),
+                        "read-only: {mount}"
+                    );
+                    assert!(
+                        mount.contains(" master:"),
+                        "HostToContainer: the host's unmounts propagate (a slave mount): {mount}"
+                    );
+                }
+                // Removed (stopped first, as CRI asks) before the next runtime's agent loads its programs.
+                ctrd.client().remove_container(&agent.id).await?;
+            }
+            anyhow::Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn on_a_node_of_another_runtime_the_agent_starts_and_reports_the_runtime_unavailable() {
+    require_root();
+    let (archive, reference) = image();
+    runtime()
+        .block_on(async {
+            let ctrd = Containerd::start(Options::default()).await?;
+            ctrd.import_archive(&archive, &reference).await?;
+            // CRI-O's component on a containerd node: no socket at /run/crio, no
+            // /var/lib/containers/storage (stood in for by a path that does not exist).
+            let template = daemonset_with(&["runtime-crio"])?;
+            let absent = ctrd.dir().join("absent/var/lib/containers/storage");
+            let node = Node {
+                socket_below_run: "containerd/containerd.sock",
+                root: "/var/lib/containers/storage",
+                backing: Some(absent.clone()),
+            };
+            let (config, ca) = kubernetes_mode();
+            let files: &[(&str, &[u8])] = &[("ca.crt", &ca), ("token", b"token\n")];
+            let custom = Custom {
+                config: &config,
+                files,
+                env: &[],
+            };
+            let agent =
+                run_agent_on(&ctrd, &template, &reference, 0, |_| {}, Some(custom), &node).await?;
+            let ip = ctrd.pod_ip(&agent.pod).await?;
+            wait_for_log(
+                &agent,
+                "container runtime unavailable",
+                "the agent did not report the runtime unavailable",
             )
             .await?;
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let log = Containerd::container_log(&agent.pod, &agent.config);
-                if log.contains("container runtime images detected") {
-                    assert!(
-                        !log.contains("container runtime unavailable"),
-                        "reached at once: {log}"
-                    );
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!("the agent in the container did not list the runtime's images at {endpoint} within 30 s; it said:\n{log}");
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            // The mount as the DaemonSet asks: read-only, the runtime's socket inside.
-            let pid = ctrd.container_pid(&agent.id).await?;
-            let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
-            let mount = mountinfo
-                .lines()
-                .find(|l| l.split_whitespace().nth(4) == Some("/run/containerd"))
-                .with_context(|| format!("/run/containerd in the container's mounts:\n{mountinfo}"))?;
+            let metrics = http_get(&ip, agent.port, "/metrics")?;
             assert!(
-                mount
-                    .split_whitespace()
-                    .nth(5)
-                    .is_some_and(|o| o.split(',').any(|f| f == "ro")),
-                "read-only: {mount}"
+                metrics.contains("\nnode_agent_node_reclaim_runtime_unavailable 1"),
+                "{metrics}"
             );
-            assert!(
-                mount.contains(" master:"),
-                "HostToContainer: the host's unmounts propagate (a slave mount): {mount}"
+            assert!(http_get(&ip, agent.port, "/healthz")?.starts_with("HTTP/1.1 200"));
+            // The kubelet made the missing root (DirectoryOrCreate), empty; the host's /run
+            // got nothing (read-only, never created).
+            assert!(absent.is_dir() && std::fs::read_dir(&absent)?.next().is_none());
+            let run = std::fs::read_dir(ctrd.dir().join("volumes-0/host-run"))?
+                .map(|e| e.map(|e| e.file_name()))
+                .collect::<Result<Vec<_>, _>>()?;
+            assert_eq!(run, ["containerd"], "nothing created below /run");
+            assert_eq!(
+                ctrd.client()
+                    .list_containers(Some(ContainerState::Running))
+                    .await?
+                    .len(),
+                1,
+                "the agent runs"
             );
             anyhow::Ok(())
         })

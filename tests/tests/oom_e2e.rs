@@ -5,10 +5,17 @@
 
 use std::{sync::Arc, time::Duration};
 
-use node_agent_kube::fake::Reply;
+use node_agent_cri::proto;
+use node_agent_kube::fake::{Fake, Reply};
 use node_agent_tests::{
-    cluster::{attach_trace, next_record, wait_until, Answered, PodSpec, NODE},
-    move_into, require_root, scaled, set_memory_limit,
+    cluster::{
+        attach_trace, free_port, next_record, responder, wait_until, Answered, Daemon, PodSpec,
+        SharedCluster, NODE,
+    },
+    containerd::{Containerd, Options, PAUSE_IMAGE},
+    move_into,
+    oci::ImageSpec,
+    require_root, scaled, set_memory_limit,
     world::{wait, World},
     Helper,
 };
@@ -187,4 +194,191 @@ fn the_event_says_what_the_agent_saw_and_did_before() -> anyhow::Result<()> {
     );
     w.assert_nothing_refused();
     daemon.stop()
+}
+
+/// An API server refusing events during an OOM storm: said once, every failure counted; when
+/// it takes them again, the event is posted with every kill since the first in its series.
+#[test]
+fn refused_oom_events_are_said_once_and_posted_again_with_their_count() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("oom-refused", &pods(), MEM_HELPER)?;
+    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let r = refusing.clone();
+    w.cluster().hook = Some(Arc::new(move |seen: &node_agent_kube::fake::Seen| {
+        (r.load(std::sync::atomic::Ordering::SeqCst)
+            && seen.path.contains("/events")
+            && seen.body["reason"] == "NodeAgentOOMKill")
+            .then(|| Reply::status(403, "Forbidden", "events.events.k8s.io is forbidden"))
+    }));
+    let mut daemon = w.start("", "")?;
+    kill_in(&w, "hog", 3)?;
+    let errors = "node_agent_kube_errors_total{operation=\"pod oom event\"}";
+    wait_until(wait(), "the refusals counted", || {
+        daemon.metric(errors).ok().flatten().unwrap_or(0.0) >= 1.0
+    })?;
+    // The retry of the first three, at the next flush, is refused too.
+    std::thread::sleep(scaled(Duration::from_secs(3)));
+    refusing.store(false, std::sync::atomic::Ordering::SeqCst);
+    kill_in(&w, "hog", 2)?;
+    wait_until(wait(), "the pod's OOM event", || !oom_events(&w).is_empty())?;
+    let events = oom_events(&w);
+    assert_eq!(events.len(), 1, "one event taken");
+    let e = &events[0].body;
+    assert_eq!(e["regarding"]["name"], "hog");
+    assert_eq!(e["series"]["count"], 5, "every kill since the first: {e}");
+    assert!(daemon.metric(errors)?.unwrap_or(0.0) >= 2.0);
+    assert_eq!(daemon.log_count("event not recorded"), 1, "said once");
+    assert_eq!(daemon.log_count("events recorded again"), 1);
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+/// A kill in a pod cgroup that neither the pod source nor a container runtime can name: the
+/// node event, with the pod's UID from the cgroup path, never a guessed pod.
+#[test]
+fn a_kill_in_a_pod_nobody_names_is_told_on_the_node() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("oom-nameless", &pods(), MEM_HELPER)?;
+    // The pod source lists only calm; the hog's cgroup is there all the same.
+    w.cluster().pods.retain(|p| p["metadata"]["name"] != "hog");
+    let mut daemon = w.start("", "")?;
+    kill_in(&w, "hog", 1)?;
+    wait_until(wait(), "the node's OOM event", || {
+        !oom_events(&w).is_empty()
+    })?;
+    let e = &oom_events(&w)[0].body;
+    assert_eq!(e["regarding"]["kind"], "Node", "{e}");
+    let note = e["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains(&format!("(mem-helper) in the cgroup of pod UID {HOG_UID}, which neither the pod source nor the container runtime names")),
+        "{note}"
+    );
+    assert!(
+        !w.cluster()
+            .answered
+            .iter()
+            .any(|a| a.body["regarding"]["kind"] == "Pod"),
+        "no pod is guessed"
+    );
+    assert_eq!(
+        daemon.log_count("the runtime could not name an OOM-killed container"),
+        1
+    );
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+/// The pod source lags behind a new pod: a kill in its container, created through a real
+/// containerd as the kubelet creates it, is named by the runtime (the kubelet's labels on the
+/// container) and told on the pod, saying that it was named late.
+#[test]
+fn a_kill_in_a_container_the_pod_source_has_not_listed_is_named_by_the_runtime(
+) -> anyhow::Result<()> {
+    require_root();
+    const UID: &str = "7d3c1b2a-5e6f-4a8b-9c0d-1e2f3a4b5c6d";
+    let rt = tokio::runtime::Runtime::new()?;
+    let ctrd = rt.block_on(Containerd::start(Options::default()))?;
+    let image = "localhost/node-agent-test/oom:1";
+    rt.block_on(ctrd.build_and_import(&ImageSpec::busybox(image)?, "oom"))?;
+    // The pod source knows no pod at all yet.
+    let state = SharedCluster::default();
+    let fake = rt.block_on(Fake::start(responder(state.clone())));
+    let dir = std::env::temp_dir().join(format!("node-agent-oom-late-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let _remove = RemoveDir(dir.clone());
+    let port = free_port()?;
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
+             kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  podRefreshInterval: 200ms\n  \
+             kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
+             apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n\
+             cri:\n  endpoint: 'unix://{sock}'\n  keepImages: ['{PAUSE_IMAGE}']\n\
+             dryRun: false\nlisten: '127.0.0.1:{port}'\ntraceSocket: '{trace}'\nnodeCgroup: '{cg}'\n\
+             memoryCapacity: 64Gi\nnodefsPath: '{fs}'\nresyncInterval: 1s\nforkLimit: 0\n",
+            url = fake.url(),
+            ca = fake.pki.ca_file.display(),
+            token = fake.token_file.display(),
+            sock = ctrd.socket().display(),
+            trace = dir.join("trace.sock").display(),
+            cg = ctrd.cgroup_root(),
+            fs = dir.display(),
+        ),
+    )?;
+    // The sandbox first (it makes the node's cgroups), then the agent, then the container.
+    let pod = rt.block_on(ctrd.run_pod(ctrd.pod_config("shop", "late", UID, "burstable")))?;
+    let daemon = Daemon::start(&config, port)?;
+    let trace = attach_trace(&dir.join("trace.sock"), &["--kind", "oom_kill"])?;
+    let id = rt.block_on(async {
+        let mut c = Containerd::container_config(
+            &pod,
+            "grower",
+            0,
+            image,
+            // dd's one 64 MiB block, filled from /dev/zero, is more than its 32 MiB limit.
+            &[
+                "/bin/dd",
+                "if=/dev/zero",
+                "of=/dev/null",
+                "bs=64M",
+                "count=1",
+            ],
+        );
+        c.linux = Some(proto::LinuxContainerConfig {
+            resources: Some(proto::LinuxContainerResources {
+                memory_limit_in_bytes: 32 << 20,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        ctrd.run_container(&pod, c, true).await
+    })?;
+    let oom_events = || -> Vec<Answered> {
+        state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .answered
+            .iter()
+            .filter(|a| a.body["reason"] == "NodeAgentOOMKill")
+            .cloned()
+            .collect()
+    };
+    wait_until(wait(), "the pod's OOM event", || !oom_events().is_empty())?;
+    let record = next_record(&trace, "oom_kill", wait())?;
+    eprintln!("oom_kill record: {record}");
+    let e = &oom_events()[0].body;
+    assert_eq!(
+        e["regarding"],
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod", "namespace": "shop", "name": "late",
+            "uid": UID, "fieldPath": "spec.containers{grower}"}),
+        "{e}"
+    );
+    let note = e["note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("Out of memory: killed process ")
+            && note.contains(" (dd) in container grower (named by the container runtime: the pod source had not listed it yet): "),
+        "{note}"
+    );
+    assert!(note.contains("of the container's 32Mi limit"), "{note}");
+    assert_eq!(
+        record["cgroup"]["pod"]["container_id"],
+        id.as_str(),
+        "{record}"
+    );
+    assert!(
+        fake.rejected().is_empty(),
+        "the API server refused: {:?}",
+        fake.rejected()
+    );
+    daemon.stop()
+}
+
+struct RemoveDir(std::path::PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

@@ -5,8 +5,8 @@
 //! nothing — as the kubelet's `reclaimNodeLevelResources` does — and say so in the trace, in a
 //! node event and on `/metrics`. In dry run it must delete nothing and evict (in dry run).
 //! The filesystem layout comes from the runtime's `ImageFsInfo` compared by device: a
-//! configured `imagefsPath` on the same filesystem (as a one-disk node with the shipped
-//! config has it) still reclaims first.
+//! configured `imagefsPath` on the same filesystem (an override such as
+//! `imagefsPath: /var/lib/containerd` on a one-disk node) still reclaims first.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -155,7 +155,8 @@ fn an_unused_image_is_deleted_and_no_pod_is_evicted_when_that_frees_enough() -> 
     reclaims_instead_of_evicting(World::new("reclaim")?)
 }
 
-/// The shipped config's `imagefsPath: /var/lib/containerd` on a one-disk node: the path
+/// An `imagefsPath: /var/lib/containerd` override on a one-disk node (the shipped config had
+/// it before the layout came from the runtime): the path
 /// is on the nodefs filesystem, so images are reclaimed for `nodefs.available` as the kubelet
 /// does (the layout was once decided from the setting alone, and evicted at once).
 #[test]

@@ -4,6 +4,7 @@ use std::{
     env,
     path::{Path, PathBuf},
     process::Command,
+    time::Instant,
 };
 
 use anyhow::Context as _;
@@ -52,14 +53,60 @@ pub fn cargo_with_object(object: &Path, subcommand: &str) -> Command {
     cmd
 }
 
-/// Builds the eBPF object, then `node-agent`. Returns the agent binary's path.
+/// Where [`ebpf`] leaves the object.
+fn object_path() -> PathBuf {
+    workspace_root().join("target/ebpf/bpfel-unknown-none/release/node-agent-ebpf")
+}
+
+/// Builds the eBPF object and `node-agent` embedding it. Returns the agent binary's path.
+///
+/// With an object from an earlier build, the eBPF build goes first (a second or so when
+/// nothing in it changed), so cargo sees whether the object changed before it decides what
+/// to rebuild. On a fresh tree (no object yet) both builds go at once: the object's compiler
+/// is single-threaded for most of a minute while cargo compiles the agent's dependencies on
+/// the other CPU. The agent's build script, which embeds the object, runs early and waits
+/// for this process's marker that the object is complete (NODE_AGENT_EBPF_READY).
 pub fn agent(tc: &EbpfToolchain, release: bool) -> anyhow::Result<PathBuf> {
-    agent_with(&ebpf(tc)?, release)
+    let object = object_path();
+    if object.is_file() {
+        return agent_with(&ebpf(tc)?, release);
+    }
+    let dir = workspace_root().join("target/ebpf");
+    std::fs::create_dir_all(&dir)?;
+    let ready = dir.join(format!("ready-{}", std::process::id()));
+    let failed = ready.with_extension("failed");
+    eprintln!("xtask: building the eBPF object and the agent's dependencies at once");
+    let (agent, object_built) = std::thread::scope(|scope| {
+        let built = scope.spawn(|| {
+            let result = ebpf(tc);
+            let marker = if result.is_ok() { &ready } else { &failed };
+            let _ = std::fs::write(marker, b"");
+            result
+        });
+        let agent = agent_built(&object, release, Some(&ready));
+        (agent, built.join())
+    });
+    let _ = std::fs::remove_file(&ready);
+    let _ = std::fs::remove_file(&failed);
+    let object_built =
+        object_built.map_err(|_| anyhow::anyhow!("the eBPF build's thread panicked"))?;
+    // The object's own error first: it is why the agent's build script gave up.
+    object_built?;
+    agent
 }
 
 pub fn agent_with(object: &Path, release: bool) -> anyhow::Result<PathBuf> {
+    agent_built(object, release, None)
+}
+
+/// `cargo build -p node-agent` embedding `object`; with `ready`, its build script waits for
+/// that marker (the object is being built beside it).
+fn agent_built(object: &Path, release: bool, ready: Option<&Path>) -> anyhow::Result<PathBuf> {
     let mut cmd = cargo_with_object(object, "build");
     cmd.args(["--package", "node-agent", "--locked"]);
+    if let Some(ready) = ready {
+        cmd.env("NODE_AGENT_EBPF_READY", ready);
+    }
     if release {
         cmd.arg("--release");
     }
@@ -90,7 +137,10 @@ pub fn run(tc: &EbpfToolchain, release: bool, args: &[String]) -> anyhow::Result
     std::process::exit(status.code().unwrap_or(1));
 }
 
-/// The kernel and end-to-end test files (tests/tests/*.rs), by name.
+/// The test that runs the image; it goes last, so its image builds while the others run.
+const IMAGE_TEST: &str = "image_container";
+
+/// The kernel and end-to-end test files (tests/tests/*.rs), by name, the image's test last.
 fn kernel_test_files() -> anyhow::Result<Vec<String>> {
     let dir = workspace_root().join("tests/tests");
     let mut files: Vec<String> = std::fs::read_dir(&dir)
@@ -101,7 +151,7 @@ fn kernel_test_files() -> anyhow::Result<Vec<String>> {
             (path.extension()? == "rs").then(|| path.file_stem()?.to_str().map(str::to_string))?
         })
         .collect();
-    files.sort();
+    files.sort_by_key(|f| (f == IMAGE_TEST, f.clone()));
     Ok(files)
 }
 
@@ -117,12 +167,17 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
              run `sudo -E cargo xtask test` (plain `cargo test` runs the unprivileged unit tests)"
         );
     }
+    let started = Instant::now();
     let tools = crate::tools::for_tests()?;
+    // The container test's image builds beside everything else; that test runs last.
+    let mut image = crate::image::for_tests(tc)?;
     // The end-to-end tests run the agent binary itself, built with the same object.
     let agent_bin = agent_with(&object, false)?;
     let mut failed = Vec::new();
+    let mut took = vec![("test tools and the agent".to_string(), started.elapsed())];
 
     eprintln!("xtask: unit tests");
+    let step = Instant::now();
     let mut unit = cargo_with_object(&object, "nextest");
     unit.args([
         "run",
@@ -139,10 +194,12 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
         eprintln!("xtask: unit tests failed: {e:#}");
         failed.push("unit tests".to_string());
     }
+    took.push(("unit tests (build and run)".into(), step.elapsed()));
 
     // nextest does not run doc tests.
     if extra.is_empty() {
         eprintln!("xtask: doc tests");
+        let step = Instant::now();
         let mut doc = cargo_with_object(&object, "test");
         doc.args([
             "--doc",
@@ -156,12 +213,29 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
             eprintln!("xtask: doc tests failed: {e:#}");
             failed.push("doc tests".to_string());
         }
+        took.push(("doc tests".into(), step.elapsed()));
     }
 
     // One test file at a time, as libtest runs them: the kernel tests size their margins for
     // the other tests of their own file running alongside, not for every file at once.
     for file in kernel_test_files()? {
         eprintln!("xtask: kernel and end-to-end tests: {file} (root, real kernel)");
+        let step = Instant::now();
+        let image_env = match file.as_str() {
+            IMAGE_TEST => match image.wait() {
+                Ok(env) => {
+                    took.push(("waiting for the image".into(), step.elapsed()));
+                    env
+                }
+                Err(e) => {
+                    eprintln!("xtask: {file} cannot run: no image: {e:#}");
+                    failed.push(format!("{file} (no image)"));
+                    continue;
+                }
+            },
+            _ => Vec::new(),
+        };
+        let step = Instant::now();
         let mut kernel = cargo_with_object(&object, "nextest");
         kernel
             .args([
@@ -179,11 +253,18 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
             .env("NODE_AGENT_BIN", &agent_bin)
             .env("KUBECTL", &tools.kubectl)
             .env("KUBERNETES_VALIDATE", &tools.kubernetes_validate)
-            .env("PROMTOOL", &tools.promtool);
+            .env("PROMTOOL", &tools.promtool)
+            .env("PROMETHEUS", &tools.prometheus)
+            .envs(image_env);
         if let Err(e) = run_cmd(&mut kernel) {
             eprintln!("xtask: {file} failed: {e:#}");
-            failed.push(file);
+            failed.push(file.clone());
         }
+        took.push((file, step.elapsed()));
+    }
+    eprintln!("xtask: time taken:");
+    for (step, d) in &took {
+        eprintln!("xtask:   {:>6.1} s  {step}", d.as_secs_f64());
     }
 
     if !failed.is_empty() {

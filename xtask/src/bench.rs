@@ -1,5 +1,6 @@
-//! `cargo xtask bench`: builds the agent and the bench (release), runs the bench as root,
-//! keeps its JSON record per commit and writes the table into `docs/benchmarks.md`.
+//! `cargo xtask bench`: builds the agent and the bench (release), measures the fexit path
+//! inside the VMs (`vm::bench`), runs the bench as root with those rows imported, keeps its
+//! JSON record per commit and writes its two tables into `docs/benchmarks.md`.
 
 use std::{path::Path, process::Command};
 
@@ -15,11 +16,13 @@ const OUT_DIR: &str = "target/bench";
 const DOC: &str = "docs/benchmarks.md";
 const BEGIN: &str = "<!-- bench:results:begin -->";
 const END: &str = "<!-- bench:results:end -->";
+const FEXIT_BEGIN: &str = "<!-- bench:fexit:begin -->";
+const FEXIT_END: &str = "<!-- bench:fexit:end -->";
 
 /// Real workloads the bench runs: (program, Debian package).
 const BENCH_TOOLS: &[(&str, &str)] = &[("stress-ng", "stress-ng")];
 
-pub fn bench(tc: &EbpfToolchain, quick: bool) -> anyhow::Result<()> {
+pub fn bench(tc: &EbpfToolchain, quick: bool, vms: bool) -> anyhow::Result<()> {
     install_bench_tools()?;
     let root = workspace_root();
     let agent_bin = agent(tc, true)?;
@@ -39,6 +42,16 @@ pub fn bench(tc: &EbpfToolchain, quick: bool) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let commit = commit(&root)?;
     let (json, table) = (out.join("latest.json"), out.join("latest.md"));
+    let fexit_table = out.join("latest-fexit.md");
+    let imported = out.join("vm-rows.jsonl");
+    let vm_rows = if vms {
+        crate::vm::bench::rows(&object, &bench_bin, crate::vm::bench::Plan::new(quick))?
+    } else {
+        eprintln!("xtask: --no-vm: the fexit rows are left out");
+        Vec::new()
+    };
+    std::fs::write(&imported, vm_rows.join("\n") + "\n")
+        .with_context(|| format!("writing {}", imported.display()))?;
     let mut cmd = if is_root() {
         Command::new(&bench_bin)
     } else {
@@ -55,6 +68,10 @@ pub fn bench(tc: &EbpfToolchain, quick: bool) -> anyhow::Result<()> {
         .arg(&json)
         .arg("--markdown")
         .arg(&table)
+        .arg("--markdown-fexit")
+        .arg(&fexit_table)
+        .arg("--import-rows")
+        .arg(&imported)
         .args(["--commit", &commit])
         .arg("--work-dir")
         .arg(&out)
@@ -81,9 +98,13 @@ pub fn bench(tc: &EbpfToolchain, quick: bool) -> anyhow::Result<()> {
         eprintln!("xtask: --quick run: {DOC} left as it was");
         return Ok(());
     }
-    let table =
-        std::fs::read_to_string(&table).with_context(|| format!("reading {}", table.display()))?;
-    update_doc(&root.join(DOC), &table)?;
+    let read =
+        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    let doc = root.join(DOC);
+    update_doc(&doc, BEGIN, END, &read(&table)?)?;
+    if vms {
+        update_doc(&doc, FEXIT_BEGIN, FEXIT_END, &read(&fexit_table)?)?;
+    }
     eprintln!("xtask: updated {DOC}");
     Ok(())
 }
@@ -135,23 +156,45 @@ fn commit(root: &Path) -> anyhow::Result<String> {
     Ok(if dirty { format!("{head}-dirty") } else { head })
 }
 
-/// Replaces what lies between the result markers of the doc with `table`.
-fn update_doc(doc: &Path, table: &str) -> anyhow::Result<()> {
+/// Replaces what lies between the markers `begin` and `end` of the doc with `table`.
+fn update_doc(doc: &Path, begin: &str, end: &str, table: &str) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(doc).with_context(|| format!("reading {}", doc.display()))?;
-    let (Some(begin), Some(end)) = (text.find(BEGIN), text.find(END)) else {
-        anyhow::bail!("{} lacks the markers {BEGIN} and {END}", doc.display());
-    };
-    anyhow::ensure!(
-        begin < end,
-        "{}: {BEGIN} must come before {END}",
-        doc.display()
-    );
-    let updated = format!(
-        "{}{BEGIN}\n{}\n{}",
-        &text[..begin],
-        table.trim_end(),
-        &text[end..]
-    );
+    let updated = replace_between(&text, begin, end, table)
+        .with_context(|| format!("updating {}", doc.display()))?;
     std::fs::write(doc, updated).with_context(|| format!("writing {}", doc.display()))
+}
+
+fn replace_between(text: &str, begin: &str, end: &str, table: &str) -> anyhow::Result<String> {
+    let (Some(b), Some(e)) = (text.find(begin), text.find(end)) else {
+        anyhow::bail!("the markers {begin} and {end} are missing");
+    };
+    anyhow::ensure!(b < e, "{begin} must come before {end}");
+    Ok(format!(
+        "{}{begin}\n{}\n{}",
+        &text[..b],
+        table.trim_end(),
+        &text[e..]
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_table_goes_between_its_own_markers() {
+        let doc =
+            format!("intro\n{BEGIN}\nold\n{END}\nmiddle\n{FEXIT_BEGIN}\nold\n{FEXIT_END}\nend\n");
+        let one = replace_between(&doc, BEGIN, END, "main\n").unwrap();
+        let two = replace_between(&one, FEXIT_BEGIN, FEXIT_END, "fexit").unwrap();
+        assert_eq!(
+            two,
+            format!(
+                "intro\n{BEGIN}\nmain\n{END}\nmiddle\n{FEXIT_BEGIN}\nfexit\n{FEXIT_END}\nend\n"
+            )
+        );
+        assert!(replace_between("no markers", BEGIN, END, "x").is_err());
+        assert!(replace_between(&format!("{END}{BEGIN}"), BEGIN, END, "x").is_err());
+    }
 }

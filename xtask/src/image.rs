@@ -67,8 +67,25 @@ fn host_target() -> String {
     format!("{}-unknown-linux-gnu", std::env::consts::ARCH)
 }
 
+/// Where the build's commands write: the terminal, or a log file (a build beside the tests).
+#[derive(Debug, Clone, Copy)]
+enum Output<'a> {
+    Terminal,
+    Log(&'a std::fs::File),
+}
+
+impl Output<'_> {
+    /// Runs `cmd` with its output here.
+    fn run(self, cmd: &mut Command) -> anyhow::Result<()> {
+        if let Output::Log(file) = self {
+            cmd.stdout(file.try_clone()?).stderr(file.try_clone()?);
+        }
+        run(cmd)
+    }
+}
+
 /// The static release binary, eBPF object embedded.
-fn static_agent(tc: &EbpfToolchain) -> anyhow::Result<PathBuf> {
+fn static_agent(tc: &EbpfToolchain, out: Output<'_>) -> anyhow::Result<PathBuf> {
     let object = ebpf(tc)?;
     let target = host_target();
     let mut cmd = cargo_with_object(&object, "build");
@@ -85,7 +102,8 @@ fn static_agent(tc: &EbpfToolchain) -> anyhow::Result<PathBuf> {
     .env("RUSTFLAGS", "-C target-feature=+crt-static")
     // Symbols stay (readable panics); the debug info of the standard library goes.
     .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
-    run(&mut cmd).context("building the static node-agent")?;
+    out.run(&mut cmd)
+        .context("building the static node-agent")?;
     let binary = workspace_root()
         .join("target")
         .join(&target)
@@ -103,7 +121,11 @@ fn static_agent(tc: &EbpfToolchain) -> anyhow::Result<PathBuf> {
 /// Builds the binary and the image; saves the image as an OCI archive under `target/image/`.
 pub fn image(tc: &EbpfToolchain) -> anyhow::Result<Image> {
     setup_runtime()?;
-    let binary = static_agent(tc)?;
+    built(tc, Output::Terminal)
+}
+
+fn built(tc: &EbpfToolchain, out: Output<'_>) -> anyhow::Result<Image> {
+    let binary = static_agent(tc, out)?;
     let root = workspace_root();
     let work = root.join("target/image");
     let context = work.join("context");
@@ -152,12 +174,13 @@ pub fn image(tc: &EbpfToolchain) -> anyhow::Result<Image> {
             &format!("org.opencontainers.image.revision={revision}"),
         ])
         .arg(&context);
-    run(&mut bud).context("buildah bud")?;
+    out.run(&mut bud).context("buildah bud")?;
 
     let archive = work.join(format!("node-agent-{version}.oci.tar"));
     let _ = std::fs::remove_file(&archive);
     let destination = format!("oci-archive:{}:{reference}", archive.display());
-    run(&mut buildah(&["push", &reference, &destination])).context("buildah push")?;
+    out.run(&mut buildah(&["push", &reference, &destination]))
+        .context("buildah push")?;
     std::fs::remove_dir_all(&storage).ok();
 
     let binary_bytes = std::fs::metadata(&binary)?.len();
@@ -202,15 +225,67 @@ fn git_revision(root: &Path) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// Builds the image for the container test and tells it where the archive is.
-pub fn for_tests(tc: &EbpfToolchain) -> anyhow::Result<()> {
+/// The image for the container test, built on a thread of its own beside the unit and
+/// kernel tests (which mostly wait on the kernel, timers and the fake cluster): its release
+/// build is the longest step of `cargo xtask test`. Its output goes to target/image/build.log,
+/// whose end is shown if it fails. Not root: nothing to build, the test runner says why.
+pub struct Background(Option<std::thread::JoinHandle<anyhow::Result<Image>>>);
+
+pub fn for_tests(tc: &EbpfToolchain) -> anyhow::Result<Background> {
     if !is_root() {
-        // The test runner refuses to run without root and says why; nothing to build for it.
-        return Ok(());
+        return Ok(Background(None));
     }
-    let image = image(tc)?;
-    // The test processes inherit these (set before any thread is spawned).
-    std::env::set_var("NODE_AGENT_IMAGE_ARCHIVE", &image.archive);
-    std::env::set_var("NODE_AGENT_IMAGE", &image.reference);
-    Ok(())
+    // Packages first, in the foreground: apt says what it installs.
+    setup_runtime()?;
+    let tc = tc.clone();
+    let log_path = workspace_root().join("target/image/build.log");
+    std::fs::create_dir_all(log_path.parent().expect("target/image"))?;
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    eprintln!(
+        "xtask: building the image for the container test beside the other tests (output: {})",
+        log_path.display()
+    );
+    let started = std::time::Instant::now();
+    let handle = std::thread::spawn(move || {
+        let result = built(&tc, Output::Log(&log));
+        let tail = || {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        };
+        match &result {
+            Ok(image) => eprintln!(
+                "xtask: the image for the container test is built ({:.1} s): {}",
+                started.elapsed().as_secs_f64(),
+                image.archive.display()
+            ),
+            Err(e) => eprintln!(
+                "xtask: the image for the container test failed: {e:#}\n{}",
+                tail()
+            ),
+        }
+        result
+    });
+    Ok(Background(Some(handle)))
+}
+
+impl Background {
+    /// Waits for the image: the environment the container test reads it from.
+    pub fn wait(&mut self) -> anyhow::Result<Vec<(&'static str, String)>> {
+        let handle = self
+            .0
+            .take()
+            .context("the image for the container test is built once, by root")?;
+        let image = handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("the image build's thread panicked"))??;
+        Ok(vec![
+            (
+                "NODE_AGENT_IMAGE_ARCHIVE",
+                image.archive.display().to_string(),
+            ),
+            ("NODE_AGENT_IMAGE", image.reference),
+        ])
+    }
 }

@@ -73,12 +73,16 @@ enum Command {
     /// with one and two vCPUs, and reports any kernel oops.
     VmStress(vm::StressArgs),
     /// Benchmarks (root): detection latency against polling, eventfd and PSI, probe overhead,
-    /// event throughput, footprint. Prints a table, writes target/bench/latest.json and
+    /// event throughput, footprint and idle cost on this host, and the fexit path inside the
+    /// 6.1/6.12/6.18 VMs (emulated). Prints the tables, writes target/bench/latest.json and
     /// updates docs/benchmarks.md.
     Bench {
-        /// Fewer samples: a smoke run of about a minute that leaves docs/benchmarks.md alone.
+        /// Fewer samples: a smoke run that leaves docs/benchmarks.md alone.
         #[arg(long)]
         quick: bool,
+        /// Leave out the VMs (the fexit rows): for iterating on the host's rows only.
+        #[arg(long)]
+        no_vm: bool,
     },
 }
 
@@ -97,14 +101,14 @@ fn main() -> ExitCode {
         Command::Run { release, args } => {
             toolchain::setup().and_then(|tc| agent::run(&tc, release, &args))
         }
-        Command::Test { args } => toolchain::setup()
-            .and_then(|tc| image::for_tests(&tc).map(|()| tc))
-            .and_then(|tc| agent::test(&tc, &args)),
+        Command::Test { args } => toolchain::setup().and_then(|tc| agent::test(&tc, &args)),
         Command::Image => toolchain::setup().and_then(|tc| image::image(&tc).map(drop)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
         Command::VmTest(args) => toolchain::setup().and_then(|tc| vm::test(&tc, &args)),
         Command::VmStress(args) => toolchain::setup().and_then(|tc| vm::stress(&tc, &args)),
-        Command::Bench { quick } => toolchain::setup().and_then(|tc| bench::bench(&tc, quick)),
+        Command::Bench { quick, no_vm } => {
+            toolchain::setup().and_then(|tc| bench::bench(&tc, quick, !no_vm))
+        }
         Command::Fuzz {
             seconds,
             sanitizer,

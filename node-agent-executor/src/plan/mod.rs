@@ -308,6 +308,12 @@ impl Acting {
         self.oom.flush(now)
     }
 
+    /// A pod's OOM event (`namespace`/`name`) was not written: posted again when more kills
+    /// of its series come.
+    pub fn oom_event_failed(&mut self, namespace: &str, name: &str) {
+        self.oom.failed(namespace, name);
+    }
+
     /// Sets (or, `None`, turns off) the pacing; from config, at start and on reload. The tokens
     /// held stay (up to the new burst): a reload neither grants a fresh burst nor takes one
     /// away.

@@ -3,6 +3,11 @@
 //! [`SERIES_WINDOW`] are counted into that event's `series`, written at most every
 //! [`FLUSH_EVERY`], so an OOM storm of any size is one event and a few updates, never one
 //! request per kill. At most [`MAX_SERIES`] series are remembered (the oldest go first).
+//!
+//! A write that fails (the API server down, refusing, or the event gone) marks the series not
+//! posted: when more kills come, the next flush posts the event again with its count so far in
+//! `series` (as client-go creates an event whose series update found nothing), so retries go
+//! at most every [`FLUSH_EVERY`] per series and only while kills keep coming.
 
 use std::{collections::BTreeMap, time::Duration, time::SystemTime};
 
@@ -36,6 +41,10 @@ struct Series {
     last: Duration,
     last_wall: SystemTime,
     flushed: Duration,
+    /// The event exists as far as the agent knows (false after a failed write).
+    posted: bool,
+    /// The latest kill, for the event posted again.
+    kill: PodOomKill,
 }
 
 #[derive(Debug, Default)]
@@ -58,6 +67,7 @@ impl OomSeries {
                 s.count = s.count.saturating_add(1);
                 s.last = now;
                 s.last_wall = wall;
+                s.kill = kill;
                 return None;
             }
         }
@@ -81,12 +91,27 @@ impl OomSeries {
                 last: now,
                 last_wall: wall,
                 flushed: now,
+                posted: true,
+                kill: kill.clone(),
             },
         );
         Some(Action::PodOomEvent(Box::new(PodOomEvent::New {
             kill,
             at: wall,
+            repeats: None,
         })))
+    }
+
+    /// A write of the event `name` in `namespace` failed: it is posted again when more kills
+    /// come.
+    pub fn failed(&mut self, namespace: &str, name: &str) {
+        if let Some(s) = self
+            .series
+            .values_mut()
+            .find(|s| s.namespace == namespace && s.event_name == name)
+        {
+            s.posted = false;
+        }
     }
 
     /// The series whose count grew since it was last written, if that was [`FLUSH_EVERY`] ago;
@@ -99,12 +124,24 @@ impl OomSeries {
             if s.count > s.written && now.saturating_sub(s.flushed) >= FLUSH_EVERY {
                 s.written = s.count;
                 s.flushed = now;
-                actions.push(Action::PodOomEvent(Box::new(PodOomEvent::Series {
-                    namespace: s.namespace.clone(),
-                    name: s.event_name.clone(),
-                    count: s.count,
-                    last_observed: s.last_wall,
-                })));
+                let event = if s.posted {
+                    PodOomEvent::Series {
+                        namespace: s.namespace.clone(),
+                        name: s.event_name.clone(),
+                        count: s.count,
+                        last_observed: s.last_wall,
+                    }
+                } else {
+                    // A new event (a new name), its kills so far in its series.
+                    s.posted = true;
+                    s.event_name = event_name(&s.kill.name, s.last_wall);
+                    PodOomEvent::New {
+                        kill: s.kill.clone(),
+                        at: s.last_wall,
+                        repeats: Some((s.count, s.last_wall)),
+                    }
+                };
+                actions.push(Action::PodOomEvent(Box::new(event)));
             }
         }
         actions
@@ -186,6 +223,50 @@ mod tests {
         assert!(o
             .kill(kill("app", OomCause::Node), s(11) + SERIES_WINDOW, wall)
             .is_some());
+    }
+
+    #[test]
+    fn a_failed_write_posts_the_event_again_with_its_count_when_more_kills_come() {
+        let mut o = OomSeries::default();
+        let t0 = SystemTime::UNIX_EPOCH + s(1_800_000_000);
+        let Some(Action::PodOomEvent(first)) = o.kill(kill("app", OomCause::Node), s(0), t0) else {
+            panic!("a new event")
+        };
+        let (ns, name) = first.event();
+        o.failed(&ns, &name);
+        assert!(o.flush(s(5)).is_empty(), "no new kill: no retry");
+        o.kill(kill("app", OomCause::Node), s(6), t0 + s(6));
+        o.kill(kill("app", OomCause::Node), s(7), t0 + s(7));
+        let again = o.flush(s(8));
+        let [Action::PodOomEvent(e)] = &again[..] else {
+            panic!("{again:?}")
+        };
+        let PodOomEvent::New { at, repeats, .. } = &**e else {
+            panic!("{e:?}")
+        };
+        assert_eq!((*at, *repeats), (t0 + s(7), Some((3, t0 + s(7)))));
+        let (_, renamed) = e.event();
+        assert_ne!(
+            renamed, name,
+            "a new name: the failed one may exist after all"
+        );
+        // Written: the next kills go into the new event's series.
+        o.kill(kill("app", OomCause::Node), s(9), t0 + s(9));
+        let next = o.flush(s(10));
+        assert!(
+            matches!(&next[..], [Action::PodOomEvent(e)] if matches!(&**e, PodOomEvent::Series { count: 4, name, .. } if *name == renamed)),
+            "{next:?}"
+        );
+        // A failed series update: the same.
+        o.failed(&ns, &renamed);
+        o.kill(kill("app", OomCause::Node), s(12), t0 + s(12));
+        assert!(
+            matches!(&o.flush(s(12))[..], [Action::PodOomEvent(e)] if matches!(&**e, PodOomEvent::New { repeats: Some((5, _)), .. }))
+        );
+        // Retries at most every FLUSH_EVERY, while kills keep coming.
+        o.failed(&ns, &event_name("cart", t0 + s(12)));
+        o.kill(kill("app", OomCause::Node), s(13), t0 + s(13));
+        assert!(o.flush(s(13)).is_empty());
     }
 
     #[test]

@@ -146,7 +146,7 @@ fn oom_kills_are_reported_under_our_reason_or_not_at_all() {
     let kill = node_agent_kube::events::OomKill {
         pid: 7,
         comm: "java".into(),
-        pod: None,
+        pod_uid: None,
     };
     let kube =
         |yaml: &str| node_agent_kube::config::KubeConfig::from_yaml(yaml, Some("n1")).unwrap();

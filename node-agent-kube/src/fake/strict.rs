@@ -412,11 +412,25 @@ fn event(body: &Value, namespace: &str) -> Result<(), Reply> {
             causes.push(("related", "kind and name are required"));
         }
     }
-    if body.get("series").is_some() {
+    // deploy/admission-policy.yaml, as shipped: an event about a pod names the agent's node as
+    // its related object.
+    if body["regarding"]["kind"] == "Pod" && body["related"]["kind"] != "Node" {
         causes.push((
-            "series",
-            "a new event has no series: its repeats are counted by updating it",
+            "related",
+            "node-agent-own-node: the node agent's events about a pod must name its own node as the related object",
         ));
+    }
+    // A new event may carry the repeats counted so far (client-go does, when the event its
+    // series update was for is gone): as on update, a count of at least 2 and the last time.
+    if let Some(series) = body.get("series") {
+        if series["count"].as_i64().is_none_or(|c| c < 2)
+            || series["lastObservedTime"].as_str().unwrap_or("").is_empty()
+        {
+            causes.push((
+                "series",
+                "count (at least 2) and lastObservedTime are required",
+            ));
+        }
     }
     if causes.is_empty() {
         Ok(())

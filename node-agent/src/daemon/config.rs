@@ -81,6 +81,10 @@ pub struct Settings {
     pub fork_limit: u64,
     pub fork_window: Duration,
     pub ring_bytes: u32,
+    /// `logFormat` and `logLevel` as the file says them (the command line may win:
+    /// [`crate::logging::configure`]).
+    pub log_format: crate::logging::LogFormat,
+    pub log_level: crate::logging::LogLevel,
 }
 
 /// Everything the daemon runs on.
@@ -108,6 +112,22 @@ pub struct Overrides {
     /// The agent's own pod, `(namespace, name)`, from the downward API (`POD_NAMESPACE`,
     /// `POD_NAME`): never evicted.
     pub own_pod: Option<(String, String)>,
+    /// `CONTAINER_RUNTIME_ENDPOINT` (crictl's variable; the DaemonSet sets it for the runtime
+    /// its component names): wins over `cri.endpoint`.
+    pub cri_endpoint: Option<String>,
+}
+
+/// The variable that names the runtime's socket, as crictl reads it.
+pub const CRI_ENDPOINT_VAR: &str = "CONTAINER_RUNTIME_ENDPOINT";
+
+impl Overrides {
+    /// `CONTAINER_RUNTIME_ENDPOINT` from the environment, when set and not empty.
+    pub fn cri_endpoint_from_env() -> Option<String> {
+        std::env::var(CRI_ENDPOINT_VAR)
+            .ok()
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty())
+    }
 }
 
 /// Reads and parses the file at `path` once (a regular file of at most
@@ -155,7 +175,11 @@ impl AgentConfig {
             .transpose()
             .map_err(ConfigError::Kubernetes)?;
         let settings = validate(file, kubernetes.as_ref(), overrides)?;
-        let cri = file.cri.clone().unwrap_or_default();
+        let mut cri = file.cri.clone().unwrap_or_default();
+        if let Some(text) = &overrides.cri_endpoint {
+            cri.endpoint = node_agent_cri::Endpoint::parse(text)
+                .map_err(|e| invalid(CRI_ENDPOINT_VAR, e.to_string()))?;
+        }
         let runtime = Runtime {
             settings: cri.validate().map_err(ConfigError::Cri)?,
             gc: cri.gc_policy().map_err(ConfigError::Cri)?,
@@ -291,6 +315,8 @@ fn validate(
         fork_limit: f.fork_limit,
         fork_window: positive("forkWindow", f.fork_window)?,
         ring_bytes,
+        log_format: f.log_format,
+        log_level: f.log_level.clone(),
     })
 }
 

@@ -331,12 +331,13 @@ impl Daemon {
                                 });
                                 Vec::new()
                             }
+                            // Not in a container's cgroup: the pod's UID is all there is.
                             None => oom_kill_actions(
                                 self.config.current.kubernetes.as_ref(),
                                 OomKill {
                                     pid: kill.pid,
                                     comm: kill.comm.clone(),
-                                    pod: None,
+                                    pod_uid: Some(pod.uid.clone()),
                                 },
                             ),
                         },
@@ -346,7 +347,7 @@ impl Daemon {
                         OomKill {
                             pid: kill.pid,
                             comm: kill.comm.clone(),
-                            pod: None,
+                            pod_uid: None,
                         },
                     ),
                 };
@@ -572,10 +573,7 @@ impl Daemon {
                                 OomKill {
                                     pid: kill.pid,
                                     comm: kill.comm,
-                                    pod: Some((
-                                        "(unknown)".into(),
-                                        format!("uid {}", kill.pod_uid),
-                                    )),
+                                    pod_uid: Some(kill.pod_uid),
                                 },
                             ));
                         }
@@ -584,7 +582,18 @@ impl Daemon {
                 self.acts.submit(actions);
             }
             other => {
-                if matches!(other, Outcome::NodeEvent { .. } | Outcome::PodOomEvent(_)) {
+                if let Outcome::PodOomEvent {
+                    namespace,
+                    name,
+                    result: Err(_),
+                } = &other
+                {
+                    self.acts.plan.oom_event_failed(namespace, name);
+                }
+                if matches!(
+                    other,
+                    Outcome::NodeEvent { .. } | Outcome::PodOomEvent { .. }
+                ) {
                     self.report.lanes_clear();
                 }
                 self.report.side_effect(&other);
@@ -735,6 +744,7 @@ impl Daemon {
         self.policy = remap_state(&old.eviction, &new.eviction, &self.policy);
         self.config.current = new;
         let config = &self.config.current;
+        crate::logging::configure(config.settings.log_format, &config.settings.log_level);
         self.node.memory_capacity = config.settings.memory_capacity;
         if let Some(fs) = fs {
             self.node.fs = fs;

@@ -2,13 +2,17 @@
 //! not per evaluation) and the live stream. Everything here is presentation, built from typed
 //! decisions, readings and outcomes; nothing here decides.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use node_agent_executor::{
     plan::Note,
     reclaim::{ReclaimOutcome, ReclaimResult},
     Outcome, Refused, Report, StatusReport,
 };
+use node_agent_kube::api::ApiError;
 use node_agent_policy::{Decision, EvictionConfig, NodeCondition, Signal};
 
 use super::{
@@ -36,6 +40,9 @@ pub struct Reporter {
     runtime_error: Option<String>,
     /// A lane of the executor refused actions (said once per episode).
     refusing: bool,
+    /// Kinds of event the API server last refused or failed to take (each said once per
+    /// episode, every failure counted).
+    events_failing: BTreeSet<KubeOperation>,
     /// What was seen and done lately, for what an OOM kill is told came before it.
     pub recent: Recent,
 }
@@ -50,6 +57,7 @@ impl Reporter {
             stale: false,
             runtime_error: None,
             refusing: false,
+            events_failing: BTreeSet::new(),
             recent: Recent::default(),
         }
     }
@@ -202,10 +210,7 @@ impl Reporter {
             },
         );
         self.metrics.eviction(report.eviction.signal, result);
-        if let Some(error) = &report.event_error {
-            self.metrics.kube_error(KubeOperation::PodEvent);
-            tracing::warn!(error = %error_chain(error), "the pod's Evicted event was not recorded");
-        }
+        self.event_written(KubeOperation::PodEvent, report.event_error.as_ref());
         tracing::info!(
             pod = %format!("{}/{}", report.eviction.namespace, report.eviction.name),
             signal = %report.eviction.signal, result = result.as_str(),
@@ -216,25 +221,38 @@ impl Reporter {
             .publish(&Record::eviction(report, crate::sys::now_rfc3339()));
     }
 
+    /// An event written, or not: every failure counted, said once until one of its kind is
+    /// written again (an OOM storm against an API server refusing events is one line).
+    fn event_written(&mut self, op: KubeOperation, error: Option<&ApiError>) {
+        match error {
+            Some(error) => {
+                self.metrics.kube_error(op);
+                if self.events_failing.insert(op) {
+                    tracing::warn!(event = op.as_str(), error = %error_chain(error),
+                        "event not recorded (further failures of this kind are counted in node_agent_kube_errors_total, not logged, until one is recorded)");
+                }
+            }
+            None => {
+                if self.events_failing.remove(&op) {
+                    tracing::info!(event = op.as_str(), "events recorded again");
+                }
+            }
+        }
+    }
+
     /// The outcomes that only need saying: node events, status writes, lanes refusing.
     pub fn side_effect(&mut self, outcome: &Outcome) {
-        let metrics = &self.metrics;
         match outcome {
-            Outcome::NodeEvent {
-                reason,
-                result: Err(error),
-            } => {
+            Outcome::NodeEvent { reason, result } => {
                 let op = if *reason == node_agent_kube::events::OOM_KILL_REASON {
                     KubeOperation::OomKillEvent
                 } else {
                     KubeOperation::ThresholdMetEvent
                 };
-                metrics.kube_error(op);
-                tracing::warn!(reason, error = %error_chain(error), "node event not recorded");
+                self.event_written(op, result.as_ref().err());
             }
-            Outcome::PodOomEvent(Err(error)) => {
-                metrics.kube_error(KubeOperation::PodOomEvent);
-                tracing::warn!(error = %error_chain(error), "the pod's OOM event not recorded");
+            Outcome::PodOomEvent { result, .. } => {
+                self.event_written(KubeOperation::PodOomEvent, result.as_ref().err());
             }
             Outcome::Status(report) => self.status(report),
             Outcome::Refused(refused) => self.refused(refused),

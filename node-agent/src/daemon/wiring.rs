@@ -40,6 +40,7 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
         trace_socket: args.trace_socket.clone(),
         node_name: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
         own_pod,
+        cri_endpoint: Overrides::cri_endpoint_from_env(),
     };
     // The whole config is validated before anything is loaded or bound.
     let path = args
@@ -56,6 +57,8 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
             (AgentConfig::standalone(&overrides)?, Vec::new())
         }
     };
+    // The file's log format and level, where the command line leaves them to it.
+    crate::logging::configure(config.settings.log_format, &config.settings.log_level);
     let layout = cgroup::detect()?;
     // Settings that parse but cannot be meant on this machine: refused before anything loads
     // (the same checks as `check-config --on-node`).
@@ -160,6 +163,7 @@ async fn start(
     check_kubelet(&config.current, &node.read());
     match &config.current.runtime {
         Some(r) => tracing::info!(endpoint = %r.settings.endpoint,
+            from = if config.overrides.cri_endpoint.is_some() { super::config::CRI_ENDPOINT_VAR } else { "cri.endpoint" },
             "node-level reclaim through the container runtime before evicting for disk pressure; the runtime's ImageFsInfo decides the filesystem layout"),
         None if config.current.cri_unused => tracing::warn!(
             "cri: is set but not used: node-level reclaim needs the pod list (kubernetes:)"

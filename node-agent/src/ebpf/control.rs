@@ -147,11 +147,15 @@ impl KernelPrograms {
             "MEMORY_THRESHOLDS",
             HashMap::<&mut MapData, u64, MemoryThreshold>
         );
+        // How far the line moved down: the sampler may have planned its wait for the old one.
+        let moved_down = map
+            .get(&cgroup, 0)
+            .map_or(0, |old| old.bytes.saturating_sub(bytes));
         map.insert(cgroup, value, 0)
             .map_err(map_err("MEMORY_THRESHOLDS", cgroup))?;
         // The sampler reads the counter of each line's cgroup; fexit finds it on the way.
         if let Some(sampler) = self.sampler.as_mut() {
-            if let Err(e) = sampler.watch(&mut self.ebpf, cgroup) {
+            if let Err(e) = sampler.watch(&mut self.ebpf, cgroup, moved_down) {
                 let _ = self.clear_memory_threshold(cgroup);
                 return Err(e);
             }

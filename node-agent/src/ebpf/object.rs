@@ -115,7 +115,7 @@ pub struct LoadOptions {
     pub ring_bytes: u32,
     pub memory: MemoryChoice,
     /// How often the sampler ticks: every `period` while a line is near, up to every
-    /// `max_period` while all are far.
+    /// `max_period` while all are far (by the charge-rate bound: `SamplerPace`).
     pub sampler: SamplerPace,
     /// Attach the fork/exit programs (fork counts, fork storms, `pid.available`). Only the
     /// benchmark turns them off, to measure what the memory mechanism costs on its own.

@@ -65,7 +65,7 @@ impl Trigger {
 }
 
 /// A Kubernetes read or write whose failures are counted (`node_agent_kube_errors_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum KubeOperation {
     /// The kubelet's `/pods` and `/stats/summary`.
     KubeletPods,

@@ -74,6 +74,8 @@ struct ThresholdLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
+    /// The commit built from (`node-agent --version` says the same).
+    commit: &'static str,
     rustc: &'static str,
 }
 
@@ -233,6 +235,7 @@ impl Metrics {
         self.build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
+                commit: env!("NODE_AGENT_COMMIT"),
                 rustc: env!("NODE_AGENT_RUSTC"),
             })
             .set(1);
@@ -263,6 +266,17 @@ impl Metrics {
             self.evaluations.get_or_create_owned(&labels);
             self.decision_latency_invalid.get_or_create_owned(&labels);
         }
+        // The triggers with a kernel timestamp: their latency from 0, so that rate() and
+        // histogram_quantile() see the first decision rather than a series born at 1.
+        for trigger in [
+            Trigger::MemoryThreshold,
+            Trigger::PidThreshold,
+            Trigger::OomKill,
+        ] {
+            self.decision_latency.get_or_create_owned(&TriggerLabels {
+                trigger: trigger.as_str(),
+            });
+        }
         for kind in KERNEL_EVENT_KINDS {
             self.kernel_events.get_or_create_owned(&KindLabels {
                 kind: kind.to_owned(),
@@ -284,6 +298,14 @@ impl Metrics {
             self.executor_refused
                 .get_or_create_owned(&LaneLabels { lane });
         }
+        // Node-level reclaim answers the disk signals.
+        self.reclaim.precreate(
+            OBSERVED_SIGNALS
+                .iter()
+                .filter(|s| s.resource() != node_agent_policy::signal::Resource::Memory)
+                .filter(|s| s.resource() != node_agent_policy::signal::Resource::Pids)
+                .map(|s| s.as_str()),
+        );
         for reason in ["client_limit", "capacity", "idle"] {
             self.telemetry_connections_closed
                 .get_or_create_owned(&ReasonLabels { reason });
@@ -320,7 +342,7 @@ impl Metrics {
         );
         r.register(
             "build_info",
-            "The agent's build: always 1, with its version and the compiler's in labels",
+            "The agent's build: always 1, with its version, the commit it was built from and the compiler's version in labels",
             self.build_info.clone(),
         );
         r.register(

@@ -21,6 +21,10 @@
 //! - `child spin MS`: busy for MS ms reading the clock; answers `spin ELAPSED LOST`, LOST being
 //!   the time between reads that took over 1 µs (the CPU was taken away).
 //! - `child oom`: touches memory until the OOM killer ends it (at most 1 GiB).
+//! - `child charge MIB HUGE`: maps MIB MiB aligned to 2 MiB and, with HUGE = 1, advises
+//!   transparent huge pages and touches one byte per 2 MiB (a fault that zeroes and charges a
+//!   huge page), else refuses them and touches one byte per page; answers `charge ELAPSED
+//!   HUGE_BYTES`, HUGE_BYTES being how much of it the kernel gave as huge pages.
 
 use std::{
     io::{BufRead as _, Write as _},
@@ -106,10 +110,48 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             ));
             Ok(())
         }
+        "charge" => {
+            let (mib, huge) = (num(1, "MIB")?, num(2, "HUGE")? == 1);
+            wait_line()?;
+            let (elapsed, huge_bytes) = charge(mib * MIB, huge)?;
+            say(&format!("charge {elapsed} {huge_bytes}"));
+            Ok(())
+        }
         other => {
-            bail!("unknown child mode {other:?}: expected ramp-anon, ramp-trace, ramp-file, fork, fault, spin or oom")
+            bail!("unknown child mode {other:?}: expected ramp-anon, ramp-trace, ramp-file, fork, fault, spin, oom or charge")
         }
     }
+}
+
+/// Charges `len` bytes of anonymous memory as fast as one CPU can: in 2 MiB huge pages if
+/// `huge` (and the kernel gives them), else page by page. Returns (ns taken, bytes the kernel
+/// gave as huge pages).
+fn charge(len: usize, huge: bool) -> anyhow::Result<(u128, u64)> {
+    const HUGE: usize = 2 * MIB;
+    let region = Region::map(len + HUGE)?;
+    let start = (region.ptr as usize).next_multiple_of(HUGE) - region.ptr as usize;
+    let advice = if huge {
+        libc::MADV_HUGEPAGE
+    } else {
+        libc::MADV_NOHUGEPAGE
+    };
+    // SAFETY: advice on a range inside our own mapping.
+    unsafe { libc::madvise(region.ptr.add(start).cast(), len, advice) };
+    let step = if huge { HUGE } else { PAGE };
+    let t = Instant::now();
+    for off in (start..start + len).step_by(step) {
+        region.touch(off, off + 1);
+    }
+    let elapsed = t.elapsed().as_nanos();
+    let huge_kib = std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("AnonHugePages:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    Ok((elapsed, huge_kib * 1024))
 }
 
 fn wait_line() -> anyhow::Result<String> {

@@ -17,17 +17,20 @@
 use std::{
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     sync::{mpsc, Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context as _};
-use node_agent_kube::fake::{Fake, Reply, Seen};
-use serde_json::{json, Value};
+use anyhow::Context as _;
+use node_agent_kube::fake::Fake;
+use serde_json::Value;
 
 use super::{
-    cgroups::{remove_tree, BenchCgroup},
+    cgroups::BenchCgroup,
+    kube::{
+        free_port, node_cgroup_name, responder, Cluster, Daemon, DaemonConfig, Pod, WorkDir,
+        NAMESPACE,
+    },
     mono_ns, quantile,
     report::{ms, Row},
     Rng,
@@ -35,8 +38,6 @@ use super::{
 use crate::{move_into, Helper};
 
 const SECTION: &str = "latency";
-const NODE: &str = "bench-node";
-const NAMESPACE: &str = "bench";
 const MIB: u64 = 1 << 20;
 /// `memoryCapacity: 1Gi` and `memory.available<824Mi`: the threshold is met once the
 /// node's working set passes 200 MiB.
@@ -46,74 +47,6 @@ const HOG_LOW_MIB: u64 = 8;
 const HOG_PAST_LINE_MIB: u64 = 16;
 /// One round's eviction request must arrive within this.
 const ROUND_LIMIT: Duration = Duration::from_secs(5);
-
-/// A pod of the fake kubelet's list with its cgroups (`pod<uid>/<container id>`); the pod's
-/// cgroup, and everything running in it, goes on drop.
-struct Pod {
-    name: String,
-    uid: String,
-    container: String,
-    request: u64,
-    priority: i32,
-    pod_dir: PathBuf,
-    container_dir: PathBuf,
-}
-
-impl Pod {
-    fn create(
-        qos: &Path,
-        name: &str,
-        request_mib: u64,
-        priority: i32,
-        rng: &mut Rng,
-    ) -> anyhow::Result<Self> {
-        let uid = rng.uuid();
-        let container = rng.hex(64);
-        let pod_dir = qos.join(format!("pod{uid}"));
-        let container_dir = pod_dir.join(&container);
-        std::fs::create_dir_all(&container_dir)
-            .with_context(|| format!("creating {}", container_dir.display()))?;
-        Ok(Self {
-            name: name.into(),
-            uid,
-            container,
-            request: request_mib * MIB,
-            priority,
-            pod_dir,
-            container_dir,
-        })
-    }
-
-    fn json(&self) -> Value {
-        json!({
-            "metadata": {"name": self.name, "namespace": NAMESPACE, "uid": self.uid,
-                         "annotations": {"kubernetes.io/config.source": "api"}},
-            "spec": {"nodeName": NODE, "priority": self.priority, "terminationGracePeriodSeconds": 30,
-                     "containers": [{"name": "app", "image": "app:1",
-                                     "resources": {"requests": {"memory": format!("{}Mi", self.request / MIB)}}}]},
-            "status": {"phase": "Running", "qosClass": "Burstable",
-                       "containerStatuses": [{"name": "app", "containerID": format!("containerd://{}", self.container),
-                                              "ready": true, "restartCount": 0, "image": "app:1", "imageID": ""}]}
-        })
-    }
-
-    fn usage(&self) -> anyhow::Result<PodUse> {
-        Ok(PodUse {
-            name: self.name.clone(),
-            request: self.request,
-            priority: self.priority,
-            working_set: working_set(&self.pod_dir)?,
-        })
-    }
-}
-
-impl Drop for Pod {
-    fn drop(&mut self) {
-        if let Err(e) = remove_tree(&self.pod_dir) {
-            eprintln!("bench: could not remove {}: {e:#}", self.pod_dir.display());
-        }
-    }
-}
 
 /// A pod's memory as the kubelet ranks it.
 #[derive(Debug, Clone, PartialEq)]
@@ -141,6 +74,15 @@ pub fn kubelet_first(pods: &[PodUse]) -> Option<&str> {
         .map(|p| p.name.as_str())
 }
 
+fn pod_usage(pod: &Pod) -> anyhow::Result<PodUse> {
+    Ok(PodUse {
+        name: pod.name.clone(),
+        request: pod.request,
+        priority: pod.priority,
+        working_set: working_set(&pod.pod_dir)?,
+    })
+}
+
 /// usage − inactive_file, as the kubelet (cAdvisor) computes a cgroup's working set.
 fn working_set(dir: &Path) -> anyhow::Result<u64> {
     let read = |f: &str| std::fs::read_to_string(dir.join(f));
@@ -163,133 +105,6 @@ fn working_set(dir: &Path) -> anyhow::Result<u64> {
         .or_else(|| field("inactive_file "))
         .unwrap_or(0);
     Ok(usage.saturating_sub(inactive))
-}
-
-/// What the fake kubelet lists, how often it was asked, and where eviction requests go.
-struct Cluster {
-    pods: Vec<Value>,
-    pod_lists: u64,
-}
-
-fn responder(
-    cluster: Arc<Mutex<Cluster>>,
-    evictions: Mutex<mpsc::Sender<(String, u64)>>,
-) -> impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static {
-    move |seen: &Seen, _| {
-        // Stamped first: the fake has just read the whole request.
-        let arrived = mono_ns();
-        let path = seen.path.split('?').next().unwrap_or("");
-        match (seen.method.as_str(), path) {
-            ("GET", "/pods") => {
-                let mut c = cluster.lock().unwrap_or_else(|e| e.into_inner());
-                c.pod_lists += 1;
-                Reply::json(
-                    200,
-                    json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": c.pods})
-                        .to_string(),
-                )
-            }
-            ("GET", "/stats/summary") => Reply::json(
-                200,
-                json!({"node": {"nodeName": NODE}, "pods": []}).to_string(),
-            ),
-            ("POST", p) if p.ends_with("/eviction") => {
-                let tx = evictions.lock().unwrap_or_else(|e| e.into_inner());
-                let _ = tx.send((p.to_string(), arrived));
-                Reply::json(
-                    201,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}).to_string(),
-                )
-            }
-            ("POST", p) if p.contains("/events") => Reply::json(201, seen.body.to_string()),
-            ("GET", p) if p == format!("/api/v1/nodes/{NODE}") => Reply::json(
-                200,
-                json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE},
-                       "status": {"conditions": []}})
-                .to_string(),
-            ),
-            ("PATCH", _) => Reply::json(
-                200,
-                json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}}).to_string(),
-            ),
-            _ => Reply::status(404, "NotFound", "not served by the bench's fake"),
-        }
-    }
-}
-
-/// `node-agent run --config FILE`; stopped (SIGTERM, then SIGKILL after 2 s) on drop.
-struct Daemon {
-    child: Child,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Daemon {
-    fn start(agent: &Path, config: &Path) -> anyhow::Result<Self> {
-        let mut child = Command::new(agent)
-            .args(["run", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {}", agent.display()))?;
-        let stderr = child.stderr.take().context("agent stderr")?;
-        let mut daemon = Self {
-            child,
-            log: Arc::new(Mutex::new(Vec::new())),
-        };
-        let (tx, rx) = mpsc::channel();
-        let log = daemon.log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("node-agent running") {
-                    let _ = tx.send(());
-                }
-                if line.contains("WARN") || line.contains("ERROR") {
-                    eprintln!("agent: {line}");
-                }
-                let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
-                if log.len() >= 200 {
-                    log.remove(0);
-                }
-                log.push(line);
-            }
-        });
-        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
-            let why = match daemon.child.try_wait() {
-                Ok(Some(status)) => format!("exited ({status})"),
-                _ => "did not log `node-agent running` within 30 s".into(),
-            };
-            bail!(
-                "the daemon {} {why}; its last lines:\n{}",
-                agent.display(),
-                daemon.tail(10)
-            );
-        }
-        Ok(daemon)
-    }
-
-    fn tail(&self, n: usize) -> String {
-        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        log[log.len().saturating_sub(n)..].join("\n")
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: signals the daemon this guard started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The daemon's trace socket, read directly: one JSON record a line.
@@ -452,7 +267,7 @@ impl Bench<'_> {
             .iter()
             .copied()
             .chain([&hog])
-            .map(Pod::usage)
+            .map(pod_usage)
             .collect::<anyhow::Result<Vec<_>>>()?;
         let expected = kubelet_first(&uses).map(str::to_string);
         let points = parse_trace(&ramp.read_line()?)?;
@@ -515,43 +330,6 @@ impl Bench<'_> {
     }
 }
 
-/// Removes the bench's work directory for this section (config, socket) on drop.
-struct WorkDir(PathBuf);
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn config_text(fake: &Fake, node: &BenchCgroup, socket: &Path, port: u16) -> String {
-    let node_cgroup = node
-        .path()
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    format!(
-        "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
-         eviction:\n  evictionHard: {{memory.available: 824Mi}}\n\
-         kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  podRefreshInterval: 500ms\n  \
-         kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
-         apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n  \
-         evictionsPerMinute: 600\n  evictionBurst: 10\n  evictionWaitTimeout: 10s\n\
-         listen: '127.0.0.1:{port}'\ntraceSocket: '{socket}'\nnodeCgroup: '/{node_cgroup}'\n\
-         memoryCapacity: 1Gi\nresyncInterval: 60s\nforkLimit: 0\n",
-        url = fake.url(),
-        ca = fake.pki.ca_file.display(),
-        token = fake.token_file.display(),
-        socket = socket.display(),
-    )
-}
-
 pub fn run(
     rows: &mut Vec<Row>,
     agent: &Path,
@@ -585,12 +363,24 @@ pub fn run(
         .map(|f| kubepods.join(f))
         .find(|p| p.exists())
         .with_context(|| format!("no memory usage file in {}", kubepods.display()))?;
-    let dir = WorkDir(work_dir.join(format!("e2e-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
+    let dir = WorkDir::create(work_dir.join(format!("e2e-{}", std::process::id())))?;
     let socket = dir.0.join("trace.sock");
     let config = dir.0.join("config.yaml");
-    std::fs::write(&config, config_text(&fake, &node, &socket, free_port()?))
-        .with_context(|| format!("writing {}", config.display()))?;
+    let text = DaemonConfig {
+        fake: &fake,
+        node_cgroup: node_cgroup_name(node.path()),
+        socket: &socket,
+        port: free_port()?,
+        // `memoryCapacity: 1Gi` and `memory.available<824Mi`: the threshold is met once the
+        // node's working set passes 200 MiB (LINE_WORKING_SET).
+        memory_available: "824Mi",
+        memory_capacity: Some("1Gi"),
+        pod_refresh_interval: Some("500ms"),
+        resync_interval: Some("60s"),
+        fast_evictions: true,
+    }
+    .text();
+    std::fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
 
     // Two pods stay: one under its request, one over it by less than the ramping pod will be.
     let calm = Pod::create(&qos, "calm", 512, 0, rng)?;

@@ -3,7 +3,8 @@
 //! `evaluate()` over 110 pods, so "detected" means "the policy has decided".
 //!
 //! The fast methods alternate crossing by crossing (eBPF on even, eventfd on odd), so they see
-//! the same ramps and never compete for a CPU. The pollers' latency is, by construction, the
+//! the same ramps and never compete for a CPU, and their waiting threads are scheduled alike:
+//! both ask for the daemon's short slice. The pollers' latency is, by construction, the
 //! random phase of the crossing within the poll period plus the read and the decision: the
 //! figure reported is derived from that (p50 = P/2, p99 = 0.99 P, plus the measured cost), and a
 //! few real crossings with a random phase are measured to check it.
@@ -29,6 +30,7 @@ use super::{
     quantile,
     ramp::Ramp,
     report::{ms, Row},
+    stats::{bootstrap, quantile_ci},
     Rng,
 };
 
@@ -200,6 +202,12 @@ fn eventfd_waiter(
         &format!("{} {} {line}", efd.as_raw_fd(), usage.as_raw_fd()),
     )?;
     Ok(std::thread::spawn(move || {
+        // Scheduled as the eBPF consumer is (and the daemon's runtime threads): with the short
+        // slice, so a wake-up preempts a busy task as soon as the other's would.
+        if let Err(e) = node_agent::sys::ask_for_short_slice() {
+            eprintln!("bench: the eventfd waiter could not ask for the short slice: {e}");
+            return None;
+        }
         let mut pfd = libc::pollfd {
             fd: efd.as_raw_fd(),
             events: libc::POLLIN,
@@ -285,34 +293,43 @@ pub fn run(rows: &mut Vec<Row>, opts: &Options, rng: &mut Rng) -> anyhow::Result
         ramp.low
     );
 
-    let (_, p99) = Samples::p50_p99(&ebpf.total);
-    let (_, evfd_p99) = Samples::p50_p99(&evfd.total);
+    let p99_of = |v: &[f64]| quantile(v, 0.99).unwrap_or(f64::NAN);
+    let p99 = quantile_ci(&ebpf.total, 0.99).context("no eBPF crossing was detected")?;
+    let ratio = bootstrap(&ebpf.total, &evfd.total, |a, b| p99_of(a) / p99_of(b))
+        .context("no eventfd crossing was detected")?;
     rows.push(
         Row::info(
             SECTION,
             "eBPF: crossing → evaluate() decision (p50 / p99 / p99.9)",
             Samples::cell(&ebpf.total),
         )
-        .value(p99 / 1e6, "ms")
-        .target("p99 ≤ 2 ms", p99 <= 2e6 && ebpf.missed == 0)
+        .estimate(p99.scaled(1e-6), "ms")
+        .target(
+            "p99 ≤ 2 ms (upper end), none missed",
+            p99.hi <= 2e6 && ebpf.missed == 0,
+        )
         .note(format!(
-            "{}; ring-buffer losses {lost}; memory mechanism: {mechanism}",
-            ebpf.health()
+            "{}; p99 {} ms ({}); ring-buffer losses {lost}; memory mechanism: {mechanism}",
+            ebpf.health(),
+            p99.scaled(1e-6).show(2, false),
+            p99.describe("order statistics"),
         )),
     );
     rows.push(
         Row::info(
             SECTION,
             "eBPF p99 ÷ cgroup v1 eventfd p99 (same run, alternated crossing by crossing)",
-            format!("{:.2}", p99 / evfd_p99),
+            ratio.show(2, false),
         )
-        .value(p99 / evfd_p99, "x")
+        .estimate(ratio, "x")
         .target(
-            "≤ 1 with n ≥ 1000 each",
-            p99 <= evfd_p99 && ebpf.total.len() >= 1000 && evfd.total.len() >= 1000,
+            "≤ 1 (upper end) with n ≥ 1000 each",
+            ratio.hi <= 1.0 && ebpf.total.len() >= 1000 && evfd.total.len() >= 1000,
         )
         .note(format!(
-            "n = {} eBPF, {} eventfd",
+            "{}; n = {} eBPF, {} eventfd; both waiting threads ask for the daemon's 100 µs \
+             slice (`node_agent::sys::ask_for_short_slice`)",
+            ratio.describe("bootstrap of both samples"),
             ebpf.total.len(),
             evfd.total.len()
         )),
@@ -387,15 +404,17 @@ pub fn run(rows: &mut Vec<Row>, opts: &Options, rng: &mut Rng) -> anyhow::Result
             )),
         );
     }
-    let ratio = poll_median_10s / p99;
+    // The poller's figure is derived (no sampling error); the eBPF p99's interval carries over.
+    let ratio = p99.divide_into(poll_median_10s);
     rows.push(
         Row::info(
             SECTION,
             "10 s poller's median ÷ eBPF p99",
-            format!("{ratio:.0}×"),
+            format!("{:.0}× [{:.0} … {:.0}]", ratio.estimate, ratio.lo, ratio.hi),
         )
-        .value(ratio, "x")
-        .target("> 2500×", ratio > 2500.0),
+        .estimate(ratio, "x")
+        .above("> 2500× (lower end)", 2500.0)
+        .note("the poller's median is derived (half its period plus its measured cost); the interval is that of the eBPF p99"),
     );
     Ok(())
 }

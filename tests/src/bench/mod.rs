@@ -1,17 +1,27 @@
 //! The benchmark behind `cargo xtask bench`. Each module measures one thing on the real kernel
-//! and returns [`Row`]s; [`report`] turns them into the markdown table and the JSON record.
+//! and returns [`Row`]s; [`report`] turns them into the markdown tables and the JSON record.
+//! The method of every row is fixed in docs/benchmarks.md (*Method*) before its figures.
 //!
+//! - [`stats`]: estimates with 95 % intervals; targets are judged at the interval's
+//!   unfavourable end.
 //! - [`latency`]: a controlled memory ramp crosses a line; the eBPF path, the cgroup v1 eventfd
 //!   threshold and 1 s / 10 s pollers detect it ([`ramp`] drives the allocator).
 //! - [`e2e`]: the release daemon (`node-agent run`) against a fake kubelet/API server: a pod's
-//!   ramp crosses `memory.available` → the eviction request arrives.
+//!   ramp crosses `memory.available` → the eviction request arrives ([`kube`]: the fake
+//!   cluster, the pods and the daemon's one config text).
 //! - [`psi`]: a PSI trigger on the same kind of ramp, pushed into reclaim.
-//! - [`overhead`]: fork+exit and page-fault loops with and without the programs attached, and
-//!   each program's cost per invocation.
-//! - [`stress`]: stress-ng's `vm` and `fork` stressors with and without `node-agent run`.
+//! - [`overhead`]: fork+exit and page-fault loops with no programs, with every line far and
+//!   with a line near (the sampler's two paces), a spinner measuring the same, and each
+//!   program's cost per invocation.
+//! - [`stress`]: stress-ng's `vm` and `fork` stressors with `node-agent run` and with a line
+//!   near, one worker pinned and one per CPU.
 //! - [`throughput`]: events drained without loss, an overflowed ring, a bounded fork storm.
-//! - [`footprint`]: the agent's idle CPU and RSS with 100 and 1000 pod cgroups.
+//! - [`footprint`]: idle CPU and RSS of `node-agent trace` (100 and 1000 pod cgroups) and of
+//!   the daemon in Kubernetes mode (110 and 250 pods).
+//! - [`idle`]: what the idle daemon costs the node (timer wake-ups, busy + steal), read by
+//!   [`meter`], and the meter checked against a known load.
 //! - [`policy`]: `evaluate()` time for 110 and 1000 pods.
+//! - [`fexit`]: the fexit path, run inside the VMs of `cargo xtask bench` (emulated).
 //!
 //! Every cgroup it creates is named `node-agent-bench-<pid>-...` and removed on drop; stale
 //! ones from a killed run are removed at start ([`cgroups::remove_stale`]).
@@ -19,18 +29,23 @@
 pub mod cgroups;
 pub mod child;
 pub mod e2e;
+pub mod fexit;
 pub mod footprint;
+pub mod idle;
+pub mod kube;
 pub mod latency;
+pub mod meter;
 pub mod oom;
 pub mod overhead;
 pub mod policy;
 pub mod psi;
 pub mod ramp;
 pub mod report;
+pub mod stats;
 pub mod stress;
+pub mod throughput;
 
 use anyhow::Context as _;
-pub mod throughput;
 
 pub use report::{Report, Row, Verdict};
 
@@ -104,6 +119,11 @@ pub struct Rng(u64);
 impl Rng {
     pub fn from_clock() -> Self {
         Self(mono_ns() | 1)
+    }
+
+    /// A generator that always gives the same sequence (the statistics' resampling).
+    pub fn seeded(seed: u64) -> Self {
+        Self(seed | 1)
     }
 
     pub fn next_u64(&mut self) -> u64 {

@@ -3,6 +3,11 @@
 
 use serde_json::json;
 
+use super::stats::Interval;
+
+/// The section of the fexit rows measured inside the VMs: their own table in the docs.
+pub const FEXIT_SECTION: &str = "fexit (emulated)";
+
 /// Whether a figure reaches the product's target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -23,7 +28,7 @@ impl Verdict {
         }
     }
 
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Met => "met",
             Verdict::Missed => "missed",
@@ -34,38 +39,69 @@ impl Verdict {
 }
 
 /// One figure.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Row {
-    pub section: &'static str,
+    pub section: String,
     pub measure: String,
     /// The figure as shown, e.g. `0.31 / 1.52 ms`.
     pub result: String,
     /// The headline number in `unit`, for comparisons across runs.
     pub value: Option<f64>,
-    pub unit: &'static str,
+    pub unit: String,
+    /// The headline number's 95 % interval, in `unit`, when the row has one: its target is
+    /// judged against the interval's unfavourable end.
+    pub interval: Option<Interval>,
     pub target: Option<String>,
     pub verdict: Verdict,
     pub note: String,
 }
 
 impl Row {
-    pub fn info(section: &'static str, measure: impl Into<String>, result: String) -> Self {
+    pub fn info(section: impl Into<String>, measure: impl Into<String>, result: String) -> Self {
         Self {
-            section,
+            section: section.into(),
             measure: measure.into(),
             result,
             value: None,
-            unit: "",
+            unit: String::new(),
+            interval: None,
             target: None,
             verdict: Verdict::Info,
             note: String::new(),
         }
     }
 
-    pub fn value(mut self, value: f64, unit: &'static str) -> Self {
+    pub fn value(mut self, value: f64, unit: impl Into<String>) -> Self {
         self.value = Some(value);
-        self.unit = unit;
+        self.unit = unit.into();
         self
+    }
+
+    /// The headline figure is `ci.estimate` in `unit`, with its interval.
+    pub fn estimate(mut self, ci: Interval, unit: impl Into<String>) -> Self {
+        self.value = Some(ci.estimate);
+        self.unit = unit.into();
+        self.interval = Some(ci);
+        self
+    }
+
+    /// A target met when the interval's upper end is at most `bound` (or, with no interval,
+    /// the value).
+    pub fn at_most(self, target: impl Into<String>, bound: f64) -> Self {
+        let worst = self.interval.map(|c| c.hi).or(self.value);
+        self.target(target, worst.is_some_and(|w| w <= bound))
+    }
+
+    /// A target met when the interval's upper end is below `bound`.
+    pub fn below(self, target: impl Into<String>, bound: f64) -> Self {
+        let worst = self.interval.map(|c| c.hi).or(self.value);
+        self.target(target, worst.is_some_and(|w| w < bound))
+    }
+
+    /// A target met when the interval's lower end is above `bound`.
+    pub fn above(self, target: impl Into<String>, bound: f64) -> Self {
+        let worst = self.interval.map(|c| c.lo).or(self.value);
+        self.target(target, worst.is_some_and(|w| w > bound))
     }
 
     pub fn target(mut self, target: impl Into<String>, met: bool) -> Self {
@@ -80,17 +116,84 @@ impl Row {
     }
 
     /// A figure this run could not produce; `why` says so in the table.
-    pub fn not_measured(section: &'static str, measure: impl Into<String>, why: String) -> Self {
+    pub fn not_measured(
+        section: impl Into<String>,
+        measure: impl Into<String>,
+        why: String,
+    ) -> Self {
         Self {
-            section,
+            section: section.into(),
             measure: measure.into(),
             result: "—".into(),
             value: None,
-            unit: "",
+            unit: String::new(),
+            interval: None,
             target: None,
             verdict: Verdict::NotMeasured,
             note: why,
         }
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        json!({
+            "section": self.section,
+            "measure": self.measure,
+            "result": self.result,
+            "value": self.value,
+            "unit": self.unit,
+            "interval": self.interval.map(|c| json!({
+                "estimate": c.estimate, "lo": c.lo, "hi": c.hi, "coverage": c.coverage, "n": c.n,
+            })),
+            "target": self.target,
+            "verdict": match self.verdict {
+                Verdict::Info => "info",
+                v => v.as_str(),
+            },
+            "note": self.note,
+        })
+    }
+
+    /// A row from [`Row::json`]'s record (the VMs send theirs that way).
+    pub fn from_json(v: &serde_json::Value) -> anyhow::Result<Self> {
+        let text = |k: &str| -> anyhow::Result<String> {
+            v[k].as_str()
+                .map(str::to_string)
+                .ok_or_else(|| anyhow::anyhow!("bench row without a text `{k}`: {v}"))
+        };
+        let verdict = match v["verdict"].as_str() {
+            Some("met") => Verdict::Met,
+            Some("missed") => Verdict::Missed,
+            Some("info") => Verdict::Info,
+            Some("not measured") => Verdict::NotMeasured,
+            other => anyhow::bail!("bench row with verdict {other:?}: {v}"),
+        };
+        let interval = match &v["interval"] {
+            serde_json::Value::Null => None,
+            c => {
+                let f = |k: &str| -> anyhow::Result<f64> {
+                    c[k].as_f64()
+                        .ok_or_else(|| anyhow::anyhow!("bench row interval without `{k}`: {v}"))
+                };
+                Some(Interval {
+                    estimate: f("estimate")?,
+                    lo: f("lo")?,
+                    hi: f("hi")?,
+                    coverage: f("coverage")?,
+                    n: c["n"].as_u64().unwrap_or(0) as usize,
+                })
+            }
+        };
+        Ok(Self {
+            section: text("section")?,
+            measure: text("measure")?,
+            result: text("result")?,
+            value: v["value"].as_f64(),
+            unit: text("unit")?,
+            interval,
+            target: v["target"].as_str().map(str::to_string),
+            verdict,
+            note: text("note")?,
+        })
     }
 }
 
@@ -104,10 +207,24 @@ pub struct Machine {
     pub cpu_model: String,
     pub memory_mib: u64,
     pub cgroups: String,
+    /// `/proc/loadavg`'s 1, 5 and 15 minute averages when the run started and ended: the
+    /// machine is shared, and figures taken under load are noisy.
+    pub load_start: String,
+    pub load_end: String,
+}
+
+/// The 1, 5 and 15 minute load averages, as `/proc/loadavg` gives them.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 impl Machine {
-    pub fn detect(commit: String) -> Self {
+    pub fn detect(commit: String, load_start: String) -> Self {
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
         let cpuinfo = read("/proc/cpuinfo");
         let cpu_model = cpuinfo
@@ -133,6 +250,8 @@ impl Machine {
             cpu_model,
             memory_mib,
             cgroups,
+            load_start,
+            load_end: load_average(),
         }
     }
 }
@@ -146,11 +265,13 @@ pub struct Report {
 }
 
 impl Report {
+    /// The host's table: every row but the VMs' fexit rows.
     pub fn markdown(&self) -> String {
         let m = &self.machine;
         let mut out = format!(
             "Run of {date} at commit `{commit}` on Linux {kernel}, {cpus} × {model}, {mem} MiB, \
-             cgroups: {cg}; the bench took {secs:.0} s.\n\n",
+             cgroups: {cg}; load average (1 / 5 / 15 min) {start} at the start, {end} at the \
+             end; the bench took {secs:.0} s.\n\n",
             date = m.date,
             commit = m.commit,
             kernel = m.kernel,
@@ -158,22 +279,33 @@ impl Report {
             model = m.cpu_model,
             mem = m.memory_mib,
             cg = m.cgroups,
+            start = m.load_start,
+            end = m.load_end,
             secs = self.duration_s,
         );
-        out.push_str("| section | measure | result | target | met | notes |\n");
-        out.push_str("| --- | --- | --- | --- | --- | --- |\n");
-        for r in &self.rows {
-            out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} |\n",
-                r.section,
-                cell(&r.measure),
-                cell(&r.result),
-                cell(r.target.as_deref().unwrap_or("")),
-                r.verdict.as_str(),
-                cell(&r.note),
-            ));
-        }
+        out.push_str(&table(
+            self.rows.iter().filter(|r| r.section != FEXIT_SECTION),
+        ));
         out
+    }
+
+    /// The fexit rows measured inside the VMs, as a table of their own; empty without any.
+    pub fn markdown_fexit(&self) -> String {
+        let rows: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.section == FEXIT_SECTION)
+            .collect();
+        if rows.is_empty() {
+            return String::new();
+        }
+        format!(
+            "Run of {} at commit `{}`, in the same run as the table above; every figure in this \
+             table is **emulated** (QEMU TCG, 1 vCPU, cgroup v2).\n\n{}",
+            self.machine.date,
+            self.machine.commit,
+            table(rows.into_iter())
+        )
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -188,22 +320,28 @@ impl Report {
                 "memory_mib": m.memory_mib,
                 "cgroups": m.cgroups,
             },
+            "load_average": {"start": m.load_start, "end": m.load_end},
             "duration_s": self.duration_s,
-            "rows": self.rows.iter().map(|r| json!({
-                "section": r.section,
-                "measure": r.measure,
-                "result": r.result,
-                "value": r.value,
-                "unit": r.unit,
-                "target": r.target,
-                "verdict": match r.verdict {
-                    super::Verdict::Info => "info",
-                    v => v.as_str(),
-                },
-                "note": r.note,
-            })).collect::<Vec<_>>(),
+            "rows": self.rows.iter().map(Row::json).collect::<Vec<_>>(),
         })
     }
+}
+
+fn table<'a>(rows: impl Iterator<Item = &'a Row>) -> String {
+    let mut out = String::from("| section | measure | result | target | met | notes |\n");
+    out.push_str("| --- | --- | --- | --- | --- | --- |\n");
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            r.section,
+            cell(&r.measure),
+            cell(&r.result),
+            cell(r.target.as_deref().unwrap_or("")),
+            r.verdict.as_str(),
+            cell(&r.note),
+        ));
+    }
+    out
 }
 
 /// A table cell: pipes escaped, newlines flattened.
@@ -220,5 +358,69 @@ pub fn ms(ns: f64) -> String {
         format!("{v:.2}")
     } else {
         format!("{v:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::stats::mean_ci;
+
+    #[test]
+    fn targets_are_judged_at_the_unfavourable_end_of_the_interval() {
+        // Estimate 1.0 with an interval reaching 3.5: under 3 by the estimate, not by the bound.
+        let ci = Interval {
+            estimate: 1.0,
+            lo: -1.5,
+            hi: 3.5,
+            coverage: 0.95,
+            n: 24,
+        };
+        let row = || Row::info("overhead", "x", String::new()).estimate(ci, "%");
+        let cases = [
+            (
+                "upper end over the bound",
+                row().at_most("≤ 3 %", 3.0),
+                Verdict::Missed,
+            ),
+            (
+                "upper end at the bound",
+                row().at_most("≤ 3.5 %", 3.5),
+                Verdict::Met,
+            ),
+            (
+                "strictly below",
+                row().below("< 3.5 %", 3.5),
+                Verdict::Missed,
+            ),
+            ("lower end above", row().above("> -2", -2.0), Verdict::Met),
+            (
+                "lower end not above",
+                row().above("> 0", 0.0),
+                Verdict::Missed,
+            ),
+            (
+                "no interval: the value",
+                Row::info("s", "m", String::new())
+                    .value(2.0, "x")
+                    .at_most("≤ 3", 3.0),
+                Verdict::Met,
+            ),
+        ];
+        for (why, row, want) in cases {
+            assert_eq!(row.verdict, want, "{why}");
+        }
+    }
+
+    #[test]
+    fn a_row_survives_its_json_record() {
+        let row = Row::info("fexit (emulated)", "per fork", "640 ns".into())
+            .estimate(mean_ci(&[1.0, 2.0, 3.0]).unwrap(), "ns")
+            .at_most("≤ 10", 10.0)
+            .note("n = 3");
+        assert_eq!(Row::from_json(&row.json()).unwrap(), row);
+        let bare = Row::not_measured("fexit (emulated)", "m", "no VM".into());
+        assert_eq!(Row::from_json(&bare.json()).unwrap(), bare);
+        assert!(Row::from_json(&serde_json::json!({"section": "x"})).is_err());
     }
 }

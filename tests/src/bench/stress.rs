@@ -1,9 +1,14 @@
 //! What the agent costs a real workload: stress-ng's `vm` stressor (mmap, write, munmap in a
-//! loop: page-fault heavy) and its `fork` stressor, each in a bench cgroup of its own, with and
-//! without `node-agent run` as deployed (the daemon, standalone, default thresholds, so the
-//! bench cgroup is one of the workloads it watches), alternated ABBA over rounds. The figure is
-//! the median over rounds of the ratio of bogo-ops per second, wall clock (what the workload
-//! feels), with the quartiles beside it; the ratio per CPU second is in the note.
+//! loop: page-fault heavy) and its `fork` stressor, each in a bench cgroup of its own, under
+//! three variants alternated over rounds (ABC, then CBA): nothing loaded; `node-agent run` as
+//! deployed (the daemon, standalone, the kubelet's default memory threshold, so the bench
+//! cgroup is one of the workloads it watches and every line is far); and the kernel programs
+//! loaded with a line within reach on another cgroup, so the sampler runs at its near-line pace
+//! (1 ms). The figure
+//! is the median over rounds of the slowdown in bogo-ops per second, wall clock (what the
+//! workload feels), with its 95 % interval, judged at the interval's upper end; the slowdown per
+//! CPU second is in the note. Each stressor runs with one worker pinned to one CPU, and, for
+//! the near-line pace, with one worker per CPU, unpinned, so no tick lands on an idle CPU.
 //!
 //! The expected cost is a fraction of a percent (the overhead rows give each program's time),
 //! while two identical back-to-back runs on a shared VM differ by about 10 %; so the method
@@ -29,7 +34,14 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::{cgroups::BenchCgroup, median, quantile, report::Row, PinnedCpu};
+use super::{
+    cgroups::BenchCgroup,
+    median,
+    overhead::{Lines, Probes},
+    report::Row,
+    stats::median_ci,
+    PinnedCpu,
+};
 
 const SECTION: &str = "overhead";
 
@@ -41,8 +53,12 @@ pub struct Options {
     pub seconds: u64,
 }
 
-/// `node-agent run`, standalone; SIGTERM on stop, killed on drop.
-pub struct Daemon(Child);
+/// `node-agent run`, standalone, with the bench's standalone config (only the memory threshold:
+/// see [`super::kube::standalone_config_text`]); SIGTERM on stop, killed on drop.
+pub struct Daemon {
+    child: Child,
+    port: u16,
+}
 
 impl Daemon {
     pub fn start(agent: &Path, work_dir: &Path) -> anyhow::Result<Self> {
@@ -50,14 +66,12 @@ impl Daemon {
             .local_addr()?
             .port();
         let socket = work_dir.join(format!("stress-{}.sock", std::process::id()));
+        let config = work_dir.join(format!("standalone-{}.yaml", std::process::id()));
+        std::fs::write(&config, super::kube::standalone_config_text(port, &socket))
+            .with_context(|| format!("writing {}", config.display()))?;
         let mut child = Command::new(agent)
-            .args([
-                "run",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--trace-socket",
-            ])
-            .arg(&socket)
+            .args(["run", "--config"])
+            .arg(&config)
             .env("RUST_LOG", "info")
             .env_remove("NODE_AGENT_CONFIG")
             .stdout(Stdio::null())
@@ -65,7 +79,7 @@ impl Daemon {
             .spawn()
             .with_context(|| format!("starting {}", agent.display()))?;
         let stderr = child.stderr.take().context("agent stderr")?;
-        let daemon = Self(child);
+        let daemon = Self { child, port };
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -85,14 +99,19 @@ impl Daemon {
     }
 
     pub fn pid(&self) -> u32 {
-        self.0.id()
+        self.child.id()
+    }
+
+    /// Its listener (`/metrics`, `/healthz`) on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     pub fn stop(mut self) -> anyhow::Result<()> {
         // SAFETY: signals the process we started.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(5);
-        while self.0.try_wait()?.is_none() {
+        while self.child.try_wait()?.is_none() {
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "the agent ignored SIGTERM for 5 s"
@@ -105,17 +124,19 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
-/// Bogo-ops per second of one stress-ng run, on the last CPU: (wall clock, user + system CPU).
+/// Bogo-ops per second of one stress-ng run, on the last CPU if `pinned`: (wall clock, user +
+/// system CPU).
 fn stress(
     cgroup: &BenchCgroup,
-    stressor: &[&str],
+    stressor: &[String],
     seconds: u64,
     yaml: &Path,
+    pinned: bool,
 ) -> anyhow::Result<(f64, f64)> {
     let procs = cgroup.path().join("cgroup.procs");
     // The shell joins the cgroup, then becomes stress-ng: every worker starts inside it.
@@ -125,7 +146,11 @@ fn stress(
         stressor.join(" "),
         yaml.display()
     );
-    let pinned = PinnedCpu::last()?;
+    let pinned = if pinned {
+        Some(PinnedCpu::last()?)
+    } else {
+        None
+    };
     let out = Command::new("sh")
         .args(["-c", &script])
         .stdout(Stdio::null())
@@ -152,6 +177,78 @@ fn stress(
     ))
 }
 
+/// One stressor as the rows run it.
+struct Stressor {
+    name: String,
+    args: Vec<String>,
+    pinned: bool,
+    variants: &'static [Variant],
+}
+
+/// What runs beside the stressor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Nothing,
+    /// `node-agent run`, standalone, every line far.
+    Daemon,
+    /// The kernel programs with a line within reach: the near-line pace.
+    NearLine,
+}
+
+impl Variant {
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Nothing => "nothing",
+            Variant::Daemon => "`node-agent run` (lines far)",
+            Variant::NearLine => "the programs with a line near (1 ms pace)",
+        }
+    }
+}
+
+fn stressors() -> Vec<Stressor> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let vm = |n: usize| {
+        words(&[
+            "--vm",
+            &n.to_string(),
+            "--vm-bytes",
+            "4M",
+            "--vm-method",
+            "write64",
+        ])
+    };
+    let fork = |n: usize| words(&["--fork", &n.to_string()]);
+    const ALL: &[Variant] = &[Variant::Nothing, Variant::Daemon, Variant::NearLine];
+    const NEAR: &[Variant] = &[Variant::Nothing, Variant::NearLine];
+    vec![
+        Stressor {
+            name: "vm".into(),
+            args: vm(1),
+            pinned: true,
+            variants: ALL,
+        },
+        Stressor {
+            name: "fork".into(),
+            args: fork(1),
+            pinned: true,
+            variants: ALL,
+        },
+        Stressor {
+            name: format!("vm, {cpus} workers (one per CPU)"),
+            args: vm(cpus),
+            pinned: false,
+            variants: NEAR,
+        },
+        Stressor {
+            name: format!("fork, {cpus} workers (one per CPU)"),
+            args: fork(cpus),
+            pinned: false,
+            variants: NEAR,
+        },
+    ]
+}
+
 pub fn run(
     rows: &mut Vec<Row>,
     agent: &Path,
@@ -159,71 +256,92 @@ pub fn run(
     opts: &Options,
 ) -> anyhow::Result<()> {
     let yaml = work_dir.join(format!("stress-{}.yaml", std::process::id()));
-    for (name, stressor) in [
-        (
-            "vm",
-            ["--vm", "1", "--vm-bytes", "4M", "--vm-method", "write64"].as_slice(),
-        ),
-        ("fork", ["--fork", "1"].as_slice()),
-    ] {
-        let cgroup = BenchCgroup::memory(&format!("stress-{name}"))?;
-        // Per round: (without, with) as (wall, cpu) rates.
-        let mut pairs: Vec<(Rate, Rate)> = Vec::new();
-        stress(&cgroup, stressor, 1, &yaml)?;
+    for stressor in stressors() {
+        let cgroup = BenchCgroup::memory(&format!(
+            "stress-{}",
+            stressor.name.replace([' ', ',', '(', ')'], "")
+        ))?;
+        let lines = Lines::new(cgroup.id()?)?;
+        let variants = stressor.variants;
+        // Per round, the (wall, cpu) rate under each variant.
+        let mut rounds: Vec<Vec<Rate>> = Vec::new();
+        stress(&cgroup, &stressor.args, 1, &yaml, stressor.pinned)?;
         for round in 0..opts.rounds {
-            let order = if round % 2 == 0 {
-                [false, true]
-            } else {
-                [true, false]
-            };
-            let mut got = [(0.0, 0.0); 2];
-            for with in order {
-                let daemon = if with {
-                    Some(Daemon::start(agent, work_dir)?)
-                } else {
-                    None
+            let mut order: Vec<usize> = (0..variants.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            let mut got = vec![(0.0, 0.0); variants.len()];
+            for at in order {
+                let (daemon, programs) = match variants[at] {
+                    Variant::Nothing => (None, None),
+                    Variant::Daemon => (Some(Daemon::start(agent, work_dir)?), None),
+                    Variant::NearLine => (None, lines.load(Probes::Near)?),
                 };
-                got[usize::from(with)] = stress(&cgroup, stressor, opts.seconds, &yaml)?;
+                got[at] = stress(
+                    &cgroup,
+                    &stressor.args,
+                    opts.seconds,
+                    &yaml,
+                    stressor.pinned,
+                )?;
+                drop(programs);
                 if let Some(d) = daemon {
                     d.stop()?;
                 }
             }
-            pairs.push((got[0], got[1]));
+            rounds.push(got);
         }
-        // Per round: without ÷ with, minus one, in percent.
-        let slowdowns = |f: fn(&Rate) -> f64| -> Vec<f64> {
-            pairs
-                .iter()
-                .map(|(off, on)| (f(off) / f(on) - 1.0) * 100.0)
-                .collect()
-        };
-        let (walls, cpus) = (slowdowns(|p| p.0), slowdowns(|p| p.1));
-        let q = |v: &[f64], at: f64| quantile(v, at).unwrap_or(f64::NAN);
-        let (wall, cpu) = (q(&walls, 0.5), q(&cpus, 0.5));
-        let rate = |f: fn(&(Rate, Rate)) -> f64| {
-            median(&pairs.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
-        };
-        rows.push(
-            Row::info(
-                SECTION,
-                format!("stress-ng {name}: slowdown with `node-agent run`"),
-                format!("{wall:+.1} %"),
-            )
-            .value(wall, "%")
-            .target("≤ 3 %", wall <= 3.0)
-            .note(format!(
-                "stress-ng {} on one CPU, {} s per run, median of {} ABBA rounds of bogo-ops/s \
-                 (wall; quartiles {:+.1} … {:+.1} %): {:.0} without, {:.0} with; per CPU second \
-                 {cpu:+.1} %",
-                stressor.join(" "),
-                opts.seconds,
-                pairs.len(),
-                q(&walls, 0.25),
-                q(&walls, 0.75),
-                rate(|p| p.0 .0),
-                rate(|p| p.1 .0),
-            )),
-        );
+        for (at, variant) in variants.iter().enumerate().skip(1) {
+            // Per round: without ÷ with, minus one, in percent.
+            let slowdowns = |f: fn(&Rate) -> f64| -> Vec<f64> {
+                rounds
+                    .iter()
+                    .map(|r| (f(&r[0]) / f(&r[at]) - 1.0) * 100.0)
+                    .collect()
+            };
+            let Some(wall) = median_ci(&slowdowns(|p| p.0)) else {
+                continue;
+            };
+            let cpu = median(&slowdowns(|p| p.1)).unwrap_or(f64::NAN);
+            let rate = |i: usize| {
+                median(&rounds.iter().map(|r| r[i].0).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+            };
+            rows.push(
+                Row::info(
+                    SECTION,
+                    format!(
+                        "stress-ng {}: slowdown with {}",
+                        stressor.name,
+                        variant.label()
+                    ),
+                    format!("{} %", wall.show(1, true)),
+                )
+                .estimate(wall, "%")
+                .at_most("≤ 3 % (upper end)", 3.0)
+                .note(format!(
+                    "{}; stress-ng {} {}, {} s per run, {} rounds of {} alternated (order \
+                     reversed every other round), bogo-ops/s wall clock: {:.0} without, {:.0} \
+                     with (medians); per CPU second {cpu:+.1} %",
+                    wall.describe("median"),
+                    stressor.args.join(" "),
+                    if stressor.pinned {
+                        "on one CPU"
+                    } else {
+                        "unpinned"
+                    },
+                    opts.seconds,
+                    rounds.len(),
+                    variants
+                        .iter()
+                        .map(|v| v.label())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    rate(0),
+                    rate(at),
+                )),
+            );
+        }
     }
     let _ = std::fs::remove_file(&yaml);
     Ok(())

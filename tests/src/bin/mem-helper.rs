@@ -11,6 +11,13 @@
 //!   right after the last page was written, the clock of kernel event timestamps), then sleeps
 //!   until a line arrives: no memory event of its own follows the last charge. Then frees it,
 //!   prints `freed`, waits for a line and exits.
+//! - `mem-helper ramp KIB BYTES_PER_S`: as `cross`, but never faster than BYTES_PER_S: before
+//!   each 64 KiB it waits until the clock allows them, so over any interval it charges at most
+//!   the rate times the interval plus 64 KiB (and the kernel's 256 KiB charge batch).
+//! - `mem-helper burst`: as `cross` with one transparent huge page: 2 MiB aligned, advised
+//!   `MADV_HUGEPAGE`, touched at its first byte (one fault that charges 2 MiB at once where
+//!   the kernel gives a huge page), then at every other page (no-ops after a huge page; 511
+//!   quick faults where none was given). Prints `held NS huge|small`.
 
 use std::io::{BufRead as _, Write as _};
 
@@ -102,16 +109,97 @@ impl Drop for Touched {
     }
 }
 
+/// 2 MiB from a fresh mapping, aligned to 2 MiB, advised for a transparent huge page and
+/// touched (a huge page faulted in whole where the kernel gives one). Returns the mapping (to
+/// unmap) and whether the region is one huge page (`AnonHugePages` in `/proc/self/smaps`).
+fn huge_page() -> (Touched, bool) {
+    const HUGE: usize = 2 * MIB;
+    // SAFETY: anonymous private mapping; checked for failure before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * HUGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        std::process::exit(4);
+    }
+    let aligned = (p as usize).next_multiple_of(HUGE) as *mut u8;
+    // SAFETY: `aligned .. aligned + HUGE` lies within the 4 MiB mapping; advice only.
+    unsafe { libc::madvise(aligned.cast(), HUGE, libc::MADV_HUGEPAGE) };
+    for offset in (0..HUGE).step_by(4096) {
+        // SAFETY: within the writable mapping.
+        unsafe { aligned.add(offset).write_volatile(0x5a) };
+    }
+    let huge = std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("AnonHugePages:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .is_some_and(|kib| kib >= 2048);
+    (Touched(p, 2 * HUGE), huge)
+}
+
+/// KIB KiB written page by page, never more than `bytes_per_s` a second (checked every 64 KiB).
+fn paced(kib: usize, bytes_per_s: u64) -> Touched {
+    let bytes = kib * 1024;
+    // SAFETY: anonymous private mapping; checked for failure before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        std::process::exit(4);
+    }
+    let start = monotonic_ns();
+    for offset in (0..bytes).step_by(4096) {
+        if offset % (64 * 1024) == 0 {
+            // The bytes up to the end of this 64 KiB chunk may be charged from `due` on.
+            let due = start
+                + ((offset + 64 * 1024) as u128 * 1_000_000_000 / bytes_per_s.max(1) as u128)
+                    as u64;
+            while monotonic_ns() < due {
+                std::hint::spin_loop();
+            }
+        }
+        // SAFETY: within the writable mapping.
+        unsafe { p.cast::<u8>().add(offset).write_volatile(0x5a) };
+    }
+    Touched(p, bytes)
+}
+
 fn arg(n: usize) -> usize {
     match std::env::args().nth(n).map(|a| a.parse()) {
         Some(Ok(v)) => v,
         _ => {
             eprintln!(
-                "usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES [HOLD_US] | cross KIB"
+                "usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES [HOLD_US] | cross KIB | ramp KIB BYTES_PER_S | burst"
             );
             std::process::exit(2);
         }
     }
+}
+
+/// Says `held NS [what]`, waits for a line, frees `held`, says `freed`, waits for a line.
+fn hold_then_free(held: Touched, what: &str) {
+    let done = monotonic_ns();
+    say(&format!("held {done}{what}"));
+    wait_line();
+    drop(held);
+    say("freed");
+    wait_line();
 }
 
 fn main() {
@@ -134,14 +222,11 @@ fn main() {
             say("freed");
             wait_line();
         }
-        "cross" => {
-            let held = touched(arg(2) * 1024);
-            let done = monotonic_ns();
-            say(&format!("held {done}"));
-            wait_line();
-            drop(held);
-            say("freed");
-            wait_line();
+        "cross" => hold_then_free(touched(arg(2) * 1024), ""),
+        "ramp" => hold_then_free(paced(arg(2), arg(3) as u64), ""),
+        "burst" => {
+            let (held, huge) = huge_page();
+            hold_then_free(held, if huge { " huge" } else { " small" });
         }
         "oscillate" => {
             let (low, high, times) = (arg(2), arg(3), arg(4));
@@ -165,7 +250,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES [HOLD_US] | cross KIB"
+                "usage: mem-helper oom | hold MIB | oscillate LOW_MIB HIGH_MIB TIMES [HOLD_US] | cross KIB | ramp KIB BYTES_PER_S | burst"
             );
             std::process::exit(2);
         }

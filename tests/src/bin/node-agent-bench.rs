@@ -2,15 +2,19 @@
 //! markdown table and writes the JSON record and the table to the given files.
 //!
 //! ```text
-//! node-agent-bench --agent PATH [--json FILE] [--markdown FILE] [--commit REV] [--work-dir DIR]
-//!                  [--quick] [--only SECTION]
+//! node-agent-bench --agent PATH [--json FILE] [--markdown FILE] [--markdown-fexit FILE]
+//!                  [--import-rows FILE] [--commit REV] [--work-dir DIR] [--quick]
+//!                  [--only SECTION]
 //! ```
 //!
-//! `--quick` takes fewer samples (a smoke run, about a minute); its figures are not for the docs.
-//! `--only TEXT` runs the sections whose name contains TEXT.
-//! The binary also runs its own helper processes (`node-agent-bench child ...`), and
-//! `node-agent-bench probes VARIANT CGROUP_DIR` holds one set of kernel programs loaded (see
-//! `bench::overhead::hold`) for measuring a workload by hand.
+//! `--quick` takes fewer samples (a smoke run); its figures are not for the docs.
+//! `--only TEXT` runs the sections whose name contains TEXT. `--import-rows` adds rows measured
+//! elsewhere (the VMs' fexit rows, one JSON record a line); `--markdown-fexit` is where their
+//! table goes.
+//! The binary also runs its own helper processes (`node-agent-bench child ...`), the VMs' part
+//! (`node-agent-bench vm-fexit ...`, see `bench::fexit`), and `node-agent-bench probes VARIANT
+//! CGROUP_DIR` holds one set of kernel programs loaded (see `bench::overhead::hold`) for
+//! measuring a workload by hand.
 
 use std::{
     path::PathBuf,
@@ -20,14 +24,17 @@ use std::{
 
 use anyhow::Context as _;
 use node_agent_tests::bench::{
-    cgroups, child, e2e, footprint, latency, oom, overhead, policy, psi, report::Machine, stress,
-    throughput, Report, Rng, Row,
+    cgroups, child, e2e, fexit, footprint, idle, latency, oom, overhead, policy, psi,
+    report::{load_average, Machine},
+    stress, throughput, Report, Rng, Row,
 };
 
 struct Args {
     agent: PathBuf,
     json: Option<PathBuf>,
     markdown: Option<PathBuf>,
+    markdown_fexit: Option<PathBuf>,
+    import_rows: Option<PathBuf>,
     commit: String,
     work_dir: PathBuf,
     quick: bool,
@@ -36,13 +43,16 @@ struct Args {
 }
 
 const USAGE: &str = "usage: node-agent-bench --agent PATH [--json FILE] [--markdown FILE] \
-                     [--commit REV] [--work-dir DIR] [--quick] [--only SECTION]";
+                     [--markdown-fexit FILE] [--import-rows FILE] [--commit REV] \
+                     [--work-dir DIR] [--quick] [--only SECTION]";
 
 fn parse(args: &[String]) -> anyhow::Result<Args> {
     let mut out = Args {
         agent: PathBuf::new(),
         json: None,
         markdown: None,
+        markdown_fexit: None,
+        import_rows: None,
         commit: "unknown".into(),
         work_dir: PathBuf::from("target/bench"),
         quick: false,
@@ -59,6 +69,8 @@ fn parse(args: &[String]) -> anyhow::Result<Args> {
             "--agent" => out.agent = value()?.into(),
             "--json" => out.json = Some(value()?.into()),
             "--markdown" => out.markdown = Some(value()?.into()),
+            "--markdown-fexit" => out.markdown_fexit = Some(value()?.into()),
+            "--import-rows" => out.import_rows = Some(value()?.into()),
             "--commit" => out.commit = value()?,
             "--work-dir" => out.work_dir = value()?.into(),
             "--quick" => out.quick = true,
@@ -79,6 +91,8 @@ fn main() -> ExitCode {
         child::run(&argv[1..])
     } else if argv.first().map(String::as_str) == Some("probes") {
         overhead::hold(&argv[1..])
+    } else if argv.first().map(String::as_str) == Some("vm-fexit") {
+        fexit::run_in_vm(&argv[1..])
     } else {
         parse(&argv).and_then(|args| bench(&args))
     };
@@ -98,6 +112,7 @@ fn bench(args: &Args) -> anyhow::Result<()> {
         "the bench loads eBPF programs and creates cgroups: run it as root (`sudo -E cargo xtask bench`)"
     );
     let started = Instant::now();
+    let load_start = load_average();
     std::fs::create_dir_all(&args.work_dir)
         .with_context(|| format!("creating {}", args.work_dir.display()))?;
     let stale = cgroups::remove_stale()?;
@@ -151,43 +166,61 @@ fn bench(args: &Args) -> anyhow::Result<()> {
         psi::run(rows, if q { 2 } else { 6 }, &args.work_dir, &mut rng)
     });
     section("probe overhead: loops", &mut |rows| {
-        overhead::run(rows, if q { 2 } else { 16 })
+        let opts = overhead::Options {
+            rounds: if q { 2 } else { 24 },
+            spin_rounds: if q { 2 } else { 12 },
+            charge_passes: if q { 1 } else { 5 },
+        };
+        overhead::run(rows, &opts)
     });
     section("probe overhead: stress-ng", &mut |rows| {
         let opts = stress::Options {
-            rounds: if q { 2 } else { 24 },
+            rounds: if q { 2 } else { 20 },
             seconds: 2,
         };
         stress::run(rows, &args.agent, &args.work_dir, &opts)
     });
     section("event throughput", &mut throughput::run);
-    section("footprint", &mut |rows| {
-        let sample = Duration::from_secs(if q { 3 } else { 10 });
-        footprint::run(rows, &args.agent, sample, &mut rng)
+    let sample = Duration::from_secs(if q { 3 } else { 10 });
+    section("footprint: node-agent trace", &mut |rows| {
+        footprint::trace(rows, &args.agent, sample, &mut rng)
+    });
+    section("footprint: daemon in Kubernetes mode", &mut |rows| {
+        footprint::kube(rows, &args.agent, &args.work_dir, sample, &mut rng)
     });
     section("footprint: daemon idle", &mut |rows| {
-        let sample = Duration::from_secs(if q { 3 } else { 10 });
-        footprint::daemon(
-            rows,
-            &args.agent,
-            &args.work_dir,
-            sample,
-            if q { 1 } else { 6 },
-        )
+        let opts = idle::Options {
+            pairs: if q { 2 } else { 16 },
+            window: Duration::from_secs(if q { 2 } else { 5 }),
+        };
+        idle::daemon(rows, &args.agent, &args.work_dir, &opts)
+    });
+    section("footprint: wake-up meter check", &mut |rows| {
+        let opts = idle::Options {
+            pairs: if q { 2 } else { 8 },
+            window: Duration::from_secs(if q { 2 } else { 5 }),
+        };
+        idle::meter(rows, &opts)
     });
     section("policy evaluation", &mut |rows| {
         policy::run(rows, if q { 200 } else { 2000 })
     });
 
+    if let Some(path) = &args.import_rows {
+        rows.extend(import(path)?);
+    }
     let report = Report {
-        machine: Machine::detect(args.commit.clone()),
+        machine: Machine::detect(args.commit.clone(), load_start),
         rows,
         duration_s: started.elapsed().as_secs_f64(),
     };
-    let table = report.markdown();
-    println!("{table}");
+    let (table, fexit) = (report.markdown(), report.markdown_fexit());
+    println!("{table}\n{fexit}");
     if let Some(path) = &args.markdown {
         std::fs::write(path, &table).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.markdown_fexit {
+        std::fs::write(path, &fexit).with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report.json())?;
@@ -195,4 +228,18 @@ fn bench(args: &Args) -> anyhow::Result<()> {
     }
     anyhow::ensure!(failed.is_empty(), "sections failed: {}", failed.join(", "));
     Ok(())
+}
+
+/// Rows measured elsewhere, one JSON record a line (`Row::json`).
+fn import(path: &std::path::Path) -> anyhow::Result<Vec<Row>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l)
+                .with_context(|| format!("{}: a line is not JSON: {l:.80}", path.display()))?;
+            Row::from_json(&v).with_context(|| format!("{}: a row", path.display()))
+        })
+        .collect()
 }

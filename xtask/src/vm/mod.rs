@@ -7,8 +7,10 @@
 //! - [`initramfs`]: the guest's userland and the plan its init script follows (`init.sh`);
 //! - [`qemu`]: one VM, its serial ports and time limits;
 //! - [`report`]: what a VM said, per test;
-//! - [`stress`]: the attach/detach loop.
+//! - [`stress`]: the attach/detach loop;
+//! - [`bench`]: the fexit rows of `cargo xtask bench`, measured inside the VMs.
 
+pub mod bench;
 mod build;
 mod initramfs;
 mod kernels;

@@ -84,6 +84,7 @@ fn checked(args: &CheckArgs, env_node_name: Option<&str>) -> Result<Checked, Che
     };
     let overrides = Overrides {
         node_name: Some(env_node_name.unwrap_or(STAND_IN_NODE).to_string()),
+        cri_endpoint: Overrides::cri_endpoint_from_env(),
         ..Overrides::default()
     };
     // The very path of `run` and of every reload: read once, then validated.
@@ -280,7 +281,17 @@ fn not_checked(
             ));
         }
         lines.push("kubernetes: the API server and the kubelet answer (the kubelet at its Node's address unless kubelet.url, or through the node proxy), its certificate verifies, apiServer.caFile and tokenPath are readable (checked when the agent connects: at start, and on a reload that changes them)".into());
-        lines.push("cri.endpoint: the runtime answers on its socket (checked at the first node-level reclaim, and said then)".into());
+        if let Some(runtime) = &config.runtime {
+            lines.push(format!(
+                "cri.endpoint {}{}: the runtime answers on its socket (checked at start for its ImageFsInfo and at each node-level reclaim, and said then)",
+                runtime.settings.endpoint,
+                if Overrides::cri_endpoint_from_env().is_some() {
+                    format!(" (from {})", super::CRI_ENDPOINT_VAR)
+                } else {
+                    String::new()
+                }
+            ));
+        }
     }
     lines.push(format!(
         "listen {}: free to bind (checked at start)",

@@ -24,6 +24,7 @@ use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use serde_yaml_ng::Value;
 
 use super::{legacy, ConfigError};
+use crate::logging::{LogFormat, LogLevel};
 
 /// The config format this agent reads.
 pub const API_VERSION: &str = "node-agent.io/v1alpha1";
@@ -81,6 +82,12 @@ pub struct NodeAgentConfiguration {
     pub fork_window: GoDuration,
     /// The kernel ring buffer (a power of two, 4Ki to 256Mi).
     pub ring_buffer_size: ByteSize,
+    /// Log lines on stderr: `text`, or `json` (one object per line, the same fields).
+    /// `--log-format` wins over it.
+    pub log_format: LogFormat,
+    /// A level (`error`, `warn`, `info`, `debug`, `trace`) or RUST_LOG directives
+    /// (`info,node_agent::daemon=debug`). `--log-level`, else `RUST_LOG`, wins over it.
+    pub log_level: LogLevel,
     /// The kubelet's eviction fields, by their KubeletConfiguration names.
     pub eviction: EvictionFields,
     /// How the agent talks to Kubernetes; absent: standalone mode (nothing is ever changed).
@@ -113,6 +120,8 @@ impl Default for NodeAgentConfiguration {
             ring_buffer_size: ByteSize::from_bytes(u64::from(
                 node_agent_common::DEFAULT_RING_BYTES,
             )),
+            log_format: LogFormat::Text,
+            log_level: LogLevel::info(),
             eviction: EvictionFields::default(),
             kubernetes: None,
             cri: None,

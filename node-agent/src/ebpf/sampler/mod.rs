@@ -1,10 +1,14 @@
-//! The in-kernel memory sampler's user side: line slots, and the cgroup iterator that tells the
-//! kernel where a newly watched cgroup's page counter lives (see `node-agent-ebpf/src/sampler.rs`;
-//! the iterator itself is in `iterator.rs`).
+//! The in-kernel memory sampler's user side: line slots, its pace (the charge-rate bound it
+//! plans for: `node_agent_common::sampler`), and the cgroup iterator that tells the kernel where
+//! a newly watched cgroup's page counter lives (see `node-agent-ebpf/src/sampler.rs`; the
+//! iterator itself is in `iterator.rs`).
 //!
 //! The program starts a timer on the CPU it runs on, so each new line's iterator runs once
 //! per timer, each time on a thread pinned to another of the agent's CPUs: two vCPUs rarely
-//! lose the host at the same moment.
+//! lose the host at the same moment. A line set again much lower than before runs the
+//! iterator again, which restarts the timers at the shortest period: a timer waiting up to the
+//! longest period for a far line must not keep waiting once the line has moved near, or below
+//! the usage.
 
 use std::{
     collections::HashMap,
@@ -20,8 +24,8 @@ use aya::{
     Ebpf,
 };
 use node_agent_common::{
-    MemoryLine, SamplerControl, SamplerStats, MAX_MEMORY_LINES,
-    PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU, SAMPLER_TIMERS,
+    MemoryLine, SamplerControl, SamplerStats, LARGEST_SINGLE_CHARGE_BYTES,
+    MAX_CHARGE_BYTES_PER_US_PER_CPU, MAX_MEMORY_LINES, SAMPLER_TIMERS,
 };
 
 use self::iterator::{open_cgroup, run_cgroup_iterator, run_on, timer_cpus};
@@ -56,15 +60,19 @@ pub enum SamplerError {
     Unresolved { cgroup: u64 },
 }
 
-/// How often the sampler ticks (see `SamplerControl`).
+/// How often the sampler ticks (see `SamplerControl::wait_ns`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SamplerPace {
-    /// The shortest wait between ticks: while a line is near, a crossing is seen this soon.
+    /// The shortest wait between ticks: a crossing by a charge within the bound is read at
+    /// most this long after it happens.
     pub period: Duration,
-    /// The longest wait between ticks: any crossing is seen this soon.
+    /// The longest wait between ticks, while every line is far: a charge faster than the
+    /// bound is seen this soon.
     pub max_period: Duration,
-    /// The charge rate (bytes per µs, whole node) lines are assumed to approach at; `None`:
-    /// [`PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU`] times the CPUs online.
+    /// The charge-rate bound (bytes per µs, whole node) lines are assumed to approach at, on
+    /// top of one largest single charge ([`LARGEST_SINGLE_CHARGE_BYTES`]); `None`:
+    /// [`MAX_CHARGE_BYTES_PER_US_PER_CPU`] times the CPUs online; `Some(0)`: no bound, every
+    /// wait is the shortest.
     pub charge_bytes_per_us: Option<u64>,
 }
 
@@ -112,7 +120,7 @@ impl Sampler {
             None => {
                 // The node's CPUs, not the agent's share of them: any of them may charge.
                 let cpus = aya::util::online_cpus().map_or(1, |c| c.len().max(1));
-                PLAUSIBLE_CHARGE_BYTES_PER_US_PER_CPU.saturating_mul(cpus as u64)
+                MAX_CHARGE_BYTES_PER_US_PER_CPU.saturating_mul(cpus as u64)
             }
         };
         let sampler = Self {
@@ -139,9 +147,20 @@ impl Sampler {
         }
     }
 
-    /// Starts sampling `cgroup`'s page counter (its threshold is in `MEMORY_THRESHOLDS`).
-    pub(crate) fn watch(&mut self, ebpf: &mut Ebpf, cgroup: u64) -> Result<(), ControlError> {
-        if self.by_cgroup.contains_key(&cgroup) {
+    /// Starts sampling `cgroup`'s page counter (its threshold is in `MEMORY_THRESHOLDS`). For a
+    /// cgroup already watched whose line was just set `moved_down` bytes lower than before,
+    /// restarts the timers at the shortest period when the wait planned for the old line could
+    /// now make a crossing late ([`Self::needs_restart`]).
+    pub(crate) fn watch(
+        &mut self,
+        ebpf: &mut Ebpf,
+        cgroup: u64,
+        moved_down: u64,
+    ) -> Result<(), ControlError> {
+        if let Some(&index) = self.by_cgroup.get(&cgroup) {
+            if self.needs_restart(moved_down) {
+                return self.resolve(ebpf, index, cgroup);
+            }
             return Ok(());
         }
         let slot = match self.slots.iter().position(Option::is_none) {
@@ -163,6 +182,19 @@ impl Sampler {
             let _ = self.unwatch(ebpf, cgroup);
         }
         result
+    }
+
+    /// Whether a line moved down by `moved_down` bytes needs the timers restarted. A wait
+    /// planned for the old line lets the new one be crossed at most `moved_down / rate` sooner
+    /// than planned: within the shortest period that only doubles the (1 ms) delay of the
+    /// promise, and the daemon, which lowers lines a little at nearly every reading, restarts
+    /// nothing. A line moved further (below the usage, or much nearer) is read at once. With
+    /// no charge bound every wait is the shortest already.
+    fn needs_restart(&self, moved_down: u64) -> bool {
+        let slack = self
+            .charge_bytes_per_us
+            .saturating_mul(self.period_ns / 1000);
+        self.charge_bytes_per_us > 0 && moved_down > slack
     }
 
     /// Stops sampling `cgroup`; a cgroup not watched is not an error.
@@ -232,6 +264,7 @@ impl Sampler {
             period_ns: self.period_ns,
             max_period_ns: self.max_period_ns,
             charge_bytes_per_us: self.charge_bytes_per_us,
+            burst_bytes: LARGEST_SINGLE_CHARGE_BYTES,
             lines: u32::try_from(self.slots.len()).unwrap_or(MAX_MEMORY_LINES),
             timer,
         };
@@ -297,4 +330,50 @@ fn lines_map<'a, T: aya::Pod>(
 ) -> Result<Array<&'a mut MapData, T>, ControlError> {
     let map = ebpf.map_mut(name).ok_or(LoadError::MissingMap(name))?;
     Array::try_from(map).map_err(|source| LoadError::Map { name, source }.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(charge_bytes_per_us: u64) -> Sampler {
+        Sampler {
+            mount: File::open("/").expect("/ opens"),
+            mount_path: "/".into(),
+            period_ns: 1_000_000,
+            max_period_ns: 250_000_000,
+            charge_bytes_per_us,
+            slots: Vec::new(),
+            by_cgroup: HashMap::new(),
+            cpus: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn only_a_line_moved_down_beyond_one_shortest_period_of_charging_restarts_the_timers() {
+        // 32 GiB/s (2 CPUs at the bound): 1 ms of charging is 34_359_000 bytes.
+        let s = sampler(34_359);
+        let cases = [
+            ("moved up or not at all", 0, false),
+            (
+                "moved down a little (the daemon's readings)",
+                4 << 20,
+                false,
+            ),
+            (
+                "moved down by exactly one period of charging",
+                34_359_000,
+                false,
+            ),
+            ("moved down by more", 34_359_001, true),
+            ("from far to below the usage", 1 << 40, true),
+        ];
+        for (why, moved_down, want) in cases {
+            assert_eq!(s.needs_restart(moved_down), want, "{why}");
+        }
+        assert!(
+            !sampler(0).needs_restart(1 << 40),
+            "no bound: every wait is already the shortest"
+        );
+    }
 }

@@ -64,6 +64,19 @@ impl ReclaimMetrics {
         );
     }
 
+    /// Each disk signal's reclaims at 0 from the start, so `increase()` and dashboards see 0
+    /// rather than nothing on a node that never reclaimed.
+    pub(super) fn precreate<'a>(&self, signals: impl Iterator<Item = &'a str>) {
+        for eviction_signal in signals {
+            for result in ReclaimResult::ALL {
+                self.runs.get_or_create_owned(&RunLabels {
+                    eviction_signal: eviction_signal.to_string(),
+                    result: result.as_str(),
+                });
+            }
+        }
+    }
+
     pub fn set_runtime_unavailable(&self, unavailable: bool) {
         self.runtime_unavailable.set(i64::from(unavailable));
     }

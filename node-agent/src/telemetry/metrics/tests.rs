@@ -27,7 +27,7 @@ fn each_recorder_writes_its_sample() {
          "node_agent_signal_available_pids{eviction_signal=\"pid.available\"} 31000"),
         ("the build is 1 with its version",
          |_| {},
-         concat!("node_agent_build_info{version=\"", env!("CARGO_PKG_VERSION"), "\",rustc=\"", env!("NODE_AGENT_RUSTC"), "\"} 1")),
+         concat!("node_agent_build_info{version=\"", env!("CARGO_PKG_VERSION"), "\",commit=\"", env!("NODE_AGENT_COMMIT"), "\",rustc=\"", env!("NODE_AGENT_RUSTC"), "\"} 1")),
         ("the memory mechanism is 1 under its short name",
          |m| m.set_memory_mechanism(crate::ebpf::MemoryMechanism::CounterSampler),
          "node_agent_memory_mechanism{mechanism=\"sampler\"} 1"),
@@ -262,7 +262,7 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 28] = [
+const COUNTERS: [&str; 29] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
@@ -284,6 +284,7 @@ const COUNTERS: [&str; 28] = [
     "node_agent_no_evictable_pod_events",
     "node_agent_oom_kills",
     "node_agent_oom_kills_foreseen",
+    "node_agent_node_reclaims",
     "node_agent_ringbuf_decode_errors",
     "node_agent_ringbuf_lost_events",
     "node_agent_ringbuf_sent_events",
@@ -301,7 +302,8 @@ const OTHERS: [&str; 20] = [
     "node_agent_memory_mechanism",
     "node_agent_no_evictable_pod",
     "node_agent_node_condition",
-    // Node-level reclaim's gauge (its counters appear with their first reclaim).
+    // Node-level reclaim's gauge (its reclaims count from 0; objects and bytes appear with the
+    // first reclaim).
     "node_agent_node_reclaim_runtime_unavailable",
     "node_agent_signal_available_bytes",
     "node_agent_signal_available_inodes",
@@ -428,12 +430,24 @@ fn decision_latency_lands_in_the_right_buckets() {
     let buckets = text
         .lines()
         .filter(|line| line.starts_with("node_agent_decision_latency_seconds_bucket{"))
+        .filter(|line| line.contains("trigger=\"pacing\""))
         .count();
     assert_eq!(
         buckets,
         DECISION_LATENCY_BUCKETS.len() + 1,
         "the bounds plus +Inf"
     );
+}
+
+#[test]
+fn the_kernel_triggers_latency_exists_from_the_start_at_zero() {
+    let text = Metrics::new().encode();
+    for trigger in ["memory_threshold", "pid_threshold", "oom_kill"] {
+        let count = format!("node_agent_decision_latency_seconds_count{{trigger=\"{trigger}\"}} 0");
+        assert!(text.lines().any(|l| l == count), "{count} in\n{text}");
+    }
+    // Evaluations without a kernel timestamp record no latency: no series for them.
+    assert!(!text.contains("node_agent_decision_latency_seconds_count{trigger=\"resync\"}"));
 }
 
 #[test]
