@@ -90,7 +90,7 @@ fn every_refusal_names_the_path_and_what_was_expected() {
         ("imagefsPath: images", "config: imagefsPath: images is not an absolute path"),
         ("kubeletConfig: config.yaml", "config: kubeletConfig: config.yaml is not an absolute path"),
         ("traceSocket: ''", "config: traceSocket: empty"),
-        ("kubernetes: {podSource: carrier-pigeon}", "config: kubernetes.podSource: unknown variant `carrier-pigeon`, expected `kubelet` or `apiserver`"),
+        ("kubernetes: {podSource: carrier-pigeon}", "config: kubernetes.podSource: unknown variant `carrier-pigeon`, expected one of `kubelet`, `apiserver`, `nodeProxy`"),
         ("kubernetes: {nodeName: n, retry: {attempts: 0}}", "config: kubernetes.retry.attempts: 0 is outside 1..=20"),
         ("kubernetes: {nodeName: n, passOver: 2h}", "config: kubernetes.passOver: 2h0m0s is outside 1s to 1h0m0s"),
         ("kubernetes: {nodeName: n, exclusions: {labelSelector: {matchLabel: {}}}}", "config: kubernetes.exclusions.labelSelector.matchLabel: unknown field `matchLabel`, expected `matchLabels` or `matchExpressions`"),
