@@ -12,8 +12,13 @@ use node_agent_policy::GoDuration;
 pub use node_agent_policy::{Exclusions, LabelOperator, LabelRequirement, LabelSelector};
 use serde::{Deserialize, Serialize};
 
+pub use crate::kubelet::NodeAddressType;
+
 /// Where the service account's files are mounted in every pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Where kubeadm and kind leave a kubelet's self-signed serving certificate (its certificate,
+/// then the CA that signed it), below the kubelet's root the DaemonSet mounts.
+pub const KUBELET_SELF_SIGNED_CERT: &str = "/var/lib/kubelet/pki/kubelet.crt";
 
 /// The `kubernetes:` section of the agent config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,10 +101,15 @@ pub enum NodeOomEvents {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PodSourceKind {
-    /// The local kubelet's `/pods` and `/stats/summary`.
+    /// The local kubelet's `/pods` and `/stats/summary`, reached as `kubelet:` says.
     Kubelet,
-    /// A list+watch of the API server with `fieldSelector=spec.nodeName=<node>`.
+    /// A list+watch of the API server with `fieldSelector=spec.nodeName=<node>` (no usage).
     Apiserver,
+    /// The kubelet's `/pods` and `/stats/summary` through the API server's node proxy
+    /// (`/api/v1/nodes/<node>/proxy/...`, RBAC `nodes/proxy get`): no kubelet certificate
+    /// involved.
+    #[serde(rename = "nodeProxy")]
+    NodeProxy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,14 +121,27 @@ pub enum PdbPolicy {
     Override,
 }
 
+/// How the kubelet is reached (`podSource: kubelet`; see `crate::kubelet`): where, and what
+/// its serving certificate is checked against.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct KubeletEndpoint {
-    /// Empty means `https://<nodeName>:10250`.
+    /// A fixed `https://host:port`. Empty: the agent's Node's `status.addresses`, the first of
+    /// `preferredAddressTypes`, at its `status.daemonEndpoints.kubeletEndpoint.Port`.
     pub url: String,
-    /// The CA that signed the kubelet's serving certificate.
+    /// The order in which the Node's address types are tried (as metrics-server's
+    /// `--kubelet-preferred-address-types`).
+    pub preferred_address_types: Vec<NodeAddressType>,
+    /// A PEM file the kubelet's serving certificate may chain to. The default is where kubeadm
+    /// and kind leave the kubelet's self-signed certificate; while `clusterCA` is true, a file
+    /// that does not exist is passed over (and said so).
     pub ca_file: Option<PathBuf>,
-    /// Skip verifying the kubelet's certificate (self-signed serving certificates). Explicit only.
+    /// The cluster CA (`apiServer.caFile`) is trusted too: kubelets whose serving certificates
+    /// the cluster signs (`serverTLSBootstrap`, k3s, EKS).
+    #[serde(rename = "clusterCA")]
+    pub cluster_ca: bool,
+    /// Do not check the kubelet's certificate at all. Explicit only: with `caFile: null` and
+    /// `clusterCA: false`, and logged at start.
     #[serde(rename = "insecureSkipTLSVerify")]
     pub insecure_skip_tls_verify: bool,
 }
@@ -127,9 +150,9 @@ impl Default for KubeletEndpoint {
     fn default() -> Self {
         Self {
             url: String::new(),
-            // Right where kubelets have serving certificates signed by the cluster CA
-            // (`serverTLSBootstrap: true`).
-            ca_file: Some(PathBuf::from(SERVICE_ACCOUNT_DIR).join("ca.crt")),
+            preferred_address_types: NodeAddressType::DEFAULT_ORDER.to_vec(),
+            ca_file: Some(PathBuf::from(KUBELET_SELF_SIGNED_CERT)),
+            cluster_ca: true,
             insecure_skip_tls_verify: false,
         }
     }
@@ -144,17 +167,44 @@ impl KubeletEndpoint {
                 format!("{:?} must start with https://", self.url),
             ));
         }
-        if uses_it && self.ca_file.is_none() && !self.insecure_skip_tls_verify {
+        if self.preferred_address_types.is_empty() {
             return Err(invalid(
-                "kubelet.caFile",
-                "unset: give the kubelet's serving CA, or set kubelet.insecureSkipTLSVerify \
-                 to true explicitly",
+                "kubelet.preferredAddressTypes",
+                "empty: name the Node address types to try, in order (InternalIP, Hostname, \
+                 InternalDNS, ExternalDNS, ExternalIP)",
             ));
         }
-        if self.ca_file.is_some() && self.insecure_skip_tls_verify {
+        for (i, t) in self.preferred_address_types.iter().enumerate() {
+            if self.preferred_address_types[..i].contains(t) {
+                return Err(invalid(
+                    "kubelet.preferredAddressTypes",
+                    format!("{t} is listed twice"),
+                ));
+            }
+        }
+        if self
+            .ca_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(invalid(
+                "kubelet.caFile",
+                "empty: give a path, or null for none",
+            ));
+        }
+        if self.insecure_skip_tls_verify && (self.ca_file.is_some() || self.cluster_ca) {
             return Err(invalid(
                 "kubelet.insecureSkipTLSVerify",
-                "true together with kubelet.caFile: choose one",
+                "true while kubelet.caFile or kubelet.clusterCA would check the certificate: \
+                 to skip the check, set caFile: null and clusterCA: false as well (explicitly)",
+            ));
+        }
+        if uses_it && self.ca_file.is_none() && !self.cluster_ca && !self.insecure_skip_tls_verify {
+            return Err(invalid(
+                "kubelet.caFile",
+                "null and kubelet.clusterCA false: nothing to check the kubelet's certificate \
+                 against; give its CA, set clusterCA: true, or set insecureSkipTLSVerify: true \
+                 explicitly",
             ));
         }
         Ok(())
@@ -391,27 +441,6 @@ impl KubeConfig {
         self.pod_refresh_interval.get()
     }
 
-    /// The kubelet's base URL: the configured one, else `https://<nodeName>:10250`.
-    pub fn kubelet_url(&self) -> String {
-        if self.kubelet.url.is_empty() {
-            format!("https://{}:10250", self.node_name)
-        } else {
-            self.kubelet.url.clone()
-        }
-    }
-
-    /// How to reach the kubelet.
-    pub fn kubelet_endpoint(&self) -> crate::transport::Endpoint {
-        crate::transport::Endpoint {
-            name: "kubelet",
-            url: self.kubelet_url(),
-            ca_file: self.kubelet.ca_file.clone(),
-            insecure_skip_tls_verify: self.kubelet.insecure_skip_tls_verify,
-            token_path: Some(self.token_path.clone()),
-            timeout: self.request_timeout(),
-        }
-    }
-
     /// How to reach the API server: the configured URL, else the in-cluster service from
     /// `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT` (passed in by the caller).
     pub fn api_server_endpoint(
@@ -442,8 +471,7 @@ impl KubeConfig {
         Ok(crate::transport::Endpoint {
             name: "api server",
             url,
-            ca_file: Some(self.api_server.ca_file.clone()),
-            insecure_skip_tls_verify: false,
+            tls: crate::transport::Tls::ca(self.api_server.ca_file.clone()),
             token_path: Some(self.token_path.clone()),
             timeout: self.request_timeout(),
         })
@@ -489,7 +517,18 @@ mod tests {
         assert_eq!(c.node_name, "node-a");
         assert_eq!(c.pod_source, PodSourceKind::Kubelet);
         assert_eq!(c.pdb_policy, PdbPolicy::Respect);
-        assert_eq!(c.kubelet_url(), "https://node-a:10250");
+        assert!(
+            c.kubelet.url.is_empty(),
+            "the kubelet is found from the Node"
+        );
+        assert_eq!(
+            c.kubelet.preferred_address_types,
+            NodeAddressType::DEFAULT_ORDER
+        );
+        assert_eq!(
+            (c.kubelet.ca_file.as_deref(), c.kubelet.cluster_ca),
+            (Some(std::path::Path::new(KUBELET_SELF_SIGNED_CERT)), true)
+        );
         assert!(c.taint, "the pressure taint is on by default");
         assert_eq!(c.node_oom_events, NodeOomEvents::Own);
         assert_eq!(c.request_timeout(), Duration::from_secs(10));
@@ -507,8 +546,13 @@ mod tests {
             ("{}", "kubernetes.nodeName: empty"),
             ("nodeName: Node_A", "kubernetes.nodeName: \"Node_A\" is not a valid node name"),
             ("nodeName: n\nkubelet: {url: 'http://n:10250'}", "kubernetes.kubelet.url"),
-            ("nodeName: n\nkubelet: {caFile: null}", "kubernetes.kubelet.caFile"),
-            ("nodeName: n\nkubelet: {insecureSkipTLSVerify: true}", "kubernetes.kubelet.insecureSkipTLSVerify"),
+            ("nodeName: n\nkubelet: {caFile: null, clusterCA: false}", "kubernetes.kubelet.caFile: null and kubelet.clusterCA false"),
+            ("nodeName: n\nkubelet: {caFile: ''}", "kubernetes.kubelet.caFile: empty"),
+            ("nodeName: n\nkubelet: {insecureSkipTLSVerify: true}", "kubernetes.kubelet.insecureSkipTLSVerify: true while"),
+            ("nodeName: n\nkubelet: {insecureSkipTLSVerify: true, caFile: null}", "kubernetes.kubelet.insecureSkipTLSVerify: true while"),
+            ("nodeName: n\nkubelet: {insecureSkipTLSVerify: true, clusterCA: false}", "kubernetes.kubelet.insecureSkipTLSVerify: true while"),
+            ("nodeName: n\nkubelet: {preferredAddressTypes: []}", "kubernetes.kubelet.preferredAddressTypes: empty"),
+            ("nodeName: n\nkubelet: {preferredAddressTypes: [InternalIP, Hostname, InternalIP]}", "kubernetes.kubelet.preferredAddressTypes: InternalIP is listed twice"),
             ("nodeName: n\napiServer: {url: 'http://10.0.0.1'}", "kubernetes.apiServer.url"),
             ("nodeName: n\nretry: {attempts: 0}", "kubernetes.retry.attempts"),
             ("nodeName: n\nretry: {initialBackoff: 10s, maxBackoff: 1s}", "kubernetes.retry.initialBackoff: 10s must be above 0s and at most retry.maxBackoff (1s)"),
@@ -522,6 +566,25 @@ mod tests {
         for (yaml, want) in rows {
             let err = KubeConfig::from_yaml(yaml, None).unwrap_err().to_string();
             assert!(err.starts_with(want), "{yaml:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn each_way_to_the_kubelet_validates() {
+        #[rustfmt::skip]
+        let rows: &[(&str, &str, PodSourceKind)] = &[
+            ("the default: the Node's InternalIP, kubelet.crt or the cluster CA", "{}", PodSourceKind::Kubelet),
+            ("another order", "kubelet: {preferredAddressTypes: [Hostname, InternalIP]}", PodSourceKind::Kubelet),
+            ("a fixed URL and one CA", "kubelet: {url: 'https://127.0.0.1:10250', caFile: /etc/kubelet-ca.crt, clusterCA: false}", PodSourceKind::Kubelet),
+            ("the cluster CA only", "kubelet: {caFile: null}", PodSourceKind::Kubelet),
+            ("explicitly unchecked", "kubelet: {insecureSkipTLSVerify: true, caFile: null, clusterCA: false}", PodSourceKind::Kubelet),
+            ("the node proxy needs no kubelet trust", "podSource: nodeProxy\nkubelet: {caFile: null, clusterCA: false}", PodSourceKind::NodeProxy),
+            ("the API server's watch", "podSource: apiserver", PodSourceKind::Apiserver),
+        ];
+        for (what, yaml, source) in rows {
+            let c =
+                KubeConfig::from_yaml(yaml, Some("n")).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(c.pod_source, *source, "{what}");
         }
     }
 
@@ -554,6 +617,10 @@ mod tests {
             ("nodeName: n\nrequestTimeout: 10", "kubernetes.requestTimeout: 10 has no unit; expected a Go duration such as 10s or 10ms"),
             ("nodeName: n\nretry: {maxBackof: 1s}", "kubernetes.retry.maxBackof: unknown field `maxBackof`, expected one of `attempts`, `initialBackoff`, `maxBackoff`"),
             ("nodeName: n\nkubelet: {insecureSkipTlsVerify: true}", "kubernetes.kubelet.insecureSkipTlsVerify: unknown field"),
+            ("nodeName: n\nkubelet: {clusterCa: true}", "kubernetes.kubelet.clusterCa: unknown field"),
+            ("nodeName: n\nkubelet: {preferredAddressTypes: [InternalIp]}", "kubernetes.kubelet.preferredAddressTypes[0]: unknown variant `InternalIp`, expected one of `Hostname`, `InternalIP`"),
+            ("nodeName: n\nkubelet: {preferredAddressTypes: InternalIP}", "kubernetes.kubelet.preferredAddressTypes: invalid type: string \"InternalIP\", expected a sequence"),
+            ("nodeName: n\npodSource: node-proxy", "kubernetes.podSource: unknown variant `node-proxy`, expected one of `kubelet`, `apiserver`, `nodeProxy`"),
         ];
         for (yaml, want) in rows {
             let result = KubeConfig::from_yaml(yaml, None);
@@ -577,6 +644,8 @@ mod tests {
             "requestTimeout: 10s",
             "  initialBackoff: 200ms",
             "  insecureSkipTLSVerify: false",
+            "  clusterCA: true",
+            "  - InternalIP",
             "evictionWaitTimeout: 30s",
             "nodeOOMEvents: own",
             "  labelSelector:",

@@ -1,6 +1,7 @@
 //! The node agent's Kubernetes side: the pods bound to this node and their usage (from the
-//! kubelet or the API server), the node's allocatable memory (from its Node object), and the
-//! requests that change the cluster — evictions, events, the agent's node condition and its
+//! kubelet, found from the node's own addresses ([`kubelet`]), through the API server's node
+//! proxy, or from the API server's watch), the node's allocatable memory (from its Node
+//! object), and the requests that change the cluster — evictions, events, the agent's node condition and its
 //! pressure taint — which only the executor (`node-agent-executor`) sends.
 //!
 //! Data flows one way: a pod source hands out [`pods::PodSnapshot`]s of the policy's `PodInfo`,
@@ -15,6 +16,7 @@ pub mod events;
 pub mod evict;
 #[cfg(feature = "fake")]
 pub mod fake;
+pub mod kubelet;
 pub mod pods;
 pub mod taint;
 mod time;

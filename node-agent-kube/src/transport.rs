@@ -1,10 +1,13 @@
-//! One HTTPS endpoint (the kubelet or the API server): TLS from a CA file or an explicit
-//! insecure flag, a bearer token re-read from disk before every request, a timeout on every
-//! request, a cap on every answer's size, and errors that say which endpoint failed and how.
+//! One HTTPS endpoint (the kubelet or the API server): TLS verified against CA files ([`Tls`]),
+//! or explicitly not at all, a bearer token re-read from disk before every request, a timeout on
+//! every request, a cap on every answer's size, and errors that say which endpoint failed and
+//! how.
 //!
-//! kube's `Client` carries the bytes (rustls with ring, hyper); requests are built here so that
-//! the token, the status handling and the exact wire format stay in this crate's hands. Every
-//! name that goes into a path or a query goes through [`encode`].
+//! kube's `Client` carries the bytes (hyper); the TLS connector is built here (rustls with
+//! ring) because the kubelet's certificate may name the node rather than the address the agent
+//! dials ([`Tls::Verify`]'s `also_named`), which kube's connector cannot check. Requests are
+//! built here too, so that the token, the status handling and the exact wire format stay in
+//! this crate's hands. Every name that goes into a path or a query goes through [`encode`].
 //!
 //! ## What an answer may weigh
 //!
@@ -36,6 +39,15 @@ use http::{header, Method, Request, StatusCode};
 use http_body_util::BodyExt as _;
 use hyper_util::client::legacy::connect::HttpConnector;
 use kube::client::{Body, ConfigExt as _};
+use rustls::{
+    client::{
+        danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+        WebPkiServerVerifier,
+    },
+    crypto::CryptoProvider,
+    pki_types::{pem::PemObject as _, CertificateDer, ServerName, UnixTime},
+    CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
 
 /// The most a pod list (`GET /pods`, or a list of the API server) may weigh: see the module.
 pub const POD_LIST_CAP: usize = 32 << 20;
@@ -63,17 +75,45 @@ pub fn encode(text: &str) -> String {
 }
 
 /// How to reach one endpoint.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
     /// Shown in errors and logs: "kubelet" or "api server".
     pub name: &'static str,
     /// `https://host:port`.
     pub url: String,
-    pub ca_file: Option<PathBuf>,
-    pub insecure_skip_tls_verify: bool,
+    pub tls: Tls,
     /// None sends no Authorization header.
     pub token_path: Option<PathBuf>,
     pub timeout: Duration,
+}
+
+/// How an endpoint's serving certificate is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tls {
+    /// It must chain to a certificate of one of `ca_files` (PEM, each read when the transport
+    /// is built; one that cannot be read, or holds no certificate, is an error) and name the
+    /// host of the URL, or else one of `also_named` (DNS names or IP addresses): a kubelet's
+    /// self-signed certificate names its hostname only, while the agent dials its address.
+    Verify {
+        ca_files: Vec<PathBuf>,
+        also_named: Vec<String>,
+    },
+    /// Not checked at all. Only ever from a setting that says so explicitly.
+    Insecure,
+}
+
+impl Tls {
+    /// Verified against one CA file, for the URL's host only.
+    pub fn ca(path: impl Into<PathBuf>) -> Self {
+        Self::Verify {
+            ca_files: vec![path.into()],
+            also_named: Vec::new(),
+        }
+    }
+
+    pub fn is_verified(&self) -> bool {
+        matches!(self, Self::Verify { .. })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,10 +132,23 @@ pub enum TransportError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{endpoint}: CA file {} holds no PEM certificate", path.display())]
+    #[error("{endpoint}: CA file {} holds no usable PEM certificate{}", path.display(),
+        detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
     BadCa {
         endpoint: &'static str,
         path: PathBuf,
+        /// What was wrong with it, when more than "no certificate".
+        detail: Option<String>,
+    },
+    #[error("{endpoint}: {name:?} is neither a DNS name nor an IP address a certificate can name")]
+    BadServerName {
+        endpoint: &'static str,
+        name: String,
+    },
+    #[error("{endpoint}: cannot set up TLS: {detail}")]
+    TlsSetup {
+        endpoint: &'static str,
+        detail: String,
     },
     #[error("{endpoint}: cannot build a request for {path:?}")]
     BuildRequest {
@@ -103,12 +156,6 @@ pub enum TransportError {
         path: String,
         #[source]
         source: http::Error,
-    },
-    #[error("{endpoint}: cannot build the HTTPS client")]
-    Client {
-        endpoint: &'static str,
-        #[source]
-        source: Box<kube::Error>,
     },
     #[error("{endpoint}: cannot read the bearer token {}", path.display())]
     ReadToken {
@@ -291,7 +338,7 @@ impl std::fmt::Debug for Transport {
 }
 
 impl Transport {
-    /// Reads the CA file and builds the client. Must run inside a tokio runtime.
+    /// Reads the CA files and builds the client. Must run inside a tokio runtime.
     pub fn new(endpoint: Endpoint) -> Result<Self, TransportError> {
         let name = endpoint.name;
         let uri: http::Uri = endpoint
@@ -302,25 +349,21 @@ impl Transport {
                 url: endpoint.url.clone(),
                 source,
             })?;
-        let mut config = kube::Config::new(uri);
-        config.accept_invalid_certs = endpoint.insecure_skip_tls_verify;
-        if let Some(path) = &endpoint.ca_file {
-            config.root_cert = Some(read_ca(name, path)?);
-        }
-        // The stack kube documents for a custom client (`Client::new`): its TLS connector and
-        // base URI, and nothing else. Not `Client::try_from`: its TraceLayer logs an ERROR
+        let tls = client_tls(name, &endpoint.tls)?;
+        // The stack kube documents for a custom client (`Client::new`): a TLS connector and
+        // the base URI, and nothing else. Not `Client::try_from`: its TraceLayer logs an ERROR
         // line for every failed request (a wrong CA: one per request, every refresh), and
         // its retries and timeouts are this crate's to choose. Every request is bounded by
         // `send`'s or `open`'s timeout; a watch by its own deadlines.
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(endpoint.timeout));
-        let https = config
-            .rustls_https_connector_with_connector(http)
-            .map_err(|source| TransportError::Client {
-                endpoint: name,
-                source: Box::new(source),
-            })?;
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .wrap_connector(http);
+        let config = kube::Config::new(uri);
         let service = tower::ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .service(
@@ -472,70 +515,240 @@ impl Transport {
     }
 }
 
-fn read_ca(endpoint: &'static str, path: &Path) -> Result<Vec<Vec<u8>>, TransportError> {
-    let pem = std::fs::read_to_string(path).map_err(|source| TransportError::ReadCa {
+/// The rustls configuration for `tls`: the CA files read now, and a verifier that accepts a
+/// certificate for the URL's host or one of the other names (or, explicitly, any certificate).
+fn client_tls(endpoint: &'static str, tls: &Tls) -> Result<rustls::ClientConfig, TransportError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let setup = |detail: String| TransportError::TlsSetup { endpoint, detail };
+    let verifier: Arc<dyn ServerCertVerifier> = match tls {
+        Tls::Insecure => Arc::new(Unverified(provider.clone())),
+        Tls::Verify {
+            ca_files,
+            also_named,
+        } => {
+            let mut roots = RootCertStore::empty();
+            for path in ca_files {
+                for der in read_ca(endpoint, path)? {
+                    roots.add(der).map_err(|e| TransportError::BadCa {
+                        endpoint,
+                        path: path.clone(),
+                        detail: Some(e.to_string()),
+                    })?;
+                }
+            }
+            let webpki =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                    .build()
+                    .map_err(|e| setup(e.to_string()))?;
+            let also_named = also_named
+                .iter()
+                .map(|n| {
+                    ServerName::try_from(n.clone()).map_err(|_| TransportError::BadServerName {
+                        endpoint,
+                        name: n.clone(),
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            Arc::new(NamedVerifier { webpki, also_named })
+        }
+    };
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| setup(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth())
+}
+
+/// The certificates of a PEM file (a CA bundle, or a kubelet's `kubelet.crt`: its certificate
+/// followed by the CA that signed it).
+fn read_ca(
+    endpoint: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TransportError> {
+    let pem = std::fs::read(path).map_err(|source| TransportError::ReadCa {
         endpoint,
         path: path.to_path_buf(),
         source,
     })?;
-    let ders = pem_certificates(&pem);
+    let bad = |detail: Option<String>| TransportError::BadCa {
+        endpoint,
+        path: path.to_path_buf(),
+        detail,
+    };
+    let ders = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(Some(e.to_string())))?;
     if ders.is_empty() {
-        return Err(TransportError::BadCa {
-            endpoint,
-            path: path.to_path_buf(),
-        });
+        return Err(bad(None));
     }
     Ok(ders)
 }
 
-/// The DER bytes of each `CERTIFICATE` block in a PEM file.
-fn pem_certificates(pem: &str) -> Vec<Vec<u8>> {
-    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
-    const END: &str = "-----END CERTIFICATE-----";
-    let mut out = Vec::new();
-    let mut rest = pem;
-    while let Some(start) = rest.find(BEGIN) {
-        let after = &rest[start + BEGIN.len()..];
-        let Some(stop) = after.find(END) else { break };
-        let b64: String = after[..stop]
-            .chars()
-            .filter(|c| !c.is_whitespace())
-            .collect();
-        if let Some(der) = base64_decode(&b64) {
-            out.push(der);
-        }
-        rest = &after[stop + END.len()..];
-    }
-    out
+/// webpki's verification (chain, validity, usage), with the name checked against the URL's
+/// host first, then each of `also_named`: the certificate must name one of them.
+#[derive(Debug)]
+struct NamedVerifier {
+    webpki: Arc<WebPkiServerVerifier>,
+    also_named: Vec<ServerName<'static>>,
 }
 
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    let value = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    };
-    let bytes = s.trim_end_matches('=').as_bytes();
-    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
-    for chunk in bytes.chunks(4) {
-        let mut acc = 0u32;
-        for (i, &c) in chunk.iter().enumerate() {
-            acc |= value(c)? << (18 - 6 * i);
+/// A certificate that names none of the names the agent accepts for the endpoint.
+#[derive(Debug)]
+struct NameMismatch {
+    tried: Vec<String>,
+    presented: Option<Vec<String>>,
+}
+
+impl std::fmt::Display for NameMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the certificate is not valid for {}",
+            self.tried.join(" nor ")
+        )?;
+        match &self.presented {
+            Some(names) if names.is_empty() => f.write_str(" (it names nothing)"),
+            Some(names) => write!(f, " (it names {})", names.join(", ")),
+            None => Ok(()),
         }
-        let n = match chunk.len() {
-            4 => 3,
-            3 => 2,
-            2 => 1,
-            _ => return None,
-        };
-        out.extend_from_slice(&acc.to_be_bytes()[1..1 + n]);
     }
-    Some(out)
+}
+
+impl StdError for NameMismatch {}
+
+/// A name as webpki presents it (`DnsName("worker-1")`), as a reader writes it (`worker-1`).
+fn unquoted(presented: &str) -> String {
+    match (presented.find('"'), presented.rfind('"')) {
+        (Some(a), Some(b)) if b > a => presented[a + 1..b].to_string(),
+        _ => presented.to_string(),
+    }
+}
+
+fn is_name_mismatch(e: &rustls::Error) -> bool {
+    matches!(
+        e,
+        rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. }
+        )
+    )
+}
+
+impl ServerCertVerifier for NamedVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let first = self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        );
+        let Err(e) = first else { return first };
+        if !is_name_mismatch(&e) || self.also_named.is_empty() {
+            return Err(e);
+        }
+        for name in &self.also_named {
+            let next =
+                self.webpki
+                    .verify_server_cert(end_entity, intermediates, name, ocsp_response, now);
+            match next {
+                Err(e) if is_name_mismatch(&e) => continue,
+                other => return other,
+            }
+        }
+        let presented = match e {
+            rustls::Error::InvalidCertificate(CertificateError::NotValidForNameContext {
+                presented,
+                ..
+            }) => Some(presented.iter().map(|p| unquoted(p)).collect()),
+            _ => None,
+        };
+        let tried = std::iter::once(server_name.to_str().into_owned())
+            .chain(self.also_named.iter().map(|n| n.to_str().into_owned()))
+            .collect();
+        Err(rustls::Error::InvalidCertificate(CertificateError::Other(
+            rustls::OtherError(Arc::new(NameMismatch { tried, presented })),
+        )))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// Accepts any certificate (the handshake's signatures are still checked, so the session is
+/// with whoever holds the key of the certificate shown): `insecureSkipTLSVerify`, explicit only.
+#[derive(Debug)]
+struct Unverified(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 /// `Bearer <token>` from the file, read now so that a rotated token is picked up.
@@ -564,8 +777,51 @@ async fn read_token(
     Ok(value)
 }
 
+/// The TLS error in `source`'s chain, if the failure was one: rustls' error travels inside
+/// `io::Error`s (one in another, from tokio-rustls and hyper-rustls), whose `source` skips it.
+fn tls_error(source: &kube::Error) -> Option<&rustls::Error> {
+    let mut cur: Option<&(dyn StdError + 'static)> = Some(source);
+    while let Some(e) = cur {
+        let mut inner: Option<&(dyn StdError + 'static)> = Some(e);
+        while let Some(i) = inner {
+            if let Some(tls) = i.downcast_ref::<rustls::Error>() {
+                return Some(tls);
+            }
+            inner = i
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .map(|r| r as &(dyn StdError + 'static));
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// A TLS error in words: rustls' own, or the names a certificate lacks ([`NameMismatch`]),
+/// said without the debug notation rustls prints for them.
+fn tls_words(e: &rustls::Error) -> String {
+    match e {
+        rustls::Error::InvalidCertificate(CertificateError::Other(other)) => {
+            match other.0.downcast_ref::<NameMismatch>() {
+                Some(mismatch) => format!("invalid peer certificate: {mismatch}"),
+                None => e.to_string(),
+            }
+        }
+        _ => e.to_string(),
+    }
+}
+
 /// Tells a TLS failure from a plain outage by the error's source chain.
 fn classify(endpoint: &'static str, req: &ApiRequest, source: kube::Error) -> TransportError {
+    if let Some(detail) = tls_error(&source).map(tls_words) {
+        return TransportError::Tls {
+            endpoint,
+            method: req.method.clone(),
+            path: req.path.clone(),
+            detail,
+            source: Box::new(source),
+        };
+    }
     let mut chain = Vec::new();
     let mut cur: Option<&(dyn StdError + 'static)> = Some(&source);
     while let Some(e) = cur {
@@ -627,23 +883,5 @@ mod tests {
         for (what, name, want) in rows {
             assert_eq!(encode(name), want, "{what}");
         }
-    }
-
-    #[test]
-    fn base64_decodes_padded_and_unpadded() {
-        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
-        assert_eq!(base64_decode("aGVsbG8").unwrap(), b"hello");
-        assert_eq!(base64_decode("aGk=").unwrap(), b"hi");
-        assert!(base64_decode("a$b=").is_none());
-    }
-
-    #[test]
-    fn pem_without_certificates_yields_nothing() {
-        assert!(
-            pem_certificates("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----")
-                .is_empty()
-        );
-        let one = "x\n-----BEGIN CERTIFICATE-----\naGVs\nbG8=\n-----END CERTIFICATE-----\n";
-        assert_eq!(pem_certificates(one), vec![b"hello".to_vec()]);
     }
 }

@@ -279,6 +279,15 @@ fn patch_node(
     }
 }
 
+/// `GET /api/v1/nodes/<node>/proxy/pods`: a CONNECT of nodes/proxy, its object the options.
+fn node_proxy(user: &User, node: &str) -> Review {
+    Review {
+        request: request(user, ("", "nodes", "proxy"), "CONNECT", "", node),
+        object: json!({"kind": "NodeProxyOptions", "apiVersion": "v1", "path": "pods"}),
+        old_object: Value::Null,
+    }
+}
+
 fn delete_node(user: &User, node: &str) -> Review {
     Review {
         request: request(user, ("", "nodes", ""), "DELETE", "", node),
@@ -407,6 +416,9 @@ fn the_policy_binds_the_agents_writes_to_its_node() {
         ("annotating its node", patch_node(&agent, NODE, None, None, |n| n["metadata"]["annotations"] = json!({"x": "y"})), Box::new(own_taint)),
         ("cordoning its node", patch_node(&agent, NODE, None, None, |n| n["spec"]["unschedulable"] = json!(true)), Box::new(own_taint)),
         ("deleting its node", delete_node(&agent, NODE), Box::new(own_taint)),
+        ("reading its own kubelet through the node proxy", node_proxy(&agent, NODE), Box::new(|d| *d == Allowed)),
+        ("reading another node's kubelet through the node proxy", node_proxy(&agent, OTHER_NODE), Box::new(own_node)),
+        ("the node proxy with a token without the claim", node_proxy(&no_claim, NODE), Box::new(bound_token)),
         ("anyone else tainting any node", patch_node(&admin, OTHER_NODE, None, Some(vec![other.clone()]), same), Box::new(|d| *d == NotMatched)),
         ("deleting a pod on its node", delete_pod(&agent, NODE), Box::new(|d| *d == Allowed)),
         ("deleting a pod on another node", delete_pod(&agent, OTHER_NODE), Box::new(own_pods)),
@@ -474,6 +486,7 @@ fn the_policy_matches_every_write_the_agent_may_make_and_is_enforced() {
         ("", "pods/eviction", "CREATE"),
         ("", "nodes/status", "UPDATE"),
         ("", "nodes", "UPDATE"),
+        ("", "nodes/proxy", "CONNECT"),
         ("events.k8s.io", "events", "CREATE"),
         ("events.k8s.io", "events", "UPDATE"),
     ] {

@@ -464,6 +464,17 @@ fn the_config_s_kubernetes_section_parses_with_this_crate_s_loader() {
     let config = KubeConfig::from_yaml(&section, Some("worker-1")).unwrap();
     assert_eq!(config.pod_source, PodSourceKind::Kubelet);
     assert_eq!(config.node_name, "worker-1");
+    // The kubelet found from the Node, verified with kubeadm's and kind's kubelet.crt (below
+    // the DaemonSet's /var/lib/kubelet mount) or the cluster CA; never unchecked.
+    assert_eq!(
+        config.kubelet,
+        node_agent_kube::config::KubeletEndpoint::default()
+    );
+    assert!(config
+        .kubelet
+        .ca_file
+        .as_deref()
+        .is_some_and(|p| p.starts_with("/var/lib/kubelet/")));
     assert_eq!(
         config
             .exclusions

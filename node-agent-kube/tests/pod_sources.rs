@@ -15,7 +15,7 @@ use node_agent_kube::{
         records::ProblemKind,
         StaleError,
     },
-    transport::{Transport, TransportError},
+    transport::{Tls, Transport, TransportError},
 };
 use serde_json::json;
 
@@ -451,7 +451,7 @@ async fn unreachable_untrusted_and_unreadable_setups_are_named() {
 
         let other = node_agent_kube::fake::Pki::new();
         let mut untrusted = fake.endpoint("kubelet");
-        untrusted.ca_file = Some(other.ca_file.clone());
+        untrusted.tls = Tls::ca(other.ca_file.clone());
         let err = KubeletClient::new(with(untrusted))
             .pods()
             .await
@@ -463,7 +463,7 @@ async fn unreachable_untrusted_and_unreadable_setups_are_named() {
         assert!(fake.calls().is_empty());
 
         let mut insecure = fake.endpoint("kubelet");
-        (insecure.ca_file, insecure.insecure_skip_tls_verify) = (None, true);
+        insecure.tls = Tls::Insecure;
         assert_eq!(
             KubeletClient::new(with(insecure))
                 .pods()
@@ -476,7 +476,7 @@ async fn unreachable_untrusted_and_unreadable_setups_are_named() {
         );
 
         let mut no_ca = fake.endpoint("kubelet");
-        no_ca.ca_file = Some("/nonexistent/ca.crt".into());
+        no_ca.tls = Tls::ca("/nonexistent/ca.crt");
         let err = Transport::new(no_ca).unwrap_err();
         assert!(
             matches!(&err, TransportError::ReadCa { path, .. } if path.ends_with("ca.crt")),

@@ -156,6 +156,9 @@ pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send 
     move |seen: &Seen, _| {
         let at_ns = monotonic_ns();
         let path = seen.path.split('?').next().unwrap_or("");
+        // The API server's node proxy answers exactly what the kubelet would.
+        let proxy = format!("/api/v1/nodes/{NODE}/proxy");
+        let path = path.strip_prefix(proxy.as_str()).unwrap_or(path);
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(reply) = s.hook.clone().and_then(|hook| hook(seen)) {
             return reply;
@@ -278,7 +281,7 @@ impl Config<'_> {
             "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\n\
              eviction:\n  evictionHard: {{memory.available: {threshold}}}\n\
              kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  podRefreshInterval: 200ms\n  \
-             kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
+             kubelet: {{url: '{url}', caFile: '{ca}', clusterCA: false}}\n  \
              apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n{kube}\
              listen: '127.0.0.1:{port}'\ntraceSocket: '{socket}'\nnodeCgroup: '{cg}'\nmemoryCapacity: 1Gi\n\
              resyncInterval: 60s\nforkLimit: 0\n{agent}",

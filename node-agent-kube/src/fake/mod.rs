@@ -20,7 +20,7 @@ use std::{
 
 use crate::{
     api::{Backoff, Context, Counters},
-    transport::{Endpoint, Transport},
+    transport::{Endpoint, Tls, Transport},
 };
 use futures::StreamExt as _;
 use http_body_util::{combinators::BoxBody, BodyExt as _, Full, StreamBody};
@@ -28,7 +28,9 @@ use http_body_util::{combinators::BoxBody, BodyExt as _, Full, StreamBody};
 pub use hyper::body::Bytes;
 use hyper::{body::Frame, service::service_fn, Request, Response};
 use hyper_util::rt::TokioIo;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+};
 pub use reply::{Body, Reply};
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 pub use strict::percent_decode;
@@ -53,36 +55,104 @@ pub struct Seen {
 
 type Responder = Arc<dyn Fn(&Seen, usize) -> Reply + Send + Sync>;
 
-/// A CA and what it signed, written to files.
+/// A CA and the serving certificate the fake presents, the CA (what a client trusts) written
+/// to a file.
 pub struct Pki {
     pub dir: tempfile::TempDir,
+    /// What a client trusts: the CA; for a kubelet's self-signed certificate, as the kubelet
+    /// writes `kubelet.crt`: its certificate, then its CA.
     pub ca_file: PathBuf,
-    server_cert: Vec<u8>,
-    server_key: Vec<u8>,
+    /// What the server presents: its certificate, then the chain up to the CA.
+    chain: Vec<Vec<u8>>,
+    key: Vec<u8>,
+    /// The CA, to sign further certificates with ([`Pki::signed_by`]).
+    issuer: Issuer<'static, KeyPair>,
+}
+
+/// A CA named `common_name`: its certificate and what signs with it.
+fn certificate_authority(common_name: &str) -> (rcgen::Certificate, Issuer<'static, KeyPair>) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    let cert = params.self_signed(&key).unwrap();
+    (cert, Issuer::new(params, key))
+}
+
+/// A serving certificate for `names` (IP addresses become IP SANs, the others DNS SANs)
+/// signed by `issuer`, and its key.
+fn serving(
+    common_name: &str,
+    names: &[&str],
+    issuer: &Issuer<'static, KeyPair>,
+) -> (rcgen::Certificate, KeyPair) {
+    let key = KeyPair::generate().unwrap();
+    let mut params =
+        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, issuer).unwrap();
+    (cert, key)
 }
 
 impl Pki {
+    /// A cluster CA, and the serving certificate it signed for `localhost` and `127.0.0.1`
+    /// (the API server's).
     pub fn new() -> Self {
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "fake-cluster-ca");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = Issuer::new(ca_params, ca_key);
-        let key = KeyPair::generate().unwrap();
-        let params =
-            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-        let cert = params.signed_by(&key, &issuer).unwrap();
+        let (ca, issuer) = certificate_authority("fake-cluster-ca");
+        let (cert, key) = serving("kube-apiserver", &["localhost", "127.0.0.1"], &issuer);
+        Self::written(&ca.pem(), vec![cert.der().to_vec()], key, issuer)
+    }
+
+    /// A kubelet's serving certificate as the kubelet makes one itself (no
+    /// `serverTLSBootstrap`, kubeadm's and kind's default): a CA of its own, `<host>-ca@<time>`,
+    /// signs a certificate naming `hostname` alone, no IP address
+    /// (`certutil.GenerateSelfSignedCertKey(hostname, nil, nil)`); the kubelet presents both,
+    /// and its `kubelet.crt` (here `ca_file`) holds both.
+    pub fn kubelet_self_signed(hostname: &str) -> Self {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let (ca, issuer) = certificate_authority(&format!("{hostname}-ca@{at}"));
+        let (cert, key) = serving(&format!("{hostname}@{at}"), &[hostname], &issuer);
+        let kubelet_crt = format!("{}{}", cert.pem(), ca.pem());
+        Self::written(
+            &kubelet_crt,
+            vec![cert.der().to_vec(), ca.der().to_vec()],
+            key,
+            issuer,
+        )
+    }
+
+    /// A kubelet's serving certificate signed by the cluster's CA, as `serverTLSBootstrap`
+    /// gets one, for `names` (its addresses and hostname); `ca_file` is the cluster's CA.
+    pub fn signed_by(cluster: &Pki, hostname: &str, names: &[&str]) -> Self {
+        let (cert, key) = serving(&format!("system:node:{hostname}"), names, &cluster.issuer);
+        let ca = std::fs::read_to_string(&cluster.ca_file).unwrap();
+        // Its own issuer is never used: a kubelet signs nothing.
+        let (_, issuer) = certificate_authority("unused");
+        Self::written(&ca, vec![cert.der().to_vec()], key, issuer)
+    }
+
+    fn written(
+        trusted: &str,
+        chain: Vec<Vec<u8>>,
+        key: KeyPair,
+        issuer: Issuer<'static, KeyPair>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca_file = dir.path().join("ca.crt");
-        std::fs::write(&ca_file, ca_cert.pem()).unwrap();
+        std::fs::write(&ca_file, trusted).unwrap();
         Self {
             dir,
             ca_file,
-            server_cert: cert.der().to_vec(),
-            server_key: key.serialize_der(),
+            chain,
+            key: key.serialize_der(),
+            issuer,
         }
     }
 }
@@ -100,6 +170,9 @@ pub struct Fake {
     seen: Arc<Mutex<Vec<Seen>>>,
     /// Bearer tokens the fake accepts (a rotated token is accepted with the old one).
     tokens: Arc<Mutex<Vec<String>>>,
+    /// Resources RBAC does not grant the agent (`nodes/proxy`): answered 403 as the API server
+    /// (or the kubelet) would. Everything else is granted.
+    denied: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -110,9 +183,17 @@ impl Drop for Fake {
 }
 
 impl Fake {
-    /// Starts a server answering with `respond(request, index of the request)`.
+    /// Starts a server answering with `respond(request, index of the request)`, presenting a
+    /// certificate for `localhost` and `127.0.0.1` signed by a CA of its own.
     pub async fn start(respond: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static) -> Self {
-        let pki = Pki::new();
+        Self::start_with(Pki::new(), respond).await
+    }
+
+    /// The same, presenting `pki`'s certificate (a kubelet's self-signed one, say).
+    pub async fn start_with(
+        pki: Pki,
+        respond: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
+    ) -> Self {
         let token_file = pki.dir.path().join("token");
         std::fs::write(&token_file, "token-one\n").unwrap();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -121,8 +202,8 @@ impl Fake {
             .unwrap()
             .with_no_client_auth()
             .with_single_cert(
-                vec![pki.server_cert.clone().into()],
-                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pki.server_key.clone())),
+                pki.chain.iter().map(|der| der.clone().into()).collect(),
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pki.key.clone())),
             )
             .unwrap();
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -131,27 +212,37 @@ impl Fake {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let tokens = Arc::new(Mutex::new(vec!["token-one".to_string()]));
+        let denied = Arc::new(Mutex::new(Vec::new()));
         let respond: Responder = Arc::new(respond);
         let task = tokio::spawn({
-            let (seen, tokens) = (seen.clone(), tokens.clone());
+            let (seen, tokens, denied) = (seen.clone(), tokens.clone(), denied.clone());
             async move {
+                // The connections: dropped with this task, so a fake dropped (a kubelet gone)
+                // answers nothing more, not even on a connection kept alive.
+                let mut connections = tokio::task::JoinSet::new();
                 loop {
                     let Ok((tcp, _)) = listener.accept().await else {
                         return;
                     };
-                    let (acceptor, seen, tokens, respond) = (
+                    while connections.try_join_next().is_some() {}
+                    let (acceptor, seen, tokens, denied, respond) = (
                         acceptor.clone(),
                         seen.clone(),
                         tokens.clone(),
+                        denied.clone(),
                         respond.clone(),
                     );
-                    tokio::spawn(async move {
+                    connections.spawn(async move {
                         // A client that rejects our certificate ends here; that is the test.
                         let Ok(stream) = acceptor.accept(tcp).await else {
                             return;
                         };
                         let service = service_fn(move |req| {
-                            handle(req, seen.clone(), tokens.clone(), respond.clone())
+                            let access = Access {
+                                tokens: tokens.clone(),
+                                denied: denied.clone(),
+                            };
+                            handle(req, seen.clone(), access, respond.clone())
                         });
                         let _ = hyper::server::conn::http1::Builder::new()
                             .serve_connection(TokioIo::new(stream), service)
@@ -166,8 +257,20 @@ impl Fake {
             token_file,
             seen,
             tokens,
+            denied,
             task,
         }
+    }
+
+    /// RBAC no longer grants the agent `resource` (`nodes/proxy`, say): its requests are
+    /// answered 403 as the API server answers them.
+    pub fn deny(&self, resource: &str) {
+        self.denied.lock().unwrap().push(resource.to_string());
+    }
+
+    /// RBAC grants `resource` again.
+    pub fn grant(&self, resource: &str) {
+        self.denied.lock().unwrap().retain(|r| r != resource);
     }
 
     /// Rotates the service account token: writes the new one and accepts it (the old one
@@ -205,8 +308,7 @@ impl Fake {
         Endpoint {
             name,
             url: self.url(),
-            ca_file: Some(self.pki.ca_file.clone()),
-            insecure_skip_tls_verify: false,
+            tls: Tls::ca(self.pki.ca_file.clone()),
             token_path: Some(self.token_file.clone()),
             timeout: Duration::from_secs(2),
         }
@@ -229,10 +331,16 @@ impl Fake {
 
 type AnswerBody = BoxBody<Bytes, Infallible>;
 
+/// Who may do what: the tokens accepted and the resources RBAC does not grant.
+struct Access {
+    tokens: Arc<Mutex<Vec<String>>>,
+    denied: Arc<Mutex<Vec<String>>>,
+}
+
 async fn handle(
     req: Request<hyper::body::Incoming>,
     seen: Arc<Mutex<Vec<Seen>>>,
-    tokens: Arc<Mutex<Vec<String>>>,
+    access: Access,
     respond: Responder,
 ) -> Result<Response<AnswerBody>, Infallible> {
     let header = |name: &str| {
@@ -273,8 +381,9 @@ async fn handle(
         body,
         rejected: None,
     };
-    let valid_tokens = tokens.lock().unwrap().clone();
-    let checked = strict::check(&request, &bytes, &valid_tokens);
+    let valid_tokens = access.tokens.lock().unwrap().clone();
+    let denied = access.denied.lock().unwrap().clone();
+    let checked = strict::check(&request, &bytes, &valid_tokens, &denied);
     if let Err(reply) = &checked {
         request.rejected = Some(match &reply.body {
             Body::Full(text) => format!("HTTP {}: {text}", reply.status),

@@ -1,7 +1,8 @@
 //! The checks the real API server (and the kubelet's authenticated API) applies before any
 //! handler runs, in its order: authentication (401), content negotiation (406), routing (404,
-//! 405), the body's media type (415), decoding (400) and validation (400, 422). A request that
-//! fails one is answered as the API server would and never reaches the test's responder.
+//! 405), authorization (403, for a resource a test denies), the body's media type (415),
+//! decoding (400) and validation (400, 422). A request that fails one is answered as the API
+//! server would and never reaches the test's responder.
 
 use serde_json::{json, Value};
 
@@ -15,37 +16,119 @@ const PATCH_TYPES: [&str; 4] = [
     "application/apply-patch+yaml",
 ];
 
-/// The routes the agent may use, by (method, path pattern); `*` is one path segment.
-const ROUTES: &[(&str, &str, Kind)] = &[
-    ("GET", "/pods", Kind::Read),
-    ("GET", "/stats/summary", Kind::Read),
-    ("GET", "/api/v1/pods", Kind::Read),
-    ("GET", "/api/v1/nodes/*", Kind::Read),
-    ("PATCH", "/api/v1/nodes/*", Kind::Node),
-    ("PATCH", "/api/v1/nodes/*/status", Kind::NodeStatus),
-    ("GET", "/api/v1/namespaces/*/pods/*", Kind::Read),
-    ("DELETE", "/api/v1/namespaces/*/pods/*", Kind::Delete),
+/// The routes the agent may use, by (method, path pattern, what the handler checks, the RBAC
+/// resource authorized); `*` is one path segment.
+const ROUTES: &[(&str, &str, Kind, &str)] = &[
+    // The kubelet's own API (fine-grained kubelet authorization: nodes/pods, nodes/stats).
+    ("GET", "/pods", Kind::Read, "nodes/pods"),
+    ("GET", "/stats/summary", Kind::Read, "nodes/stats"),
+    // The same through the API server's node proxy: a CONNECT of nodes/proxy, verb get.
+    (
+        "GET",
+        "/api/v1/nodes/*/proxy/pods",
+        Kind::Read,
+        "nodes/proxy",
+    ),
+    (
+        "GET",
+        "/api/v1/nodes/*/proxy/stats/summary",
+        Kind::Read,
+        "nodes/proxy",
+    ),
+    ("GET", "/api/v1/pods", Kind::Read, "pods"),
+    ("GET", "/api/v1/nodes/*", Kind::Read, "nodes"),
+    ("PATCH", "/api/v1/nodes/*", Kind::Node, "nodes"),
+    (
+        "PATCH",
+        "/api/v1/nodes/*/status",
+        Kind::NodeStatus,
+        "nodes/status",
+    ),
+    ("GET", "/api/v1/namespaces/*/pods/*", Kind::Read, "pods"),
+    (
+        "DELETE",
+        "/api/v1/namespaces/*/pods/*",
+        Kind::Delete,
+        "pods",
+    ),
     (
         "PATCH",
         "/api/v1/namespaces/*/pods/*/status",
         Kind::PodStatus,
+        "pods/status",
     ),
     (
         "POST",
         "/api/v1/namespaces/*/pods/*/eviction",
         Kind::Eviction,
+        "pods/eviction",
     ),
     (
         "POST",
         "/apis/events.k8s.io/v1/namespaces/*/events",
         Kind::Event,
+        "events",
     ),
     (
         "PATCH",
         "/apis/events.k8s.io/v1/namespaces/*/events/*",
         Kind::EventSeries,
+        "events",
     ),
 ];
+
+/// The user every accepted token belongs to: the agent's service account.
+pub const AGENT_USER: &str = "system:serviceaccount:node-agent:node-agent";
+
+/// The 403 for a `resource` RBAC does not grant: the kubelet's plain-text answer on its own
+/// routes, else the API server's Status (`forbiddenMessage`).
+fn forbidden(req: &Seen, path: &str, resource: &str, wild: &[String]) -> Reply {
+    let verb = match req.method.as_str() {
+        "GET" if req.path.contains("watch=true") => "watch",
+        "GET" if path == "/api/v1/pods" => "list",
+        "GET" => "get",
+        "POST" => "create",
+        "PATCH" => "patch",
+        "DELETE" => "delete",
+        other => other,
+    };
+    if !path.starts_with("/api") {
+        let (kind, sub) = resource.split_once('/').unwrap_or((resource, ""));
+        return Reply {
+            content_type: "text/plain; charset=utf-8",
+            ..Reply::json(
+                403,
+                format!("Forbidden (user={AGENT_USER}, verb={verb}, resource={kind}, subresource={sub})"),
+            )
+        };
+    }
+    let group = if path.starts_with("/apis/events.k8s.io") {
+        "events.k8s.io"
+    } else {
+        ""
+    };
+    let kind = resource.split('/').next().unwrap_or(resource);
+    let (name, scope) = match (
+        path.starts_with("/api/v1/namespaces/") || !group.is_empty(),
+        wild,
+    ) {
+        (true, [ns, name, ..]) => (name.clone(), format!("in the namespace {ns:?}")),
+        (true, [ns]) => (String::new(), format!("in the namespace {ns:?}")),
+        (_, [name, ..]) => (name.clone(), "at the cluster scope".to_string()),
+        _ => (String::new(), "at the cluster scope".to_string()),
+    };
+    let who = if name.is_empty() {
+        format!("{kind} is forbidden")
+    } else {
+        format!("{kind} {name:?} is forbidden")
+    };
+    Reply::status_with(
+        403,
+        "Forbidden",
+        &format!("{who}: User {AGENT_USER:?} cannot {verb} resource {resource:?} in API group {group:?} {scope}"),
+        json!({"name": name, "kind": kind}),
+    )
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -122,8 +205,14 @@ fn invalid(kind: &str, name: &str, causes: &[(&str, &str)]) -> Reply {
     )
 }
 
-/// Checks `req` (with its raw body) as the API server would; `Err` is the server's answer.
-pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply> {
+/// Checks `req` (with its raw body) as the API server would, RBAC granting everything but the
+/// `denied` resources; `Err` is the server's answer.
+pub fn check(
+    req: &Seen,
+    raw_body: &[u8],
+    tokens: &[String],
+    denied: &[String],
+) -> Result<(), Reply> {
     let authorized = req
         .authorization
         .as_deref()
@@ -146,7 +235,7 @@ pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply
     let path = req.path.split('?').next().unwrap_or("");
     let routed: Vec<_> = ROUTES
         .iter()
-        .filter_map(|(m, p, k)| matches(p, path).map(|w| (*m, *k, w)))
+        .filter_map(|(m, p, k, r)| matches(p, path).map(|w| (*m, *k, *r, w)))
         .collect();
     if routed.is_empty() {
         return Err(Reply::status(
@@ -155,7 +244,8 @@ pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply
             "the server could not find the requested resource",
         ));
     }
-    let Some((_, kind, wild)) = routed.into_iter().find(|(m, _, _)| *m == req.method) else {
+    let Some((_, kind, resource, wild)) = routed.into_iter().find(|(m, _, _, _)| *m == req.method)
+    else {
         return Err(Reply::status(
             405,
             "MethodNotAllowed",
@@ -165,6 +255,9 @@ pub fn check(req: &Seen, raw_body: &[u8], tokens: &[String]) -> Result<(), Reply
             ),
         ));
     };
+    if denied.iter().any(|d| d == resource) {
+        return Err(forbidden(req, path, resource, &wild));
+    }
     if kind == Kind::Read {
         if !raw_body.is_empty() {
             return Err(bad_request("a GET carries no body"));

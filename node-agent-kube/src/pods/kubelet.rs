@@ -1,43 +1,86 @@
-//! The local kubelet's read-only API: `GET /pods` (a `v1.PodList`) and `GET /stats/summary`,
-//! each capped in size and read record by record.
+//! The kubelet's read-only API: `GET /pods` (a `v1.PodList`) and `GET /stats/summary`, each
+//! capped in size and read record by record, from the kubelet itself or through the API
+//! server's node proxy (`/api/v1/nodes/<node>/proxy/...`, the same answers). Where the kubelet
+//! is, and how it is trusted: `crate::kubelet`.
 
 use std::time::SystemTime;
 
 use http::StatusCode;
 
 use super::{
-    records::{self, DecodeError, PodList, Problem},
+    records::{self, DecodeError, PodList, Problem, Summary},
     stats::PodStats,
     PodSnapshot,
 };
 use crate::{
-    api::{call, ApiError, Context},
+    api::{call, node_path, ApiError, Context},
     transport::{ApiRequest, HttpResponse, POD_LIST_CAP, SUMMARY_CAP},
 };
 
-/// The kubelet's API; `ctx.transport` reaches the kubelet.
+/// The kubelet's API; `ctx.transport` reaches the kubelet, or the API server whose node proxy
+/// reaches it.
 #[derive(Debug, Clone)]
 pub struct KubeletClient {
     ctx: Context,
+    /// Before each path: empty for the kubelet itself, the node proxy's path through the API
+    /// server.
+    prefix: String,
 }
 
 impl KubeletClient {
     pub fn new(ctx: Context) -> Self {
-        Self { ctx }
+        Self {
+            ctx,
+            prefix: String::new(),
+        }
+    }
+
+    /// The same reads through the API server's node proxy for `ctx.node` (RBAC: `nodes/proxy`
+    /// `get`); `ctx.transport` reaches the API server.
+    pub fn through_node_proxy(ctx: Context) -> Self {
+        Self {
+            prefix: Self::node_proxy_prefix(&ctx.node),
+            ctx,
+        }
+    }
+
+    /// `/api/v1/nodes/<node>/proxy`, the name encoded.
+    pub fn node_proxy_prefix(node: &str) -> String {
+        format!("{}/proxy", node_path(node))
     }
 
     /// The pods the kubelet runs, each read into the model, retried with backoff.
     pub async fn pods(&self) -> Result<PodList, ApiError> {
-        let req = ApiRequest::get("/pods").capped(POD_LIST_CAP);
+        let req = ApiRequest::get(format!("{}/pods", self.prefix)).capped(POD_LIST_CAP);
         self.get(&req, "v1.PodList", records::decode_pod_list).await
     }
 
     /// The kubelet's usage summary, retried with backoff: the entries that could be read, and
-    /// the ones that could not.
+    /// the ones that could not. A summary of another node than the agent's is refused: the
+    /// address dialled belongs to another node's kubelet.
     pub async fn summary(&self) -> Result<(Vec<PodStats>, Vec<Problem>), ApiError> {
-        let req = ApiRequest::get("/stats/summary").capped(SUMMARY_CAP);
-        self.get(&req, "stats/v1alpha1 Summary", records::decode_summary)
-            .await
+        let req = ApiRequest::get(format!("{}/stats/summary", self.prefix)).capped(SUMMARY_CAP);
+        let Summary {
+            node,
+            stats,
+            problems,
+        } = self
+            .get(&req, "stats/v1alpha1 Summary", records::decode_summary)
+            .await?;
+        if node.as_deref() != Some(self.ctx.node.as_str()) {
+            return Err(ApiError::Unusable {
+                endpoint: self.ctx.transport.endpoint().name,
+                method: req.method,
+                path: req.path,
+                why: format!(
+                    "it is the summary of node {}, not of {}: this kubelet is another node's",
+                    node.as_deref()
+                        .map_or("(none named)".to_string(), |n| format!("{n:?}")),
+                    self.ctx.node
+                ),
+            });
+        }
+        Ok((stats, problems))
     }
 
     /// Pods and usage together; `observed_at` is when the earlier of the two answers arrived.

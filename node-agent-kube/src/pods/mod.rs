@@ -1,7 +1,8 @@
 //! The pods bound to this node and their usage, with the time they were observed.
 //!
-//! Two sources: the local kubelet (`kubelet`) and a list+watch of the API server (`apiserver`).
-//! Both hand out a [`PodSnapshot`]; the daemon checks [`PodSnapshot::check_fresh`] before acting.
+//! Two readers: the kubelet's API (`kubelet`: reached directly or through the API server's
+//! node proxy, as `crate::kubelet` works out) and a list+watch of the API server
+//! (`apiserver`). Both hand out a [`PodSnapshot`]; the daemon checks [`PodSnapshot::check_fresh`] before acting.
 //! Lists and summaries are read record by record ([`records`]): one bad pod or stats entry is
 //! named and left aside, never the whole answer.
 

@@ -180,8 +180,28 @@ struct ListMeta {
 /// itself).
 #[derive(Deserialize)]
 struct RawSummary<'a> {
+    #[serde(default)]
+    node: Option<RawSummaryNode>,
     #[serde(borrow, default)]
     pods: Vec<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawSummaryNode {
+    #[serde(default)]
+    node_name: Option<String>,
+}
+
+/// What a `/stats/summary` says: the node it is of, and its pod entries.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    /// `node.nodeName`: whose kubelet answered.
+    pub node: Option<String>,
+    /// The entries that could be read.
+    pub stats: Vec<PodStats>,
+    /// The ones that could not, named.
+    pub problems: Vec<Problem>,
 }
 
 /// Who a record names, read as leniently as JSON allows.
@@ -286,11 +306,12 @@ pub fn decode_item(raw: &RawValue, index: usize) -> Result<Item, Problem> {
     })
 }
 
-/// The stats entries of a `/stats/summary` that can be read, and the ones that cannot.
-/// Entries that share a UID are refused together. `Err` when the answer is not a summary, or
-/// its entries would take more than [`STATS_MODEL_BUDGET`].
-pub fn decode_summary(body: &[u8]) -> Result<(Vec<PodStats>, Vec<Problem>), DecodeError> {
+/// The node a `/stats/summary` is of, its stats entries that can be read, and the ones that
+/// cannot. Entries that share a UID are refused together. `Err` when the answer is not a
+/// summary, or its entries would take more than [`STATS_MODEL_BUDGET`].
+pub fn decode_summary(body: &[u8]) -> Result<Summary, DecodeError> {
     let summary: RawSummary = serde_json::from_slice(body)?;
+    let node = summary.node.and_then(|n| n.node_name);
     let mut stats = Vec::with_capacity(summary.pods.len().min(1024));
     let mut problems = Vec::new();
     let mut kept = 0usize;
@@ -330,7 +351,11 @@ pub fn decode_summary(body: &[u8]) -> Result<(Vec<PodStats>, Vec<Problem>), Deco
         });
         false
     });
-    Ok((stats, problems))
+    Ok(Summary {
+        node,
+        stats,
+        problems,
+    })
 }
 
 /// What the log has said about the records: each problem once when it appears, once when it
@@ -471,7 +496,12 @@ mod tests {
             entry("twin-a", "u5", serde_json::json!(1)),
             entry("twin-b", "u5", serde_json::json!(2)),
         ]});
-        let (stats, problems) = decode_summary(summary.to_string().as_bytes()).unwrap();
+        let Summary {
+            node,
+            stats,
+            problems,
+        } = decode_summary(summary.to_string().as_bytes()).unwrap();
+        assert_eq!(node.as_deref(), Some("n"));
         let kept: Vec<&str> = stats.iter().map(|s| s.pod_ref.name.as_str()).collect();
         assert_eq!(
             kept,

@@ -1,6 +1,7 @@
 //! The daemon's Kubernetes connection: the API server's context (for the executor), the task
-//! that keeps the latest pod snapshot (from the kubelet or a watch of the API server), and
-//! what readiness says about both. A reload that changes how the cluster is reached builds a
+//! that keeps the latest pod snapshot (from the kubelet, found from the Node's addresses or
+//! reached through the API server's node proxy, or from a watch of the API server), and what
+//! readiness says about both. A reload that changes how the cluster is reached builds a
 //! new one; dropping the old one stops its tasks.
 //!
 //! Two sources are assessed at every pod refresh, each with a gauge
@@ -21,9 +22,9 @@ use std::{
 use node_agent_kube::{
     api::{call, node_path, Backoff, Context, Counters},
     config::{KubeConfig, PodSourceKind},
+    kubelet::{KubeletSource, Trust},
     pods::{
         apiserver::{ApiServerPodSource, WatchTiming},
-        kubelet::KubeletClient,
         records::ProblemLog,
         status::{assess_cluster, assess_pods, is_old, SourceState, StateLog},
         PodSnapshot,
@@ -144,17 +145,36 @@ impl Cluster {
         let mut cluster = Report::new("cluster", metrics.clone(), health.clone());
         cluster.state(&SourceState::Starting);
         let mut tasks = Vec::new();
+        // 1 unless the agent reads a kubelet whose certificate it does not check.
+        let unchecked =
+            config.pod_source == PodSourceKind::Kubelet && Trust::of(config) == Trust::Insecure;
+        metrics.sources().set_kubelet_tls_verified(!unchecked);
+        if unchecked {
+            tracing::warn!(
+                "kubelet: its serving certificate is NOT checked (kubernetes.kubelet.insecureSkipTLSVerify: true): \
+                 whoever answers at its address decides which pods the agent sees and evicts"
+            );
+        }
         match config.pod_source {
-            PodSourceKind::Kubelet => {
-                let client =
-                    KubeletClient::new(context(transport("kubelet", config.kubelet_endpoint())?));
+            PodSourceKind::Kubelet | PodSourceKind::NodeProxy => {
+                let mut source = if config.pod_source == PodSourceKind::Kubelet {
+                    KubeletSource::kubelet(config, &api)
+                } else {
+                    // A transport of its own: what the node proxy answers (a kubelet down,
+                    // nodes/proxy refused) is the pod source's state, not the API server
+                    // connection's.
+                    KubeletSource::node_proxy(context(transport(
+                        "API server",
+                        config.api_server_endpoint(host.as_deref(), port.as_deref())?,
+                    )?))
+                };
                 let counters = counters.clone();
                 tasks.push(tokio::spawn(async move {
                     let mut problems = ProblemLog::default();
                     let mut tick = ticker(refresh);
                     loop {
                         tick.tick().await;
-                        let error = match client.snapshot().await {
+                        let error = match source.snapshot().await {
                             Ok(snapshot) => {
                                 problems.note(&snapshot.problems, &counters);
                                 if tx.send(Some(snapshot)).is_err() {

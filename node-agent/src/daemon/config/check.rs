@@ -280,7 +280,7 @@ fn not_checked(
                 "kubernetes.nodeName: NODE_NAME is not set here (the DaemonSet sets it); checked with {STAND_IN_NODE:?}"
             ));
         }
-        lines.push("kubernetes: the API server and the kubelet answer, kubelet.caFile, apiServer.caFile and tokenPath are readable (checked when the agent connects: at start, and on a reload that changes them)".into());
+        lines.push("kubernetes: the API server and the kubelet answer (the kubelet at its Node's address unless kubelet.url, or through the node proxy), its certificate verifies, apiServer.caFile and tokenPath are readable (checked when the agent connects: at start, and on a reload that changes them)".into());
         if let Some(runtime) = &config.runtime {
             lines.push(format!(
                 "cri.endpoint {}{}: the runtime answers on its socket (checked at start for its ImageFsInfo and at each node-level reclaim, and said then)",

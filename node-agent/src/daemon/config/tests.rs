@@ -90,7 +90,7 @@ fn every_refusal_names_the_path_and_what_was_expected() {
         ("imagefsPath: images", "config: imagefsPath: images is not an absolute path"),
         ("kubeletConfig: config.yaml", "config: kubeletConfig: config.yaml is not an absolute path"),
         ("traceSocket: ''", "config: traceSocket: empty"),
-        ("kubernetes: {podSource: carrier-pigeon}", "config: kubernetes.podSource: unknown variant `carrier-pigeon`, expected `kubelet` or `apiserver`"),
+        ("kubernetes: {podSource: carrier-pigeon}", "config: kubernetes.podSource: unknown variant `carrier-pigeon`, expected one of `kubelet`, `apiserver`, `nodeProxy`"),
         ("kubernetes: {nodeName: n, retry: {attempts: 0}}", "config: kubernetes.retry.attempts: 0 is outside 1..=20"),
         ("kubernetes: {nodeName: n, passOver: 2h}", "config: kubernetes.passOver: 2h0m0s is outside 1s to 1h0m0s"),
         ("kubernetes: {nodeName: n, exclusions: {labelSelector: {matchLabel: {}}}}", "config: kubernetes.exclusions.labelSelector.matchLabel: unknown field `matchLabel`, expected `matchLabels` or `matchExpressions`"),
@@ -352,7 +352,7 @@ fn the_effective_configuration_reads_back_as_the_same() {
         shipped(),
         doc(""),
         doc("dryRun: true\nmemoryCapacity: 1.5Gi\nringBufferSize: 4096\nresyncInterval: 90s\nkubeletConfig: null\neviction: {evictionHard: {pid.available: 1000}, evictionSoft: {memory.available: 1Gi}, evictionSoftGracePeriod: {memory.available: 1m30s}}"),
-        doc("kubernetes: {podSource: apiserver, kubelet: {caFile: null, insecureSkipTLSVerify: true}, exclusions: {namespaces: [a], labelSelector: {matchExpressions: [{key: k, operator: Exists}]}}}\ncri: {keepImages: []}"),
+        doc("kubernetes: {podSource: apiserver, kubelet: {caFile: null, clusterCA: false, insecureSkipTLSVerify: true}, exclusions: {namespaces: [a], labelSelector: {matchExpressions: [{key: k, operator: Exists}]}}}\ncri: {keepImages: []}"),
     ];
     for text in files {
         let file = NodeAgentConfiguration::parse(&text).unwrap();

@@ -294,9 +294,10 @@ const COUNTERS: [&str; 29] = [
     "node_agent_tracking_cap_reached",
 ];
 
-const OTHERS: [&str; 20] = [
+const OTHERS: [&str; 21] = [
     "node_agent_build_info",
     "node_agent_decision_latency_seconds",
+    "node_agent_kube_kubelet_tls_verified",
     "node_agent_kube_pod_watch_backoff_seconds",
     "node_agent_kube_source_ready",
     "node_agent_memory_mechanism",
