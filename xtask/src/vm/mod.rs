@@ -73,6 +73,11 @@ const HOST_ONLY: &[(&str, &str)] = &[
         "needs kubectl, kubernetes-validate and promtool",
     ),
     (
+        "kubelet_e2e",
+        "reaches a fake kubelet over TLS by the Node's addresses: certificates and addresses, \
+         not the kernel (the daemon's kernel side is in the other e2e tests)",
+    ),
+    (
         "metrics_promtool",
         "needs promtool; checks text, not the kernel",
     ),
