@@ -505,6 +505,46 @@ pub async fn collect_events(
 }
 
 /// A current-thread tokio runtime for one test.
+/// A child's whole output once it exits within `limit`, read while it runs (output larger than
+/// a pipe's 64 KiB would otherwise hold the child until the reader came); killed past `limit`,
+/// and then an error naming `what`.
+pub fn output_within(
+    mut child: std::process::Child,
+    limit: Duration,
+    what: &str,
+) -> anyhow::Result<std::process::Output> {
+    fn drain(
+        from: Option<impl std::io::Read + Send + 'static>,
+    ) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut all = Vec::new();
+            if let Some(mut from) = from {
+                let _ = from.read_to_end(&mut all);
+            }
+            all
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{what} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -11,7 +11,7 @@
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde::Deserialize as _;
@@ -33,21 +33,12 @@ fn deploy_dir() -> PathBuf {
 /// Runs `cmd` to completion within [`BOUND`], killing it past that.
 fn run_bounded(cmd: &mut Command) -> Output {
     let shown = format!("{cmd:?}");
-    let mut child = cmd
+    let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{shown}: {e}"));
-    let deadline = Instant::now() + BOUND;
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{shown} still running after {BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("output")
+    node_agent_tests::output_within(child, BOUND, &shown).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `kubectl kustomize <dir>` as JSON documents.

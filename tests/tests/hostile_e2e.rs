@@ -753,16 +753,8 @@ fn tempfile_dir(label: &str) -> anyhow::Result<std::path::PathBuf> {
 
 /// The child's output, once it exits within `limit` (killed otherwise).
 fn wait_output(
-    mut child: std::process::Child,
+    child: std::process::Child,
     limit: Duration,
 ) -> anyhow::Result<std::process::Output> {
-    let deadline = Instant::now() + limit;
-    while child.try_wait()?.is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            anyhow::bail!("the agent did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(child.wait_with_output()?)
+    node_agent_tests::output_within(child, limit, "the agent")
 }

@@ -6,7 +6,7 @@
 use std::{
     io::Write as _,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use node_agent::{
@@ -40,16 +40,8 @@ fn check_metrics(text: &str) -> (bool, String) {
         .expect("stdin")
         .write_all(text.as_bytes())
         .expect("write to promtool");
-    let deadline = Instant::now() + BOUND;
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("promtool still running after {BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("promtool output");
+    let out =
+        node_agent_tests::output_within(child, BOUND, "promtool").unwrap_or_else(|e| panic!("{e}"));
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
