@@ -130,12 +130,7 @@ pub async fn read(ctx: &Context) -> Result<i64, AllocatableError> {
 mod tests {
     use super::*;
 
-    fn chain(e: &dyn std::error::Error) -> String {
-        std::iter::successors(Some(e), |e| e.source())
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(": ")
-    }
+    use node_agent_policy::error_chain as chain;
 
     #[test]
     fn allocatable_memory_is_read_in_bytes_or_refused_naming_the_field() {

@@ -822,13 +822,7 @@ fn classify(endpoint: &'static str, req: &ApiRequest, source: kube::Error) -> Tr
             source: Box::new(source),
         };
     }
-    let mut chain = Vec::new();
-    let mut cur: Option<&(dyn StdError + 'static)> = Some(&source);
-    while let Some(e) = cur {
-        chain.push(e.to_string());
-        cur = e.source();
-    }
-    let detail = chain.join(": ");
+    let detail = node_agent_policy::error_chain(&source);
     let lower = detail.to_ascii_lowercase();
     if lower.contains("certificate") || lower.contains("tls") || lower.contains("handshake") {
         TransportError::Tls {

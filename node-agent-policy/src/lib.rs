@@ -21,6 +21,15 @@ pub mod requests;
 pub mod scenario;
 pub mod signal;
 
+/// An error with its chain of sources, `outer: inner: innermost`: how every error of the agent
+/// is said, in logs, `/readyz` and refusals.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
 pub use config::{
     ConfigError, EvictionConfig, EvictionFields, EvictionFlags, SignalMap, Threshold,
     ThresholdValue,

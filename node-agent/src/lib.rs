@@ -24,10 +24,4 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
-/// An error with its chain of sources, `outer: inner: innermost`: how every error is logged.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    std::iter::successors(Some(e), |e| e.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
-}
+pub use node_agent_policy::error_chain;

@@ -5,13 +5,8 @@ pub(crate) fn doc(body: &str) -> String {
     format!("apiVersion: {API_VERSION}\nkind: {KIND}\n{body}\n")
 }
 
-/// The whole error chain, as the daemon logs it.
-fn chain(error: &dyn std::error::Error) -> String {
-    std::iter::successors(Some(error), |e| e.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
-}
+// The whole error chain, as the daemon logs it.
+use crate::error_chain as chain;
 
 fn signals(c: &AgentConfig) -> Vec<&'static str> {
     let mut v: Vec<_> = c
