@@ -119,9 +119,8 @@ impl ApiError {
         endpoint: &'static str,
         req: &ApiRequest,
         expected: &'static str,
-        joined: Result<Result<T, crate::pods::records::DecodeError>, tokio::task::JoinError>,
+        joined: Result<Result<T, DecodeError>, tokio::task::JoinError>,
     ) -> Result<T, Self> {
-        use crate::pods::records::DecodeError;
         let unusable = |why: String| Self::Unusable {
             endpoint,
             method: req.method.clone(),
@@ -393,6 +392,17 @@ pub async fn call(
             &resp,
         ))
     }
+}
+
+/// A list or summary that cannot be used whole (decoded record by record, within a budget).
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error(
+        "its {what} would take more than the {budget}-byte budget a node's {what} never come near"
+    )]
+    OverBudget { what: &'static str, budget: usize },
 }
 
 #[cfg(test)]

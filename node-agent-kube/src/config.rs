@@ -12,7 +12,7 @@ use node_agent_policy::GoDuration;
 pub use node_agent_policy::{Exclusions, LabelOperator, LabelRequirement, LabelSelector};
 use serde::{Deserialize, Serialize};
 
-pub use crate::kubelet::NodeAddressType;
+pub use crate::kubelet::address::NodeAddressType;
 
 /// Where the service account's files are mounted in every pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";

@@ -5,6 +5,7 @@ mod bench;
 mod fuzz;
 mod image;
 mod lint;
+mod test;
 mod toolchain;
 mod tools;
 mod vm;
@@ -101,7 +102,7 @@ fn main() -> ExitCode {
         Command::Run { release, args } => {
             toolchain::setup().and_then(|tc| agent::run(&tc, release, &args))
         }
-        Command::Test { args } => toolchain::setup().and_then(|tc| agent::test(&tc, &args)),
+        Command::Test { args } => toolchain::setup().and_then(|tc| test::test(&tc, &args)),
         Command::Image => toolchain::setup().and_then(|tc| image::image(&tc).map(drop)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
         Command::VmTest(args) => toolchain::setup().and_then(|tc| vm::test(&tc, &args)),

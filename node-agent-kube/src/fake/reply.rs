@@ -130,3 +130,23 @@ impl Reply {
         self
     }
 }
+
+/// 400 BadRequest with `message`, as the API server refuses a body it cannot take.
+pub(super) fn bad_request(message: &str) -> Reply {
+    Reply::status(400, "BadRequest", message)
+}
+
+/// A merge patch must be an object, a JSON patch a list of operations (else 400).
+pub(super) fn merge_patch_object(body: &serde_json::Value, media: &str) -> Result<(), Reply> {
+    if media == "application/json-patch+json" {
+        return if body.is_array() {
+            Ok(())
+        } else {
+            Err(bad_request("a JSON patch is a list of operations"))
+        };
+    }
+    if !body.is_object() {
+        return Err(bad_request("a merge patch is an object"));
+    }
+    Ok(())
+}

@@ -6,7 +6,10 @@
 
 use serde_json::{json, Value};
 
-use super::{Reply, Seen};
+use super::{
+    reply::{bad_request, merge_patch_object},
+    Reply, Seen,
+};
 
 /// The content types the API server accepts for a PATCH.
 const PATCH_TYPES: [&str; 4] = [
@@ -183,10 +186,6 @@ pub fn percent_decode(segment: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-pub(super) fn bad_request(message: &str) -> Reply {
-    Reply::status(400, "BadRequest", message)
 }
 
 fn invalid(kind: &str, name: &str, causes: &[(&str, &str)]) -> Reply {
@@ -467,20 +466,6 @@ fn event_series(body: &Value, media: &str, name: &str) -> Result<(), Reply> {
                 "count (at least 2) and lastObservedTime, and nothing else",
             )],
         ));
-    }
-    Ok(())
-}
-
-pub(super) fn merge_patch_object(body: &Value, media: &str) -> Result<(), Reply> {
-    if media == "application/json-patch+json" {
-        return if body.is_array() {
-            Ok(())
-        } else {
-            Err(bad_request("a JSON patch is a list of operations"))
-        };
-    }
-    if !body.is_object() {
-        return Err(bad_request("a merge patch is an object"));
     }
     Ok(())
 }

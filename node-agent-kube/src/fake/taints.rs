@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{json, Map, Value};
 
 use super::{
-    strict::{bad_request, merge_patch_object},
+    reply::{bad_request, merge_patch_object},
     Reply, Seen,
 };
 

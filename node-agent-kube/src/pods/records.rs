@@ -35,16 +35,7 @@ pub const POD_MODEL_BUDGET: usize = 8 << 20;
 /// What the stats entries kept from one summary may take: 8 MiB.
 pub const STATS_MODEL_BUDGET: usize = 8 << 20;
 
-/// A list or summary that cannot be used whole.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
-    #[error(
-        "its {what} would take more than the {budget}-byte budget a node's {what} never come near"
-    )]
-    OverBudget { what: &'static str, budget: usize },
-}
+pub use crate::api::DecodeError;
 
 /// One pod as the policy models it, read at once from its `v1.Pod`.
 #[derive(Debug, Clone, PartialEq)]
