@@ -247,6 +247,8 @@ fn refused_oom_events_are_said_once_and_posted_again_with_their_count() -> anyho
     );
     assert!(daemon.metric(errors)?.unwrap_or(0.0) >= 2.0);
     assert_eq!(daemon.log_count("event not recorded"), 1, "said once");
+    // The agent says so once the outcome is back, after the server took the write.
+    daemon.wait_log("events recorded again", wait())?;
     assert_eq!(daemon.log_count("events recorded again"), 1);
     w.assert_nothing_refused();
     daemon.stop()
