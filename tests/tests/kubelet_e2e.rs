@@ -173,14 +173,14 @@ fn the_kubelet_is_reached_at_its_nodes_address_verified_or_refused_by_name() -> 
                     Some(verified),
                     "{probe}"
                 );
-                assert!(
-                    gets(&fake_kubelet, "/pods") >= 2,
-                    "{probe}: read at the kubelet"
-                );
-                assert!(
-                    gets(&fake_kubelet, "/stats/summary") >= 2,
-                    "{probe}: usage from the kubelet"
-                );
+                // Both are read again and again (pods every podRefreshInterval, usage each
+                // second): wait for the second reading rather than race it on a busy machine.
+                wait_until(wait(), &format!("{probe}: read at the kubelet"), || {
+                    gets(&fake_kubelet, "/pods") >= 2
+                })?;
+                wait_until(wait(), &format!("{probe}: usage from the kubelet"), || {
+                    gets(&fake_kubelet, "/stats/summary") >= 2
+                })?;
                 assert_eq!(gets(&w.fake, "/pods"), 0, "{probe}: nothing read elsewhere");
                 assert!(
                     gets(&w.fake, &format!("/api/v1/nodes/{NODE}")) >= 1,
