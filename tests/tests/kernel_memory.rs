@@ -353,6 +353,75 @@ fn a_line_moved_below_the_usage_is_reported_at_once() -> anyhow::Result<()> {
 ///
 /// The sampler is loaded planning for no charge rate, so every tick waits the shortest
 /// period: two timers that did not take turns would tick twice as often as one.
+/// The DaemonSet grants the agent BPF and PERFMON alone. Without `CAP_DAC_READ_SEARCH` a
+/// cgroup cannot be opened by its id (`open_by_handle_at`), which is how the sampler finds the
+/// cgroup a line is on; on the real cluster its line on kubepods (allocatable memory) failed so,
+/// and that signal was only read every resync. The line must be watched all the same.
+#[test]
+fn the_sampler_watches_a_line_without_cap_dac_read_search() -> anyhow::Result<()> {
+    require_root();
+    let mut programs = load(MemoryChoice::CounterSampler)?;
+    let cgroup = TestCgroup::new("nodac")?;
+    let id = cgroup.id();
+    // This process only: nextest runs each test in one of its own.
+    drop_capability(CAP_DAC_READ_SEARCH)?;
+    let rt = runtime();
+    let mut helper = Helper::spawn(MEM_HELPER, &["hold".to_string(), "16".to_string()])?;
+    cgroup.add(helper.pid())?;
+    helper.go()?;
+    assert_eq!(helper.read_line()?, "held");
+    let usage = cgroup.memory_usage()?;
+    let mut events = rt.block_on(async { programs.events() })?;
+    programs.set_memory_threshold(id, usage - 8 * MIB, MIB)?;
+    let up = rt.block_on(collect_events(
+        &mut events,
+        scaled(Duration::from_secs(2)),
+        move |e| matches!(e, KernelEvent::MemoryThreshold(m) if m.cgroup_id == id),
+        |v| !v.is_empty(),
+    ))?;
+    helper.go()?;
+    assert_eq!(helper.read_line()?, "freed");
+    helper.go()?;
+    helper.wait(scaled(Duration::from_secs(5)))?;
+    assert_eq!(up.len(), 1, "the line is watched and reported crossed: {up:?}");
+    Ok(())
+}
+
+/// `CAP_DAC_READ_SEARCH` (include/uapi/linux/capability.h).
+const CAP_DAC_READ_SEARCH: u32 = 2;
+
+/// Removes one capability from this process's effective, permitted and inheritable sets.
+fn drop_capability(cap: u32) -> anyhow::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header { version: VERSION_3, pid: 0 };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget(2) with a v3 header and two data elements, as the ABI requires.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {
+        anyhow::bail!("capget: {}", std::io::Error::last_os_error());
+    }
+    let (word, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
+    data[word].effective &= !bit;
+    data[word].permitted &= !bit;
+    data[word].inheritable &= !bit;
+    // SAFETY: as above.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
+        anyhow::bail!("capset: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[test]
 fn a_stopped_sampler_timer_is_covered_by_the_other() -> anyhow::Result<()> {
     require_root();

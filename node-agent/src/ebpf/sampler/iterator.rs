@@ -9,7 +9,11 @@
 use std::{
     fs::File,
     io::Read as _,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    },
+    path::{Path, PathBuf},
 };
 
 use node_agent_common::SAMPLER_TIMERS;
@@ -79,8 +83,64 @@ pub(super) fn run_on<T: Send>(
     })
 }
 
-/// Opens a cgroup directory from its id (a kernfs file handle on the hierarchy's mount).
-pub(super) fn open_cgroup(mount: &File, cgroup: u64) -> std::io::Result<OwnedFd> {
+/// Opens a cgroup directory from its id: a kernfs file handle on the hierarchy's mount, which
+/// needs `CAP_DAC_READ_SEARCH`; without it (the DaemonSet grants only BPF and PERFMON), the
+/// directory under the mount whose inode is the id (a cgroup's id is its directory's inode
+/// number on 64-bit kernels, v1 and v2 alike), found by a bounded walk.
+pub(super) fn open_cgroup(mount: &File, mount_path: &Path, cgroup: u64) -> std::io::Result<OwnedFd> {
+    match open_by_handle(mount, cgroup) {
+        Ok(fd) => Ok(fd),
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            let dir = find_by_inode(mount_path, cgroup)?.ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!(
+                        "no directory with inode {cgroup} under {} (opening it by handle needs CAP_DAC_READ_SEARCH: {e})",
+                        mount_path.display()
+                    ),
+                )
+            })?;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+                .open(&dir)?;
+            Ok(OwnedFd::from(file))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// How many directories the walk reads at most (a node's cgroup tree holds a few thousand).
+const WALK_LIMIT: usize = 100_000;
+
+/// The directory under `root` (itself included) whose inode is `inode`, breadth first.
+fn find_by_inode(root: &Path, inode: u64) -> std::io::Result<Option<PathBuf>> {
+    let mut queue = std::collections::VecDeque::from([root.to_path_buf()]);
+    let mut seen = 0usize;
+    while let Some(dir) = queue.pop_front() {
+        seen += 1;
+        if seen > WALK_LIMIT {
+            return Ok(None);
+        }
+        let Ok(meta) = std::fs::metadata(&dir) else {
+            continue;
+        };
+        if meta.ino() == inode {
+            return Ok(Some(dir));
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                queue.push_back(entry.path());
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn open_by_handle(mount: &File, cgroup: u64) -> std::io::Result<OwnedFd> {
     #[repr(C)]
     struct KernfsHandle {
         handle_bytes: u32,

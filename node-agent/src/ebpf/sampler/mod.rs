@@ -250,7 +250,7 @@ impl Sampler {
     /// Runs the attach program on the cgroup's directory, once per timer on that timer's CPU,
     /// and checks that it found the counter.
     fn resolve(&self, ebpf: &mut Ebpf, index: u32, cgroup: u64) -> Result<(), ControlError> {
-        let dir = open_cgroup(&self.mount, cgroup).map_err(|source| SamplerError::Open {
+        let dir = open_cgroup(&self.mount, Path::new(&self.mount_path), cgroup).map_err(|source| SamplerError::Open {
             cgroup,
             mount: self.mount_path.clone(),
             source,
