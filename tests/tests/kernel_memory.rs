@@ -383,7 +383,11 @@ fn the_sampler_watches_a_line_without_cap_dac_read_search() -> anyhow::Result<()
     assert_eq!(helper.read_line()?, "freed");
     helper.go()?;
     helper.wait(scaled(Duration::from_secs(5)))?;
-    assert_eq!(up.len(), 1, "the line is watched and reported crossed: {up:?}");
+    assert_eq!(
+        up.len(),
+        1,
+        "the line is watched and reported crossed: {up:?}"
+    );
     Ok(())
 }
 
@@ -405,7 +409,10 @@ fn drop_capability(cap: u32) -> anyhow::Result<()> {
         inheritable: u32,
     }
     const VERSION_3: u32 = 0x2008_0522;
-    let mut header = Header { version: VERSION_3, pid: 0 };
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
     let mut data = [Data::default(); 2];
     // SAFETY: capget(2) with a v3 header and two data elements, as the ABI requires.
     if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {

@@ -87,7 +87,11 @@ pub(super) fn run_on<T: Send>(
 /// needs `CAP_DAC_READ_SEARCH`; without it (the DaemonSet grants only BPF and PERFMON), the
 /// directory under the mount whose inode is the id (a cgroup's id is its directory's inode
 /// number on 64-bit kernels, v1 and v2 alike), found by a bounded walk.
-pub(super) fn open_cgroup(mount: &File, mount_path: &Path, cgroup: u64) -> std::io::Result<OwnedFd> {
+pub(super) fn open_cgroup(
+    mount: &File,
+    mount_path: &Path,
+    cgroup: u64,
+) -> std::io::Result<OwnedFd> {
     match open_by_handle(mount, cgroup) {
         Ok(fd) => Ok(fd),
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => {

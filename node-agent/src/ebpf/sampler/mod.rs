@@ -250,11 +250,14 @@ impl Sampler {
     /// Runs the attach program on the cgroup's directory, once per timer on that timer's CPU,
     /// and checks that it found the counter.
     fn resolve(&self, ebpf: &mut Ebpf, index: u32, cgroup: u64) -> Result<(), ControlError> {
-        let dir = open_cgroup(&self.mount, Path::new(&self.mount_path), cgroup).map_err(|source| SamplerError::Open {
-            cgroup,
-            mount: self.mount_path.clone(),
-            source,
-        })?;
+        let dir =
+            open_cgroup(&self.mount, Path::new(&self.mount_path), cgroup).map_err(|source| {
+                SamplerError::Open {
+                    cgroup,
+                    mount: self.mount_path.clone(),
+                    source,
+                }
+            })?;
         let program: &mut Iter = ebpf
             .program_mut(ATTACH_PROGRAM)
             .ok_or(LoadError::MissingProgram(ATTACH_PROGRAM))?
