@@ -158,6 +158,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   address = "{sock}"
 [ttrpc]
   address = "{sock}.ttrpc"
+# Its "opt" directory in the fixture's, not the host's /opt/containerd.
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   stats_collect_period = 1
