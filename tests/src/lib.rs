@@ -563,6 +563,9 @@ pub mod fuse;
 pub mod oci;
 /// The DaemonSet's pod template as CRI requests.
 pub mod podspec;
+/// The real cluster of `cargo xtask cluster test`: kubectl, namespaces, workload pods, the
+/// agent's pods, metrics and the audit log.
+pub mod real_cluster;
 /// One end-to-end test's world over that harness, shared by the daemon's test files.
 pub mod world;
 

@@ -2,6 +2,7 @@
 
 mod agent;
 mod bench;
+mod cluster;
 mod fuzz;
 mod image;
 mod lint;
@@ -73,6 +74,9 @@ enum Command {
     /// Inside VMs only: attaches and detaches the programs many times under page-fault load,
     /// with one and two vCPUs, and reports any kernel oops.
     VmStress(vm::StressArgs),
+    /// A real Kubernetes on this machine, built from its Go modules, with the agent installed
+    /// from deploy/: `build`, `up`, `down`, `status`, `test` (the real-cluster tests).
+    Cluster(cluster::ClusterArgs),
     /// Benchmarks (root): detection latency against polling, eventfd and PSI, probe overhead,
     /// event throughput, footprint and idle cost on this host, and the fexit path inside the
     /// 6.1/6.12/6.18 VMs (emulated). Prints the tables, writes target/bench/latest.json and
@@ -110,6 +114,7 @@ fn main() -> ExitCode {
         Command::Bench { quick, no_vm } => {
             toolchain::setup().and_then(|tc| bench::bench(&tc, quick, !no_vm))
         }
+        Command::Cluster(args) => cluster::run(&args),
         Command::Fuzz {
             seconds,
             sanitizer,

@@ -13,7 +13,8 @@ use crate::{
 /// The test that runs the image; it goes last, so its image builds while the others run.
 const IMAGE_TEST: &str = "image_container";
 
-/// The kernel and end-to-end test files (tests/tests/*.rs), by name, the image's test last.
+/// The kernel and end-to-end test files (tests/tests/*.rs), by name, the image's test last;
+/// not the real-cluster tests (`cluster_*`), which `cargo xtask cluster test` runs.
 fn kernel_test_files() -> anyhow::Result<Vec<String>> {
     let dir = workspace_root().join("tests/tests");
     let mut files: Vec<String> = std::fs::read_dir(&dir)
@@ -23,6 +24,7 @@ fn kernel_test_files() -> anyhow::Result<Vec<String>> {
             let path = entry.path();
             (path.extension()? == "rs").then(|| path.file_stem()?.to_str().map(str::to_string))?
         })
+        .filter(|f| !f.starts_with(crate::cluster::TEST_PREFIX))
         .collect();
     files.sort_by_key(|f| (f == IMAGE_TEST, f.clone()));
     Ok(files)

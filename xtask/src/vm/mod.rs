@@ -211,6 +211,10 @@ pub fn test(tc: &EbpfToolchain, args: &TestArgs) -> anyhow::Result<()> {
             eprintln!("xtask: vm-test: {binary} runs on the host only: {why}");
             continue;
         }
+        if binary.starts_with(crate::cluster::TEST_PREFIX) {
+            eprintln!("xtask: vm-test: {binary} runs against the real cluster (`cargo xtask cluster test`), not in the VMs");
+            continue;
+        }
         for name in build::list_tests(path)? {
             let full = format!("{binary}::{name}");
             all.push(full.clone());

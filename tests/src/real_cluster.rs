@@ -1,0 +1,296 @@
+//! The real cluster the `cluster_*` tests run against (`cargo xtask cluster test` brings it up
+//! and names it in `NODE_AGENT_CLUSTER_DIR`): kubectl as users run it, namespaces that are
+//! deleted when a test ends (also when it fails), pods from the local workload image, the
+//! agent's pods, metrics, trace and the API server's audit log.
+//!
+//! A test that finds no cluster fails, naming how to run it; it never skips.
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+use node_agent_cluster::{images::WORKLOAD_IMAGE, Cluster, Kubectl, NodeSpec};
+use serde_json::Value;
+
+/// The agent's namespace and DaemonSets (deploy/).
+pub const AGENT_NS: &str = "node-agent";
+pub const AGENT_SA: &str = "system:serviceaccount:node-agent:node-agent";
+
+/// The cluster of this test run.
+pub struct RealCluster {
+    pub cluster: Cluster,
+    pub kubectl: Kubectl,
+}
+
+impl RealCluster {
+    /// The cluster `cargo xtask cluster test` brought up. Panics (the test fails) when there
+    /// is none.
+    pub fn get() -> Self {
+        let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("tests/ sits in the workspace")
+            .to_path_buf();
+        if std::env::var_os("NODE_AGENT_CLUSTER_DIR").is_none() {
+            panic!("no real cluster: run the real-cluster tests with `cargo xtask cluster test` (it brings the cluster up and sets NODE_AGENT_CLUSTER_DIR)");
+        }
+        let cluster = Cluster::new(workspace);
+        let kubectl = cluster.kubectl();
+        let ready = kubectl
+            .run(&[
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
+            ])
+            .unwrap_or_else(|e| panic!("the real cluster does not answer: {e:#}"));
+        assert!(
+            ready.split_whitespace().all(|s| s == "True") && !ready.trim().is_empty(),
+            "the real cluster's nodes are not Ready: {ready:?}"
+        );
+        Self { cluster, kubectl }
+    }
+
+    pub fn node0(&self) -> NodeSpec {
+        NodeSpec::new(0)
+    }
+
+    /// A namespace for one test, deleted when the guard drops.
+    pub fn namespace(&self, prefix: &str) -> Namespace {
+        let name = format!(
+            "t-{prefix}-{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        );
+        self.kubectl
+            .run(&["create", "namespace", &name])
+            .unwrap_or_else(|e| panic!("creating namespace {name}: {e:#}"));
+        // The namespace's default service account must exist before pods can be created.
+        self.kubectl
+            .wait_for(
+                "the namespace's default service account",
+                Duration::from_secs(30),
+                |k| {
+                    Ok(k.call(
+                        &["-n", &name, "get", "serviceaccount", "default"],
+                        None,
+                        Duration::from_secs(10),
+                    )?
+                    .success
+                    .then_some(()))
+                },
+            )
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        Namespace {
+            name,
+            kubectl: self.kubectl.clone(),
+        }
+    }
+
+    /// The agent pod on `node` of DaemonSet instance `instance` (`node-agent`, or
+    /// `node-agent-enforce`), Ready.
+    pub fn agent_pod(&self, node: &str, instance: &str) -> anyhow::Result<String> {
+        let pods = self.kubectl.get_json(&[
+            "-n",
+            AGENT_NS,
+            "pods",
+            "-l",
+            &format!("app.kubernetes.io/instance={instance}"),
+            "--field-selector",
+            &format!("spec.nodeName={node},status.phase=Running"),
+        ])?;
+        pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .and_then(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .with_context(|| format!("no running pod of {instance} on {node}"))
+    }
+
+    /// The agent's `/metrics`, through the API server's pod proxy.
+    pub fn agent_metrics(&self, pod: &str) -> anyhow::Result<String> {
+        self.kubectl.run(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/namespaces/{AGENT_NS}/pods/{pod}:9464/proxy/metrics"),
+        ])
+    }
+
+    /// One sample of `/metrics`: the value of the series whose name and labels start with
+    /// `series` (e.g. `node_agent_evictions_total{eviction_signal="memory.available",result="dry_run"}`).
+    pub fn metric(&self, pod: &str, series: &str) -> anyhow::Result<Option<f64>> {
+        let text = self.agent_metrics(pod)?;
+        Ok(metric_value(&text, series))
+    }
+
+    /// Every audit event the API server wrote (capped at the last 64 MiB of the log).
+    pub fn audit_events(&self) -> anyhow::Result<Vec<Value>> {
+        let path = self.cluster.layout.audit_log();
+        let text = crate::real_cluster::read_tail(&path, 64 << 20)?;
+        Ok(text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect())
+    }
+}
+
+/// The value of the first sample whose text starts with `series`.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.trim().parse().ok())
+}
+
+/// The last `cap` bytes of a file, as text.
+pub fn read_tail(path: &std::path::Path, cap: u64) -> anyhow::Result<String> {
+    use std::io::{Read as _, Seek as _};
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let len = f.metadata()?.len();
+    f.seek(std::io::SeekFrom::Start(len.saturating_sub(cap)))?;
+    let mut buf = Vec::new();
+    f.take(cap).read_to_end(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// A test's namespace; deleted (and waited for, bounded) when dropped.
+pub struct Namespace {
+    pub name: String,
+    kubectl: Kubectl,
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = self.kubectl.call(
+            &[
+                "delete",
+                "namespace",
+                &self.name,
+                "--wait=true",
+                "--timeout=120s",
+            ],
+            None,
+            Duration::from_secs(150),
+        );
+    }
+}
+
+/// QoS classes as the kubelet derives them from requests and limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Qos {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+/// A pod of the workload image.
+#[derive(Debug, Clone)]
+pub struct WorkloadPod {
+    pub name: String,
+    pub qos: Qos,
+    /// Memory request (and limit, for Guaranteed), e.g. `256Mi`.
+    pub memory: String,
+    pub args: Vec<String>,
+    pub node: Option<String>,
+    pub labels: Vec<(String, String)>,
+    pub priority_class: Option<String>,
+    /// Extra YAML lines under `spec:` (volumes, tolerations), indented by two spaces.
+    pub extra_spec: Vec<String>,
+    /// Extra YAML lines under the container (volumeMounts), indented by six spaces.
+    pub extra_container: Vec<String>,
+    pub memory_limit: Option<String>,
+}
+
+impl WorkloadPod {
+    pub fn new(name: &str, qos: Qos, memory: &str, args: &[&str]) -> Self {
+        Self {
+            name: name.to_string(),
+            qos,
+            memory: memory.to_string(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            node: None,
+            labels: Vec::new(),
+            priority_class: None,
+            extra_spec: Vec::new(),
+            extra_container: Vec::new(),
+            memory_limit: None,
+        }
+    }
+
+    pub fn manifest(&self, namespace: &str) -> String {
+        let resources = match self.qos {
+            Qos::Guaranteed => format!(
+                "      resources:\n        requests: {{cpu: 10m, memory: {m}}}\n        limits: {{cpu: 10m, memory: {m}}}\n",
+                m = self.memory
+            ),
+            Qos::Burstable => {
+                let limit = self
+                    .memory_limit
+                    .as_ref()
+                    .map(|l| format!("\n        limits: {{memory: {l}}}"))
+                    .unwrap_or_default();
+                format!(
+                    "      resources:\n        requests: {{cpu: 10m, memory: {}}}{limit}\n",
+                    self.memory
+                )
+            }
+            Qos::BestEffort => String::new(),
+        };
+        let args = self
+            .args
+            .iter()
+            .map(|a| format!("{a:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut labels = format!("    app: {}\n", self.name);
+        for (k, v) in &self.labels {
+            labels.push_str(&format!("    {k}: {v:?}\n"));
+        }
+        let mut spec = String::new();
+        if let Some(node) = &self.node {
+            spec.push_str(&format!("  nodeName: {node}\n"));
+        }
+        if let Some(pc) = &self.priority_class {
+            spec.push_str(&format!("  priorityClassName: {pc}\n"));
+        }
+        for line in &self.extra_spec {
+            spec.push_str(line);
+            spec.push('\n');
+        }
+        let mut container_extra = String::new();
+        for line in &self.extra_container {
+            container_extra.push_str(line);
+            container_extra.push('\n');
+        }
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\n  labels:\n{labels}spec:\n  terminationGracePeriodSeconds: 2\n  restartPolicy: Never\n{spec}  containers:\n    - name: main\n      image: {WORKLOAD_IMAGE}\n      imagePullPolicy: Never\n      args: [{args}]\n{resources}{container_extra}",
+            name = self.name,
+        )
+    }
+}
+
+/// Waits until every pod named is Running (bounded).
+pub fn wait_running(
+    kubectl: &Kubectl,
+    namespace: &str,
+    pods: &[&str],
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    for pod in pods {
+        let left = limit.saturating_sub(start.elapsed());
+        kubectl.wait_for(&format!("pod {namespace}/{pod} Running"), left, |k| {
+            let p = k.get_json(&["-n", namespace, "pod", pod])?;
+            match p["status"]["phase"].as_str() {
+                Some("Running") => Ok(Some(())),
+                Some("Failed") | Some("Succeeded") => bail!("pod {pod} ended: {}", p["status"]),
+                _ => Ok(None),
+            }
+        })?;
+    }
+    Ok(())
+}

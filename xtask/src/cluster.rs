@@ -1,0 +1,261 @@
+//! `cargo xtask cluster`: a real Kubernetes on this machine (the `node-agent-cluster` crate,
+//! `cluster/`), and the real-cluster tests (`tests/tests/cluster_*.rs`).
+
+use std::{path::PathBuf, time::Instant};
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use node_agent_cluster::{
+    compile, down::HostSnapshot, images::Archive, node_components::KubeletOptions, Cluster,
+    UpOptions,
+};
+
+use crate::{
+    agent::{cargo_with_object, ebpf, workspace_root},
+    toolchain::{is_root, run as run_cmd, EbpfToolchain},
+};
+
+/// The real-cluster test files: `tests/tests/cluster_*.rs`. `cluster_lifecycle` goes last: it
+/// ends the cluster and compares the host with how `up` found it.
+pub const TEST_PREFIX: &str = "cluster_";
+const LIFECYCLE_TEST: &str = "cluster_lifecycle";
+
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    command: ClusterCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Builds kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet,
+    /// kubectl and etcd from their Go modules at the release cluster/go/go.mod pins, into
+    /// target/cluster/bin (seconds when nothing changed).
+    Build,
+    /// Writes cluster/go/go.mod for another Kubernetes release, its replace lines generated
+    /// from that release's own go.mod, and go.sum by `go mod tidy`.
+    Pin {
+        /// A release such as v1.37.2.
+        version: String,
+    },
+    /// One node (and --extra-nodes more) set up as kubeadm sets one up, then the agent's image
+    /// imported and deploy/ applied through cluster/overlay (in dry run); ends with the node
+    /// and the agent's pod Ready. Cleans up what an earlier run left first.
+    Up {
+        /// Nodes besides the first, each in namespaces of its own.
+        #[arg(long, default_value_t = 0)]
+        extra_nodes: u8,
+        /// The cluster alone, without the agent.
+        #[arg(long)]
+        no_agent: bool,
+    },
+    /// Ends the cluster: every process, mount, cgroup and namespace it made.
+    Down,
+    /// What runs, the nodes and the agent's pods.
+    Status,
+    /// Brings a cluster up, runs the real-cluster tests (tests/tests/cluster_*.rs) against
+    /// it, then ends it and checks the host is as it was.
+    Test {
+        /// Extra arguments for the test binaries, e.g. a test name filter.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+fn cluster() -> Cluster {
+    Cluster::new(workspace_root())
+}
+
+pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
+    let root = workspace_root();
+    match &args.command {
+        ClusterCommand::Build => {
+            let started = Instant::now();
+            let c = cluster();
+            compile::build(&root.join("cluster/go"), &c.layout.bin())?;
+            eprintln!(
+                "xtask: cluster build took {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        ClusterCommand::Pin { version } => compile::pin(&root.join("cluster/go"), version),
+        ClusterCommand::Up {
+            extra_nodes,
+            no_agent,
+        } => {
+            let tc = crate::toolchain::setup()?;
+            up(&tc, *extra_nodes, !*no_agent).map(drop)
+        }
+        ClusterCommand::Down => {
+            let started = Instant::now();
+            cluster().down()?;
+            eprintln!(
+                "xtask: cluster down in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        ClusterCommand::Status => status(),
+        ClusterCommand::Test { args } => {
+            let tc = crate::toolchain::setup()?;
+            test(&tc, args)
+        }
+    }
+}
+
+/// Installs what the cluster needs on this host (Debian packages), then brings it up.
+fn up(
+    tc: &EbpfToolchain,
+    extra_nodes: u8,
+    agent: bool,
+) -> anyhow::Result<(Cluster, Option<Archive>)> {
+    if !is_root() {
+        anyhow::bail!("the cluster needs root (namespaces, mounts, cgroups): run `sudo -E cargo xtask cluster up`");
+    }
+    crate::image::setup_runtime()?;
+    let missing = node_agent_cluster::up::missing_packages();
+    if !missing.is_empty() {
+        crate::toolchain::apt_install(&missing)?;
+    }
+    let agent_image = if agent {
+        let image = crate::image::image(tc)?;
+        Some(Archive {
+            reference: image.reference,
+            path: image.archive,
+        })
+    } else {
+        None
+    };
+    let c = cluster();
+    c.up(&UpOptions {
+        extra_nodes,
+        kubelet: KubeletOptions::default(),
+        agent_image: agent_image.clone(),
+    })?;
+    Ok((c, agent_image))
+}
+
+fn status() -> anyhow::Result<()> {
+    let c = cluster();
+    let state = node_agent_cluster::state::State::load(&c.layout.state())?;
+    let Some(state) = state else {
+        println!(
+            "no cluster is up ({} has no state file)",
+            c.layout.dir.display()
+        );
+        return Ok(());
+    };
+    println!("processes:");
+    let mut all_running = true;
+    for p in &state.processes {
+        let running = p.is_running();
+        all_running &= running;
+        println!(
+            "  {:<32} pid {:<8} {}",
+            p.name,
+            p.pid,
+            if running { "running" } else { "NOT RUNNING" }
+        );
+    }
+    let kubectl = c.kubectl();
+    match kubectl.run(&["get", "nodes", "-o", "wide"]) {
+        Ok(text) => println!("{text}"),
+        Err(e) => println!("nodes: {e:#}"),
+    }
+    match kubectl.run(&["-n", "node-agent", "get", "daemonsets,pods", "-o", "wide"]) {
+        Ok(text) => println!("{text}"),
+        Err(e) => println!("agent: {e:#}"),
+    }
+    println!(
+        "kubectl: {} --kubeconfig {}",
+        c.layout.binary("kubectl").display(),
+        c.layout.admin_kubeconfig().display()
+    );
+    if !all_running {
+        anyhow::bail!(
+            "a process of the cluster is not running: `cargo xtask cluster up` starts it afresh"
+        );
+    }
+    Ok(())
+}
+
+/// The real-cluster test files, the lifecycle test last.
+pub fn test_files() -> anyhow::Result<Vec<String>> {
+    let dir = workspace_root().join("tests/tests");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix(TEST_PREFIX)?;
+            Some(name.strip_suffix(".rs")?.to_string())
+        })
+        .collect();
+    files.sort_by_key(|f| (f == LIFECYCLE_TEST, f.clone()));
+    Ok(files)
+}
+
+/// `cargo xtask cluster test`.
+fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
+    let started = Instant::now();
+    crate::tools::nextest()?;
+    let object = ebpf(tc)?;
+    let c = cluster();
+    // What the host looks like before any cluster: the lifecycle test compares with it.
+    c.down().context("ending an earlier cluster")?;
+    let snapshot = HostSnapshot::take(&c.layout)?;
+    let snapshot_file: PathBuf = c.layout.dir.join("host-before-up.json");
+    std::fs::create_dir_all(&c.layout.dir)?;
+    std::fs::write(&snapshot_file, serde_json::to_vec_pretty(&snapshot)?)?;
+    let (_, agent_image) = up(tc, 0, true)?;
+    let agent_image = agent_image.context("the agent's image")?;
+    let up_took = started.elapsed();
+    let mut failed = Vec::new();
+    let mut took = vec![("cluster up".to_string(), up_took)];
+    for file in test_files()? {
+        eprintln!("xtask: real-cluster tests: {file}");
+        let step = Instant::now();
+        let mut cmd = cargo_with_object(&object, "nextest");
+        cmd.args([
+            "run",
+            "--package",
+            "node-agent-tests",
+            "--test",
+            &file,
+            "--locked",
+            "--no-fail-fast",
+            "--no-tests=fail",
+            "--profile",
+            "cluster",
+            "--",
+        ])
+        .args(extra)
+        .env("NODE_AGENT_CLUSTER_DIR", &c.layout.dir)
+        .env("NODE_AGENT_HOST_BEFORE_UP", &snapshot_file)
+        .env("NODE_AGENT_IMAGE", &agent_image.reference)
+        .env("NODE_AGENT_IMAGE_ARCHIVE", &agent_image.path);
+        if let Err(e) = run_cmd(&mut cmd) {
+            eprintln!("xtask: {file} failed: {e:#}");
+            failed.push(file.clone());
+        }
+        took.push((file, step.elapsed()));
+    }
+    // Whatever the tests did, nothing of the cluster stays.
+    if let Err(e) = c.down() {
+        eprintln!("xtask: cluster down failed: {e:#}");
+        failed.push("cluster down".into());
+    }
+    eprintln!("xtask: time taken:");
+    for (step, d) in &took {
+        eprintln!("xtask:   {:>6.1} s  {step}", d.as_secs_f64());
+    }
+    eprintln!(
+        "xtask:   {:>6.1} s  in all",
+        started.elapsed().as_secs_f64()
+    );
+    if !failed.is_empty() {
+        anyhow::bail!("failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
