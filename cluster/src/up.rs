@@ -263,6 +263,14 @@ impl Cluster {
                 }
             })?;
             images::import(*ns, &archives)?;
+            // A cgroup root other than / must exist in every hierarchy before the kubelet starts.
+            if spec.cgroup_root != "/" {
+                for hierarchy in down::hierarchies() {
+                    let dir = hierarchy.join(spec.cgroup_root.trim_start_matches('/'));
+                    std::fs::create_dir_all(&dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                }
+            }
             let kubelet_yaml = node_components::kubelet_config(layout, spec, &options.kubelet)?;
             self.write_in_node(spec, "/var/lib/kubelet/config.yaml", &kubelet_yaml)?;
             let kubelet = spawn_daemon(
