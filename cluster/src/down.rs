@@ -154,7 +154,7 @@ fn cgroup_roots(state: &State) -> Vec<PathBuf> {
         })
         .collect();
     if state.nodes.is_empty() {
-        // A state file lost with the cluster still running: the trees named by our layout.
+        // A state file lost with the cluster still running: the trees no one else names.
         tops.insert("node-agent-node1".into());
     }
     let mut out = Vec::new();

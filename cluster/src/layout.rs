@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 /// The API server's port inside node 0's network namespace (kubeadm's).
 pub const APISERVER_PORT: u16 = 6443;
 /// Where the API server is reached from this host: loopback, forwarded into node 0's network
-/// namespace ([`crate::forward`]). Not 6443, which a real cluster on a developer's machine
-/// may hold.
+/// namespace by node 0's holder. Not 6443, which a real cluster on a developer's machine may
+/// hold. Instance N (`NODE_AGENT_CLUSTER_INSTANCE`) uses this port + N.
 pub const HOST_API_PORT: u16 = 16443;
 /// The lan the nodes share: a bridge in a network namespace of its own.
 pub const LAN_GATEWAY: &str = "10.99.0.1";
@@ -39,17 +39,18 @@ pub struct NodeSpec {
 }
 
 impl NodeSpec {
-    pub fn new(index: u8) -> Self {
+    /// Node `index` of cluster instance `instance` (0 unless two clusters share the host).
+    pub fn new(instance: u8, index: u8) -> Self {
         Self {
             index,
             name: format!("node-agent-{index}"),
             ip: format!("10.99.0.{}", 10 + u32::from(index)),
             pod_cidr: format!("10.244.{index}.0/24"),
             pod_gateway: format!("10.244.{index}.1"),
-            cgroup_root: if index == 0 {
-                "/".to_string()
-            } else {
-                format!("/node-agent-node{index}")
+            cgroup_root: match (instance, index) {
+                (0, 0) => "/".to_string(),
+                (0, i) => format!("/node-agent-node{i}"),
+                (n, i) => format!("/node-agent-c{n}-node{i}"),
             },
         }
     }
@@ -59,19 +60,41 @@ impl NodeSpec {
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub dir: PathBuf,
+    /// Which of the clusters on this host (0 by default): two clusters of two checkouts can
+    /// run at once when their instances differ (the host's API port and the nodes' cgroup
+    /// roots are the only things they would share; the rest is in namespaces of their own).
+    pub instance: u8,
 }
 
 impl Layout {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+    pub fn new(dir: impl Into<PathBuf>, instance: u8) -> Self {
+        Self {
+            dir: dir.into(),
+            instance,
+        }
     }
 
-    /// `$NODE_AGENT_CLUSTER_DIR`, else `<workspace>/target/cluster`.
+    /// `$NODE_AGENT_CLUSTER_DIR`, else `<workspace>/target/cluster`; the instance from
+    /// `$NODE_AGENT_CLUSTER_INSTANCE` (0 to 9), else 0.
     pub fn default_for(workspace: &Path) -> Self {
-        match std::env::var_os("NODE_AGENT_CLUSTER_DIR") {
-            Some(dir) => Self::new(dir),
-            None => Self::new(workspace.join("target/cluster")),
-        }
+        let dir = std::env::var_os("NODE_AGENT_CLUSTER_DIR")
+            .map_or_else(|| workspace.join("target/cluster"), PathBuf::from);
+        let instance = std::env::var("NODE_AGENT_CLUSTER_INSTANCE")
+            .ok()
+            .and_then(|v| v.parse::<u8>().ok())
+            .filter(|n| *n <= 9)
+            .unwrap_or(0);
+        Self::new(dir, instance)
+    }
+
+    /// Node `index` of this cluster.
+    pub fn node(&self, index: u8) -> NodeSpec {
+        NodeSpec::new(self.instance, index)
+    }
+
+    /// The API server's port on this host's loopback.
+    pub fn host_port(&self) -> u16 {
+        HOST_API_PORT + u16::from(self.instance)
     }
 
     pub fn bin(&self) -> PathBuf {
@@ -115,6 +138,6 @@ impl Layout {
     }
     /// The API server as this host's clients reach it.
     pub fn host_server(&self) -> String {
-        format!("https://127.0.0.1:{HOST_API_PORT}")
+        format!("https://127.0.0.1:{}", self.host_port())
     }
 }

@@ -6,7 +6,8 @@
 //! kube-controller-manager, kube-scheduler, containerd, kubelet, kube-proxy — each node in
 //! network and mount namespaces of its own ([`node`]), so nothing is written to the host's
 //! `/var/lib` or `/run` and no packet reaches the host's interfaces; the API server forwarded to
-//! this host's loopback ([`layout::HOST_API_PORT`]). Then the agent installed from `deploy/` as
+//! this host's loopback ([`layout::HOST_API_PORT`]; two clusters of two checkouts may run at
+//! once with different `NODE_AGENT_CLUSTER_INSTANCE`s). Then the agent installed from `deploy/` as
 //! the README tells users to, through `cluster/overlay`, which names each difference this box
 //! needs. `down` ends all of it ([`down`]).
 

@@ -13,7 +13,7 @@ use crate::{
     compile, control_plane, down,
     images::{self, Archive},
     kubectl::Kubectl,
-    layout::{Layout, NodeSpec, APISERVER_PORT, HOST_API_PORT},
+    layout::{Layout, NodeSpec, APISERVER_PORT},
     node::{self, Lan},
     node_components::{self, KubeletOptions},
     process::{output_of, run, spawn_daemon, Daemon, Namespaces},
@@ -88,7 +88,7 @@ impl Cluster {
             .ok()
             .flatten()
             .map_or(1, |s| s.nodes.len().max(1));
-        (0..count as u8).map(NodeSpec::new).collect()
+        (0..count as u8).map(|i| self.layout.node(i)).collect()
     }
 
     /// The namespaces of a running node (its holder's).
@@ -141,7 +141,9 @@ impl Cluster {
             eprintln!("xtask: cleaning up what the last cluster left");
         }
         down::down(layout).context("cleaning up what the last cluster left")?;
-        refuse_foreign_kubepods()?;
+        if layout.instance == 0 {
+            refuse_foreign_kubepods()?;
+        }
         step.done("cleanup");
 
         let _components = compile::build(&self.workspace.join("cluster/go"), &layout.bin())?;
@@ -153,7 +155,7 @@ impl Cluster {
         }
         step.done("images");
 
-        let nodes: Vec<NodeSpec> = (0..=options.extra_nodes).map(NodeSpec::new).collect();
+        let nodes: Vec<NodeSpec> = (0..=options.extra_nodes).map(|i| layout.node(i)).collect();
         control_plane::credentials(layout, &nodes)?;
         let mut state = State::default();
         state.save(&layout.state())?;
@@ -164,8 +166,13 @@ impl Cluster {
         let lan = Lan::create(&lan_holder)?;
         let mut node_ns = Vec::new();
         for spec in &nodes {
-            let forward = (spec.index == 0)
-                .then(|| format!("127.0.0.1:{HOST_API_PORT}={}:{APISERVER_PORT}", spec.ip));
+            let forward = (spec.index == 0).then(|| {
+                format!(
+                    "127.0.0.1:{}={}:{APISERVER_PORT}",
+                    layout.host_port(),
+                    spec.ip
+                )
+            });
             let holder = node::holder(&helper, layout, &holder_name(spec), forward)?;
             self.record(&mut state, &holder)?;
             let pid = holder.pid.to_string();

@@ -53,7 +53,7 @@ impl RealCluster {
     }
 
     pub fn node0(&self) -> NodeSpec {
-        NodeSpec::new(0)
+        self.cluster.layout.node(0)
     }
 
     /// A namespace for one test, deleted when the guard drops.
