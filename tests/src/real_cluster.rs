@@ -294,3 +294,171 @@ pub fn wait_running(
     }
     Ok(())
 }
+
+/// A variant of the install, as an operator makes one: a kustomization over `cluster/overlay`
+/// (deploy/'s base with this box's differences) with deploy/'s components and, optionally, a
+/// config.yaml of the test's own through `configMapGenerator` (so a changed config is a
+/// changed pod template, as in deploy/).
+#[derive(Debug, Clone, Default)]
+pub struct Variant {
+    /// Components of deploy/, by directory name (`enforce`, `enforce-by-node-label`).
+    pub components: Vec<String>,
+    /// The agent's config.yaml, whole; None keeps deploy/config.yaml.
+    pub config: Option<String>,
+    /// Extra resources (YAML documents), applied with it.
+    pub resources: Vec<String>,
+}
+
+impl Variant {
+    pub fn enforcing() -> Self {
+        Self {
+            components: vec!["enforce".into()],
+            ..Self::default()
+        }
+    }
+
+    /// deploy/config.yaml with `replace` applied (each `(from, to)` must occur).
+    pub fn shipped_config_with(replace: &[(&str, &str)]) -> String {
+        let mut text = std::fs::read_to_string(workspace().join("deploy/config.yaml"))
+            .expect("deploy/config.yaml");
+        for (from, to) in replace {
+            assert!(text.contains(from), "deploy/config.yaml has no {from:?}");
+            text = text.replace(from, to);
+        }
+        text
+    }
+}
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the workspace")
+        .to_path_buf()
+}
+
+impl RealCluster {
+    /// Writes `variant`'s kustomization under the cluster directory and applies it
+    /// (`kubectl apply -k`), pruning nothing; returns the rendered objects' kinds and names.
+    pub fn apply_variant(&self, name: &str, variant: &Variant) -> anyhow::Result<String> {
+        let dir = self.cluster.layout.dir.join("variants").join(name);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::create_dir_all(&dir)?;
+        // Relative paths from the variant's directory: kustomize loads bases and components
+        // by directory.
+        let root = workspace();
+        let up = |target: &std::path::Path| -> String { relative(&dir, target) };
+        let mut text = String::from(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n",
+        );
+        text.push_str(&format!("  - {}\n", up(&root.join("cluster/overlay"))));
+        for (i, doc) in variant.resources.iter().enumerate() {
+            let file = format!("extra-{i}.yaml");
+            std::fs::write(dir.join(&file), doc)?;
+            text.push_str(&format!("  - {file}\n"));
+        }
+        if !variant.components.is_empty() {
+            text.push_str("components:\n");
+            for c in &variant.components {
+                text.push_str(&format!(
+                    "  - {}\n",
+                    up(&root.join("deploy/components").join(c))
+                ));
+            }
+        }
+        if let Some(config) = &variant.config {
+            std::fs::write(dir.join("config.yaml"), config)?;
+            text.push_str("configMapGenerator:\n  - name: node-agent-config\n    namespace: node-agent\n    behavior: replace\n    files:\n      - config.yaml\n");
+        }
+        std::fs::write(dir.join("kustomization.yaml"), text)?;
+        let out = self.kubectl.call(
+            &["apply", "-k", &dir.to_string_lossy()],
+            None,
+            Duration::from_secs(120),
+        )?;
+        if !out.success {
+            bail!("kubectl apply -k {}: {}", dir.display(), out.stderr.trim());
+        }
+        Ok(out.stdout)
+    }
+
+    /// Applies `variant` and waits until every DaemonSet of the agent has rolled out and its
+    /// pods are Ready.
+    pub fn install(&self, name: &str, variant: &Variant) -> anyhow::Result<()> {
+        self.apply_variant(name, variant)?;
+        for ds in self.agent_daemonsets()? {
+            self.cluster
+                .wait_agent_ready(&ds, Duration::from_secs(240))?;
+        }
+        Ok(())
+    }
+
+    /// The base install (deploy/ in dry run), as `cargo xtask cluster up` left it: the
+    /// enforcing DaemonSet of enforce-by-node-label deleted if a test made it.
+    pub fn restore_base(&self) -> anyhow::Result<()> {
+        let _ = self.kubectl.call(
+            &[
+                "-n",
+                AGENT_NS,
+                "delete",
+                "daemonset",
+                "node-agent-enforce",
+                "--ignore-not-found",
+                "--wait=true",
+            ],
+            None,
+            Duration::from_secs(120),
+        );
+        self.install("base", &Variant::default())
+    }
+
+    /// The agent's DaemonSets' names.
+    pub fn agent_daemonsets(&self) -> anyhow::Result<Vec<String>> {
+        let list = self.kubectl.get_json(&["-n", AGENT_NS, "daemonsets"])?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d["metadata"]["name"].as_str().map(str::to_string))
+            .collect())
+    }
+
+    /// The logs of an agent pod (its current container; capped by kubectl's --limit-bytes).
+    pub fn agent_logs(&self, pod: &str) -> anyhow::Result<String> {
+        self.kubectl
+            .run(&["-n", AGENT_NS, "logs", pod, "--limit-bytes=8000000"])
+    }
+
+    /// Restores the base install when dropped (also when the test failed).
+    pub fn base_on_drop(&self) -> RestoreBase<'_> {
+        RestoreBase(self)
+    }
+}
+
+/// See [`RealCluster::base_on_drop`].
+pub struct RestoreBase<'a>(&'a RealCluster);
+
+impl Drop for RestoreBase<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.restore_base() {
+            eprintln!("restoring the base install: {e:#}");
+        }
+    }
+}
+
+/// `target` relative to `from` (both absolute).
+fn relative(from: &std::path::Path, target: &std::path::Path) -> String {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = target.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> =
+        std::iter::repeat_n("..".to_string(), from.len() - common).collect();
+    parts.extend(
+        to[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    parts.join("/")
+}

@@ -56,6 +56,13 @@ enum ClusterCommand {
     /// Brings a cluster up, runs the real-cluster tests (tests/tests/cluster_*.rs) against
     /// it, then ends it and checks the host is as it was.
     Test {
+        /// Only these test files (e.g. cluster_memory); default: every cluster_* file.
+        #[arg(long = "file")]
+        files: Vec<String>,
+        /// Run against the cluster that is up (bring one up if none is), and leave it up: for
+        /// working on one test. The lifecycle test, which ends the cluster, is left out.
+        #[arg(long)]
+        reuse: bool,
         /// Extra arguments for the test binaries, e.g. a test name filter.
         #[arg(last = true)]
         args: Vec<String>,
@@ -97,9 +104,9 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             Ok(())
         }
         ClusterCommand::Status => status(),
-        ClusterCommand::Test { args } => {
+        ClusterCommand::Test { files, reuse, args } => {
             let tc = crate::toolchain::setup()?;
-            test(&tc, args)
+            test(&tc, files, *reuse, args)
         }
     }
 }
@@ -197,23 +204,43 @@ pub fn test_files() -> anyhow::Result<Vec<String>> {
 }
 
 /// `cargo xtask cluster test`.
-fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
+fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> anyhow::Result<()> {
     let started = Instant::now();
     crate::tools::nextest()?;
     let object = ebpf(tc)?;
     let c = cluster();
-    // What the host looks like before any cluster: the lifecycle test compares with it.
-    c.down().context("ending an earlier cluster")?;
-    let snapshot = HostSnapshot::take(&c.layout)?;
     let snapshot_file: PathBuf = c.layout.dir.join("host-before-up.json");
-    std::fs::create_dir_all(&c.layout.dir)?;
-    std::fs::write(&snapshot_file, serde_json::to_vec_pretty(&snapshot)?)?;
-    let (_, agent_image) = up(tc, 0, true)?;
-    let agent_image = agent_image.context("the agent's image")?;
+    let running = reuse && c.layout.state().exists() && c.kubectl().run(&["get", "nodes"]).is_ok();
+    let agent_image = if running {
+        eprintln!(
+            "xtask: using the cluster that is up ({})",
+            c.layout.dir.display()
+        );
+        let image = crate::image::image(tc)?;
+        Archive {
+            reference: image.reference,
+            path: image.archive,
+        }
+    } else {
+        // What the host looks like before any cluster: the lifecycle test compares with it.
+        c.down().context("ending an earlier cluster")?;
+        let snapshot = HostSnapshot::take(&c.layout)?;
+        std::fs::create_dir_all(&c.layout.dir)?;
+        std::fs::write(&snapshot_file, serde_json::to_vec_pretty(&snapshot)?)?;
+        up(tc, 0, true)?.1.context("the agent's image")?
+    };
     let up_took = started.elapsed();
     let mut failed = Vec::new();
     let mut took = vec![("cluster up".to_string(), up_took)];
-    for file in test_files()? {
+    let files: Vec<String> = test_files()?
+        .into_iter()
+        .filter(|f| only.is_empty() || only.contains(f))
+        .filter(|f| !(reuse && f == LIFECYCLE_TEST))
+        .collect();
+    if files.is_empty() {
+        anyhow::bail!("no real-cluster test file matches {only:?}");
+    }
+    for file in files {
         eprintln!("xtask: real-cluster tests: {file}");
         let step = Instant::now();
         let mut cmd = cargo_with_object(&object, "nextest");
@@ -241,10 +268,12 @@ fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
         }
         took.push((file, step.elapsed()));
     }
-    // Whatever the tests did, nothing of the cluster stays.
-    if let Err(e) = c.down() {
-        eprintln!("xtask: cluster down failed: {e:#}");
-        failed.push("cluster down".into());
+    if !reuse {
+        // Whatever the tests did, nothing of the cluster stays.
+        if let Err(e) = c.down() {
+            eprintln!("xtask: cluster down failed: {e:#}");
+            failed.push("cluster down".into());
+        }
     }
     eprintln!("xtask: time taken:");
     for (step, d) in &took {

@@ -1,0 +1,302 @@
+//! Memory pressure on a real node, with the real kubelet, API server and scheduler: the agent
+//! evicts the pod the kubelet's ranking names, through policy/v1 Eviction, the kubelet stops it,
+//! what the agent wrote is where users look, and the taint keeps the scheduler away while the
+//! pressure lasts.
+
+use std::time::{Duration, Instant};
+
+use node_agent_tests::real_cluster::{
+    wait_running, Qos, RealCluster, Variant, WorkloadPod, AGENT_NS, AGENT_SA,
+};
+use serde_json::Value;
+
+const MIB: f64 = 1048576.0;
+
+/// The agent's headroom on `allocatableMemory.available` (bytes), from its /metrics.
+fn allocatable_headroom(rc: &RealCluster, agent: &str) -> anyhow::Result<f64> {
+    rc.metric(
+        agent,
+        "node_agent_signal_available_bytes{eviction_signal=\"allocatableMemory.available\"}",
+    )?
+    .ok_or_else(|| anyhow::anyhow!("the agent exports no allocatableMemory.available"))
+}
+
+fn node_taints(rc: &RealCluster, node: &str) -> anyhow::Result<Vec<String>> {
+    let n = rc.kubectl.get_json(&["node", node])?;
+    Ok(n["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["key"].as_str().map(str::to_string))
+        .collect())
+}
+
+fn condition(rc: &RealCluster, node: &str, kind: &str) -> anyhow::Result<Option<Value>> {
+    let n = rc.kubectl.get_json(&["node", node])?;
+    Ok(n["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == kind)
+        .cloned())
+}
+
+#[test]
+fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_pods_away(
+) -> anyhow::Result<()> {
+    let rc = RealCluster::get();
+    let _base = rc.base_on_drop();
+    let node = rc.node0().name;
+    // Enforcing, with the shipped config but a short transition period, so that the taint's
+    // leaving is seen within the test (the shipped 5m would hold it five minutes).
+    let config = Variant::shipped_config_with(&[(
+        "evictionPressureTransitionPeriod: \"5m\"",
+        "evictionPressureTransitionPeriod: \"20s\"",
+    )]);
+    rc.install(
+        "memory",
+        &Variant {
+            config: Some(config),
+            ..Variant::enforcing()
+        },
+    )?;
+    let agent = rc.agent_pod(&node, "node-agent")?;
+    let ns = rc.namespace("memory");
+    let started = Instant::now();
+
+    // Three QoS classes. BestEffort holds 1000 MiB over its request of 0; the Burstable pod
+    // grows to just past the agent's line (allocatableMemory.available < 200Mi, copied from
+    // memory.available as the kubelet copies it) and stays above the kubelet's (100Mi), so
+    // only the agent acts. Both exceed their requests; the kubelet's ranking takes the one
+    // exceeding by more: BestEffort (1000 MiB over) before the grower (about 600 MiB over its
+    // 2 GiB request), though the grower is the larger and the one that grew.
+    let mut g = WorkloadPod::new("guaranteed", Qos::Guaranteed, "256Mi", &["memory", "128"]);
+    let mut be = WorkloadPod::new(
+        "besteffort",
+        Qos::BestEffort,
+        "",
+        &["memory", "1000", "500"],
+    );
+    for p in [&mut g, &mut be] {
+        p.node = Some(node.clone());
+    }
+    rc.kubectl.apply(&g.manifest(&ns.name))?;
+    rc.kubectl.apply(&be.manifest(&ns.name))?;
+    wait_running(
+        &rc.kubectl,
+        &ns.name,
+        &["guaranteed", "besteffort"],
+        Duration::from_secs(90),
+    )?;
+    // Wait for both to hold their memory, then size the grower from the agent's own figure.
+    rc.kubectl.wait_for(
+        "both pods hold their memory",
+        Duration::from_secs(60),
+        |k| {
+            let a = k.run(&["-n", &ns.name, "logs", "guaranteed"])?;
+            let b = k.run(&["-n", &ns.name, "logs", "besteffort"])?;
+            Ok((a.contains("phase=held") && b.contains("phase=held")).then_some(()))
+        },
+    )?;
+    std::thread::sleep(Duration::from_secs(3));
+    let headroom = allocatable_headroom(&rc, &agent)?;
+    let target_mib = ((headroom / MIB) - 150.0).floor() as u64;
+    assert!(
+        target_mib > 2048 + 300,
+        "the node has room for the test's grower: headroom {:.0} MiB",
+        headroom / MIB
+    );
+    let mut grower = WorkloadPod::new(
+        "grower",
+        Qos::Burstable,
+        "2Gi",
+        &["memory", &target_mib.to_string(), "100"],
+    );
+    grower.node = Some(node.clone());
+    rc.kubectl.apply(&grower.manifest(&ns.name))?;
+    wait_running(&rc.kubectl, &ns.name, &["grower"], Duration::from_secs(90))?;
+    let be_uid = rc.kubectl.run(&[
+        "-n",
+        &ns.name,
+        "get",
+        "pod",
+        "besteffort",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ])?;
+
+    // The agent evicts BestEffort: the pod is deleted (policy/v1 Eviction), its cgroup goes.
+    rc.kubectl.wait_for(
+        "the BestEffort pod evicted",
+        Duration::from_secs(120),
+        |k| {
+            let out = k.call(
+                &["-n", &ns.name, "get", "pod", "besteffort"],
+                None,
+                Duration::from_secs(10),
+            )?;
+            Ok((!out.success && out.stderr.contains("NotFound")).then_some(()))
+        },
+    )?;
+    let evicted_after = started.elapsed();
+    let cgroup = format!(
+        "/sys/fs/cgroup/memory/kubepods/besteffort/pod{}",
+        be_uid.trim()
+    );
+    rc.kubectl.wait_for(
+        "the evicted pod's cgroup removed by the kubelet",
+        Duration::from_secs(60),
+        |_| Ok((!std::path::Path::new(&cgroup).exists()).then_some(())),
+    )?;
+    for survivor in ["guaranteed", "grower"] {
+        let phase = rc.kubectl.run(&[
+            "-n",
+            &ns.name,
+            "get",
+            "pod",
+            survivor,
+            "-o",
+            "jsonpath={.status.phase}",
+        ])?;
+        assert_eq!(phase.trim(), "Running", "{survivor} was not evicted");
+    }
+
+    // The taint keeps a new pod off the node while the condition is True.
+    // The agent's taint, and no other: the kubelet saw no pressure of its own (it would add
+    // node.kubernetes.io/memory-pressure).
+    assert_eq!(
+        node_taints(&rc, &node)?,
+        vec!["node-agent.io/pressure".to_string()],
+        "the pressure taint alone is on the node after the eviction"
+    );
+    let c = condition(&rc, &node, "NodeAgentPressure")?.expect("the agent's condition");
+    assert_eq!(c["status"], "True", "NodeAgentPressure: {c}");
+    let mut late = WorkloadPod::new("late", Qos::BestEffort, "", &["sleep"]);
+    late.labels.push(("wants".into(), node.clone()));
+    late.extra_spec.push(format!(
+        "  nodeSelector: {{kubernetes.io/hostname: {node}}}"
+    ));
+    rc.kubectl.apply(&late.manifest(&ns.name))?;
+    rc.kubectl.wait_for(
+        "the scheduler refusing the new pod for the taint",
+        Duration::from_secs(30),
+        |k| {
+            let events = k.get_json(&[
+                "-n",
+                &ns.name,
+                "events",
+                "--field-selector",
+                "involvedObject.name=late",
+            ])?;
+            Ok(events["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| {
+                    // The 1.37 scheduler names no taint key ("1 node(s) had untolerated taint(s)"):
+                    // the agent's is the node's only one (above).
+                    e["reason"] == "FailedScheduling"
+                        && e["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("untolerated taint"))
+                })
+                .then_some(()))
+        },
+    )?;
+    let phase = rc.kubectl.run(&[
+        "-n",
+        &ns.name,
+        "get",
+        "pod",
+        "late",
+        "-o",
+        "jsonpath={.status.phase}",
+    ])?;
+    assert_eq!(phase.trim(), "Pending", "the tainted node took no new pod");
+
+    // The pressure is gone: after the transition period the condition clears, the taint
+    // leaves, and the scheduler places the pod.
+    wait_running(&rc.kubectl, &ns.name, &["late"], Duration::from_secs(120))?;
+    assert!(
+        !node_taints(&rc, &node)?
+            .iter()
+            .any(|t| t == "node-agent.io/pressure"),
+        "the taint left"
+    );
+    let c = condition(&rc, &node, "NodeAgentPressure")?.expect("the agent's condition");
+    assert_eq!(c["status"], "False", "NodeAgentPressure: {c}");
+
+    // Where users look: the Evicted event on the pod (it outlives the pod), with the kubelet's
+    // sentence and the agent's figures, and the node's EvictionThresholdMet.
+    let events = rc.kubectl.get_json(&["-n", &ns.name, "events"])?;
+    let evicted: Vec<&Value> = events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["reason"] == "Evicted" && e["involvedObject"]["name"] == "besteffort")
+        .collect();
+    assert_eq!(evicted.len(), 1, "one Evicted event on the pod: {events}");
+    let message = evicted[0]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("The node was low on resource: memory"),
+        "the kubelet's sentence: {message}"
+    );
+    let node_events = rc.kubectl.get_json(&[
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        &format!("involvedObject.name={node}"),
+    ])?;
+    assert!(
+        node_events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["reason"] == "EvictionThresholdMet"),
+        "EvictionThresholdMet on the node: {node_events}"
+    );
+    let described = rc.kubectl.run(&["describe", "node", &node])?;
+    assert!(
+        described.contains("NodeAgentPressure"),
+        "kubectl describe node shows the condition"
+    );
+
+    // Through policy/v1 Eviction, by the agent's service account, answered 201.
+    let audit = rc.audit_events()?;
+    let evictions: Vec<&Value> = audit
+        .iter()
+        .filter(|e| {
+            e["objectRef"]["subresource"] == "eviction"
+                && e["objectRef"]["namespace"] == ns.name.as_str()
+                && e["stage"] == "ResponseComplete"
+        })
+        .collect();
+    assert_eq!(evictions.len(), 1, "one eviction request: {evictions:?}");
+    assert_eq!(evictions[0]["user"]["username"], AGENT_SA);
+    assert_eq!(evictions[0]["objectRef"]["name"], "besteffort");
+    assert_eq!(evictions[0]["responseStatus"]["code"], 201);
+
+    // The kubelet evicted nothing of its own: no pod left Failed with reason Evicted, and no
+    // eviction in its log since the test began.
+    let pods = rc.kubectl.get_json(&["-n", &ns.name, "pods"])?;
+    assert!(
+        !pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["status"]["reason"] == "Evicted"),
+        "no kubelet eviction: {pods}"
+    );
+    let metric = rc.metric(
+        &agent,
+        "node_agent_evictions_total{eviction_signal=\"allocatableMemory.available\",result=\"evicted\"}",
+    )?;
+    assert_eq!(metric, Some(1.0), "the agent counted its eviction");
+    eprintln!(
+        "evicted {evicted_after:?} after the pods were created; agent {agent}; namespace {}",
+        ns.name
+    );
+    let _ = AGENT_NS;
+    Ok(())
+}
