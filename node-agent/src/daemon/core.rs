@@ -291,13 +291,32 @@ impl Daemon {
             Happened::OomKill(kill) => {
                 let cause = self.oom_cause(kill);
                 let victim = kill.victim.pod.as_ref();
+                let foreseen = saw.is_some_and(|s| s.pressure.is_some());
+                let saw_before = saw.map(ToString::to_string).unwrap_or_default();
+                // A container the pod source has not named (its pod not listed yet, or the
+                // container just started): the runtime names it, and the kill is counted and
+                // told once it has.
+                if let Some((pod, id)) = victim.and_then(|p| {
+                    Some((p, p.container_id.as_ref()?)).filter(|(p, _)| p.container.is_none())
+                }) {
+                    self.acts.identify(Unnamed {
+                        container_id: id.clone(),
+                        pod_uid: pod.uid.clone(),
+                        pod: pod.namespace.clone().zip(pod.name.clone()),
+                        pid: kill.pid,
+                        comm: kill.comm.clone(),
+                        cause,
+                        saw_before,
+                        foreseen,
+                    });
+                    return Some(Trigger::OomKill);
+                }
                 self.report.metrics.oom_kill(
                     victim.and_then(|p| p.namespace.as_deref()).unwrap_or(""),
                     victim.and_then(|p| p.container.as_deref()).unwrap_or(""),
                     cause.label(),
-                    saw.is_some_and(|s| s.pressure.is_some()),
+                    foreseen,
                 );
-                let saw_before = saw.map(ToString::to_string).unwrap_or_default();
                 let actions = match victim {
                     Some(pod) => match (&pod.namespace, &pod.name) {
                         (Some(namespace), Some(name)) => {
@@ -318,29 +337,16 @@ impl Daemon {
                                 .into_iter()
                                 .collect()
                         }
-                        // The pod source has not listed it yet: the runtime names it.
-                        _ => match &pod.container_id {
-                            Some(id) => {
-                                self.acts.identify(Unnamed {
-                                    container_id: id.clone(),
-                                    pod_uid: pod.uid.clone(),
-                                    pid: kill.pid,
-                                    comm: kill.comm.clone(),
-                                    cause,
-                                    saw_before,
-                                });
-                                Vec::new()
-                            }
-                            // Not in a container's cgroup: the pod's UID is all there is.
-                            None => oom_kill_actions(
-                                self.config.current.kubernetes.as_ref(),
-                                OomKill {
-                                    pid: kill.pid,
-                                    comm: kill.comm.clone(),
-                                    pod_uid: Some(pod.uid.clone()),
-                                },
-                            ),
-                        },
+                        // Not listed, and not in a container's cgroup (a container's went to
+                        // the runtime above): the pod's UID is all there is.
+                        _ => oom_kill_actions(
+                            self.config.current.kubernetes.as_ref(),
+                            OomKill {
+                                pid: kill.pid,
+                                comm: kill.comm.clone(),
+                                pod_uid: Some(pod.uid.clone()),
+                            },
+                        ),
                     },
                     None => oom_kill_actions(
                         self.config.current.kubernetes.as_ref(),
@@ -556,6 +562,12 @@ impl Daemon {
                 match who {
                     Ok(who) => {
                         for kill in kills {
+                            self.report.metrics.oom_kill(
+                                &who.namespace,
+                                &who.container,
+                                kill.cause.label(),
+                                kill.foreseen,
+                            );
                             let named = kill.named(who.clone());
                             actions.extend(self.acts.plan.pod_oom_kill(
                                 named,
@@ -565,17 +577,38 @@ impl Daemon {
                         }
                     }
                     Err(error) => {
-                        // Nobody can name it: the node's event says what is known.
-                        tracing::warn!(error = %error_chain(&error), "the runtime could not name an OOM-killed container: reported on the node");
+                        // Nobody can name the container: the pod's event when the pod is
+                        // known, else the node's, says what is known.
+                        tracing::warn!(error = %error_chain(&error), "the runtime could not name an OOM-killed container");
                         for kill in kills {
-                            actions.extend(oom_kill_actions(
-                                self.config.current.kubernetes.as_ref(),
-                                OomKill {
-                                    pid: kill.pid,
-                                    comm: kill.comm,
-                                    pod_uid: Some(kill.pod_uid),
-                                },
-                            ));
+                            let namespace = kill
+                                .pod
+                                .as_ref()
+                                .map(|(ns, _)| ns.clone())
+                                .unwrap_or_default();
+                            self.report.metrics.oom_kill(
+                                &namespace,
+                                "",
+                                kill.cause.label(),
+                                kill.foreseen,
+                            );
+                            let pod_uid = kill.pod_uid.clone();
+                            let (pid, comm) = (kill.pid, kill.comm.clone());
+                            match kill.on_pod() {
+                                Some(on_pod) => actions.extend(self.acts.plan.pod_oom_kill(
+                                    on_pod,
+                                    now,
+                                    SystemTime::now(),
+                                )),
+                                None => actions.extend(oom_kill_actions(
+                                    self.config.current.kubernetes.as_ref(),
+                                    OomKill {
+                                        pid,
+                                        comm,
+                                        pod_uid: Some(pod_uid),
+                                    },
+                                )),
+                            }
                         }
                     }
                 }
