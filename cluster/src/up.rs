@@ -394,6 +394,30 @@ impl Cluster {
         Ok(())
     }
 
+    /// Imports a newer build of the agent's image (same name and tag) into every node and
+    /// restarts the agent's DaemonSets so their pods run it: for working against a cluster
+    /// that stays up.
+    pub fn refresh_agent_image(&self, archive: &Archive) -> anyhow::Result<()> {
+        for node in self.nodes() {
+            images::import(self.node_ns(&node)?, std::slice::from_ref(archive))?;
+        }
+        let kubectl = self.kubectl();
+        let list = kubectl.get_json(&["-n", "node-agent", "daemonsets"])?;
+        for ds in list["items"].as_array().into_iter().flatten() {
+            if let Some(name) = ds["metadata"]["name"].as_str() {
+                kubectl.run(&[
+                    "-n",
+                    "node-agent",
+                    "rollout",
+                    "restart",
+                    &format!("daemonset/{name}"),
+                ])?;
+                self.wait_agent_ready(name, Duration::from_secs(240))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Writes a file inside a node's mount namespace.
     pub fn write_in_node(&self, node: &NodeSpec, path: &str, content: &str) -> anyhow::Result<()> {
         let host_path = self.node_path(node, path)?;

@@ -217,10 +217,12 @@ fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> a
             c.layout.dir.display()
         );
         let image = crate::image::image(tc)?;
-        Archive {
+        let archive = Archive {
             reference: image.reference,
             path: image.archive,
-        }
+        };
+        c.refresh_agent_image(&archive)?;
+        archive
     } else {
         // What the host looks like before any cluster: the lifecycle test compares with it.
         c.down().context("ending an earlier cluster")?;
