@@ -223,8 +223,9 @@ impl WorkloadPod {
 
     pub fn manifest(&self, namespace: &str) -> String {
         let resources = match self.qos {
+            // Half a CPU: a CFS quota of 10m would throttle a growing pod to a few MiB/s.
             Qos::Guaranteed => format!(
-                "      resources:\n        requests: {{cpu: 10m, memory: {m}}}\n        limits: {{cpu: 10m, memory: {m}}}\n",
+                "      resources:\n        requests: {{cpu: 500m, memory: {m}}}\n        limits: {{cpu: 500m, memory: {m}}}\n",
                 m = self.memory
             ),
             Qos::Burstable => {
@@ -461,4 +462,90 @@ fn relative(from: &std::path::Path, target: &std::path::Path) -> String {
             .map(|c| c.as_os_str().to_string_lossy().into_owned()),
     );
     parts.join("/")
+}
+
+impl RealCluster {
+    /// The agent's headroom on `allocatableMemory.available`, in MiB, from its /metrics.
+    pub fn allocatable_headroom_mib(&self, agent: &str) -> anyhow::Result<f64> {
+        let bytes = self
+            .metric(
+                agent,
+                "node_agent_signal_available_bytes{eviction_signal=\"allocatableMemory.available\"}",
+            )?
+            .context("the agent exports no allocatableMemory.available")?;
+        Ok(bytes / 1048576.0)
+    }
+
+    /// Waits until every named pod's workload printed `phase=held` (it holds its memory).
+    pub fn wait_held(&self, namespace: &str, pods: &[&str], limit: Duration) -> anyhow::Result<()> {
+        self.kubectl.wait_for("the pods hold their memory", limit, |k| {
+            for pod in pods {
+                if !k.run(&["-n", namespace, "logs", pod])?.contains("phase=held") {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        })
+    }
+
+    /// Starts `name`, a Guaranteed pod that grows (at `rate` MiB/s) until the node's
+    /// allocatable headroom is `left_mib` (the agent's line is 200 MiB, the kubelet's 100),
+    /// within its own request, so that it never ranks first; waits until it runs.
+    pub fn grow_to_headroom(
+        &self,
+        namespace: &str,
+        node: &str,
+        agent: &str,
+        name: &str,
+        left_mib: f64,
+        rate: u64,
+    ) -> anyhow::Result<u64> {
+        // Settle: the other pods' figures reach the agent's reading.
+        std::thread::sleep(Duration::from_secs(3));
+        let headroom = self.allocatable_headroom_mib(agent)?;
+        let target = (headroom - left_mib).floor();
+        if target < 64.0 {
+            bail!("no room to grow: headroom {headroom:.0} MiB");
+        }
+        let target = target as u64;
+        let mut grower = WorkloadPod::new(
+            name,
+            Qos::Guaranteed,
+            &format!("{}Mi", target + 64),
+            &["memory", &target.to_string(), &rate.to_string()],
+        );
+        grower.node = Some(node.to_string());
+        self.kubectl.apply(&grower.manifest(namespace))?;
+        wait_running(&self.kubectl, namespace, &[name], Duration::from_secs(90))?;
+        Ok(target)
+    }
+
+    /// Waits until `pod` is gone from the API (deleted, as an eviction leaves it).
+    pub fn wait_gone(&self, namespace: &str, pod: &str, limit: Duration) -> anyhow::Result<()> {
+        self.kubectl.wait_for(&format!("pod {namespace}/{pod} gone"), limit, |k| {
+            let out = k.call(&["-n", namespace, "get", "pod", pod], None, Duration::from_secs(10))?;
+            Ok((!out.success && out.stderr.contains("NotFound")).then_some(()))
+        })
+    }
+
+    /// The eviction requests the audit log holds for pods of `namespace`: (pod, answer code,
+    /// user), in order.
+    pub fn eviction_requests(&self, namespace: &str) -> anyhow::Result<Vec<(String, i64, String)>> {
+        Ok(self
+            .audit_events()?
+            .iter()
+            .filter(|e| {
+                e["objectRef"]["subresource"] == "eviction"
+                    && e["objectRef"]["namespace"] == namespace
+                    && e["stage"] == "ResponseComplete"
+            })
+            .map(|e| {
+                (
+                    e["objectRef"]["name"].as_str().unwrap_or("").to_string(),
+                    e["responseStatus"]["code"].as_i64().unwrap_or(0),
+                    e["user"]["username"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect())
+    }
 }
