@@ -835,3 +835,42 @@ async fn a_pod_oom_storm_is_one_event_on_the_pod_counted_in_its_series() {
     })
     .await;
 }
+
+/// A legitimate pod with ten containers of 63-character names: the kubelet's message names each
+/// one, about 1.5 kB in all (1486 bytes in the probe's), past the 1024 bytes events.k8s.io takes in a note. The pod's status
+/// gets the whole message; the `Evicted` event's note is cut (as the OOM event's is), so the API
+/// server takes the event instead of refusing it.
+#[tokio::test]
+async fn an_evicted_events_note_is_cut_to_what_the_api_server_takes() {
+    bounded(async {
+        let fake = Fake::start(api(Reply::json(201, "{}"))).await;
+        let mut ex = start(settings(&fake, PdbPolicy::Respect, false));
+        let mut long = decision(false);
+        long.message = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 61440Ki. ".into();
+        long.offending_containers.clear();
+        for i in 0..10 {
+            let name = format!("{i}{}", "c".repeat(62));
+            long.message.push_str(&format!(
+                "Container {name} was using 192Mi, request is 128Mi, has larger consumption of memory. "
+            ));
+            long.offending_containers.push(OffendingContainer {
+                name,
+                usage: Quantity::from_int(192 << 20, Format::BinarySi),
+            });
+        }
+        assert!(long.message.len() > 1400, "{} bytes", long.message.len());
+        let report = ex.evict(long.clone(), pod()).await;
+        assert_eq!(report.attempt.result, EvictionResult::Evicted);
+        assert!(report.event_error.is_none(), "the event was refused: {:?}", report.event_error);
+        assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+        let seen = fake.seen();
+        let note = seen[1].body["note"].as_str().expect("a note").to_string();
+        assert!(note.len() <= 1024, "{} bytes", note.len());
+        assert!(note.ends_with('…'), "cut, and said so: {note}");
+        assert!(
+            long.message.starts_with(note.trim_end_matches('…')),
+            "the message's beginning: {note}"
+        );
+    })
+    .await;
+}
