@@ -316,7 +316,8 @@ pub async fn patch_series(
         ),
         "application/merge-patch+json",
         &body,
-    );
+    )
+    .status_decides();
     let result = call(&ctx.transport, &req, &[StatusCode::OK]).await;
     if let Err(e) = &result {
         Counters::bump(&ctx.counters.request_failures);
@@ -338,7 +339,8 @@ pub async fn post(ctx: &Context, event: &Event) -> Result<(), ApiError> {
         events_path(namespace),
         "application/json",
         &body,
-    );
+    )
+    .status_decides();
     let result = call(&ctx.transport, &req, &[StatusCode::OK, StatusCode::CREATED]).await;
     if let Err(e) = &result {
         Counters::bump(&ctx.counters.request_failures);

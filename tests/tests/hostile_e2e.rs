@@ -544,6 +544,36 @@ fn one_bad_record_never_blinds_the_agent_nor_shifts_the_eviction_to_an_innocent_
     Ok(())
 }
 
+/// A kubelet that lists a pod with a 10 kB name (the API server refuses names over 253
+/// bytes): the pod is left out and named once, cut; no log line the agent writes on the way,
+/// the eviction of the real hog included, carries the name whole.
+#[test]
+fn a_10_kb_pod_name_never_makes_a_10_kb_log_line() -> anyhow::Result<()> {
+    require_root();
+    let [hog, calm] = pods();
+    let long = PodSpec {
+        name: "l".repeat(10_000),
+        uid: "0e9b5b7e-6c0e-4b8e-9a55-5d1f0e6f2a11".into(),
+        ..PodSpec::new("shop", "x", "", "16Mi", 'c')
+    };
+    let w = World::new("e2e-long-name", &[hog, calm], MEM_HELPER)?;
+    w.cluster().pods.push(long.json());
+    let mut daemon = w.start("", "")?;
+    let said = daemon.wait_log("problem=\"pod_unreadable\"", wait())?;
+    assert!(said.contains("metadata.name is 10000 bytes long"), "{said}");
+    let _calm = w.load("calm", 120)?;
+    let _hog = w.load("hog", 100)?;
+    wait_until(wait(), "the eviction request", || !w.evictions().is_empty())?;
+    daemon.wait_log("eviction outcome", wait())?;
+    let lines = daemon.lines();
+    let longest = lines.iter().map(String::len).max().unwrap_or(0);
+    eprintln!("{} log lines, the longest {longest} bytes", lines.len());
+    assert!(longest < 2048, "a line of {longest} bytes: {}", &lines.iter().find(|l| l.len() == longest).unwrap()[..300]);
+    assert_eq!(daemon.log_count("problem=\"pod_unreadable\""), 1, "said once");
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
 /// LIST and WATCH requests of the node's pods so far.
 fn pod_requests(w: &World) -> usize {
     w.fake
