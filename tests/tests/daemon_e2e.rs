@@ -342,6 +342,46 @@ fn only_critical_pods_over_the_threshold_log_once_per_transition_and_count() -> 
     daemon.stop()
 }
 
+/// A blind agent (its kubelet answers every pod list with 503, from the start) under memory
+/// pressure says it is blind (`/readyz`, the stale-data line and counter), never that no pod
+/// may be evicted: `NodeAgentNoEvictablePod` would page for the wrong thing. Once the kubelet
+/// answers, the hog goes.
+#[test]
+fn a_blind_agent_says_it_is_blind_not_that_no_pod_may_be_evicted() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("e2e-blind", &[hog(), calm()], MEM_HELPER)?;
+    w.cluster().hook = Some(Arc::new(|seen: &node_agent_kube::fake::Seen| {
+        seen.path
+            .starts_with("/pods")
+            .then(|| Reply::status(503, "ServiceUnavailable", "the kubelet is restarting"))
+    }));
+    std::fs::write(&w.config, w.config("", ""))?;
+    let mut daemon = Daemon::start(&w.config, w.port)?;
+    let _calm = w.load("calm", 120)?;
+    let _hog = w.load("hog", 100)?;
+    daemon.wait_log("the pod data is stale or missing", wait())?;
+    daemon.wait_evaluations(5.0, wait())?;
+    assert_eq!(
+        daemon.log_count("no pod may be evicted"),
+        0,
+        "blind, not 'no pod may be evicted'"
+    );
+    assert_eq!(
+        daemon.metric("node_agent_no_evictable_pod{eviction_signal=\"memory.available\"}")?,
+        Some(0.0)
+    );
+    assert!(daemon.metric("node_agent_stale_data_total{source=\"pods\"}")?.unwrap_or(0.0) >= 1.0);
+    assert_eq!(daemon.metric("node_agent_kube_source_ready{source=\"pods\"}")?, Some(0.0));
+    assert!(w.evictions().is_empty());
+    w.cluster().hook = None;
+    wait_until(wait(), "the eviction request once the pods are seen", || {
+        !w.evictions().is_empty()
+    })?;
+    assert_eq!(w.evictions()[0].0, hog().eviction_path());
+    assert_eq!(daemon.log_count("no pod may be evicted"), 0);
+    daemon.stop()
+}
+
 #[test]
 fn a_reload_to_dry_run_stops_every_further_request() -> anyhow::Result<()> {
     require_root();

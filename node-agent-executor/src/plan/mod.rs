@@ -133,7 +133,9 @@ pub enum Note {
     },
     /// A pod may be evicted again, or no threshold needs one any more.
     EvictablePodAgain,
-    /// A decision to evict was not acted on: the pod data is stale (every time).
+    /// A decision to evict, or a threshold past its grace period, was not acted on: the pod
+    /// data is stale or not read yet (every time). Blind, the agent cannot say whether a pod
+    /// may go: an earlier [`Note::NoEvictablePod`] no longer holds.
     Stale,
     /// A decision to evict is held by the pacing until `until` (once per wait).
     Paced {
@@ -233,7 +235,9 @@ impl Acting {
         {
             // Nothing is evicted for a disk signal until the reclaim's outcome is back and the
             // node observed again.
-        } else if !decision.evictions.is_empty() && !fresh {
+        } else if !fresh && (!decision.evictions.is_empty() || decision.reclaim.is_some()) {
+            // Blind: the pods are not known (the source unusable, or not read yet), so neither
+            // is whether one may go.
             plan.notes.push(Note::Stale);
         } else {
             self.evictions(decision, pods, trigger_ktime_ns, cgroup_of, now, &mut plan);
@@ -266,7 +270,11 @@ impl Acting {
         }
         self.last_met = met;
 
-        let starving = decision.reclaim.filter(|_| decision.no_evictable_pod());
+        // Only pods seen fresh can say that none may go: blind, [`Note::Stale`] says so instead
+        // (and takes back an earlier claim).
+        let starving = decision
+            .reclaim
+            .filter(|_| fresh && decision.no_evictable_pod());
         match (self.no_evictable, starving) {
             (before, Some(signal)) if before != Some(signal) => {
                 plan.notes.push(Note::NoEvictablePod {
@@ -274,7 +282,7 @@ impl Acting {
                     passed_over: decision.passed_over.clone(),
                 });
             }
-            (Some(_), None) => plan.notes.push(Note::EvictablePodAgain),
+            (Some(_), None) if fresh => plan.notes.push(Note::EvictablePodAgain),
             _ => {}
         }
         self.no_evictable = starving;

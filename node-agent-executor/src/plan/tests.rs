@@ -419,12 +419,46 @@ fn no_evictable_pod_and_stale_data_are_noted() {
         second.notes
     );
     let back = acting.plan(&decision(Some("a")), &pods(), false, None, &cgroup, s(2));
-    assert_eq!(back.notes, [Note::Stale, Note::EvictablePodAgain]);
+    assert_eq!(
+        back.notes,
+        [Note::Stale],
+        "stale: nothing known of the pods, so nothing said of them either"
+    );
     assert!(
         evicts(&back.actions).is_empty(),
         "stale data is never acted on"
     );
     assert!(!acting.has_in_flight());
+}
+
+/// An agent that cannot read its pod source (or has not read it yet) decides on no pods: it
+/// says it is blind, never that no pod may be evicted, whose alert would page for the wrong
+/// thing. Once it sees again, a threshold with no candidate is said as before.
+#[test]
+fn a_blind_plan_says_it_is_blind_never_that_no_pod_may_go() {
+    let mut acting = Acting::default();
+    let no_pods: Vec<PodInfo> = Vec::new();
+    let blind = acting.plan(&decision(None), &no_pods, false, None, &cgroup, s(0));
+    assert_eq!(blind.notes.iter().filter(|n| matches!(n, Note::Stale)).count(), 1, "{:?}", blind.notes);
+    assert!(
+        !blind.notes.iter().any(|n| matches!(n, Note::NoEvictablePod { .. })),
+        "blind is not 'no pod may be evicted': {:?}",
+        blind.notes
+    );
+    let still = acting.plan(&decision(None), &no_pods, false, None, &cgroup, s(1));
+    assert!(!still.notes.iter().any(|n| matches!(n, Note::NoEvictablePod { .. })));
+    // Seeing again, with every candidate passed over: now it is said.
+    let seeing = acting.plan(&decision(None), &pods(), true, None, &cgroup, s(2));
+    assert!(seeing.notes.iter().any(|n| matches!(n, Note::NoEvictablePod { .. })), "{:?}", seeing.notes);
+    // Blind again: said as blind, and the earlier claim is not kept up.
+    let again = acting.plan(&decision(None), &no_pods, false, None, &cgroup, s(3));
+    assert_eq!(again.notes, [Note::Stale]);
+    let seeing = acting.plan(&decision(None), &pods(), true, None, &cgroup, s(4));
+    assert!(
+        seeing.notes.iter().any(|n| matches!(n, Note::NoEvictablePod { .. })),
+        "said anew once the pods are seen: {:?}",
+        seeing.notes
+    );
 }
 
 #[derive(Debug, Clone)]
