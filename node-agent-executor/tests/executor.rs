@@ -36,6 +36,7 @@ fn kind(o: &Outcome) -> &'static str {
         Outcome::Reclaim(_) => "reclaim",
         Outcome::ImagesDetected(_) => "images",
         Outcome::Refused(_) => "refused",
+        Outcome::EvictionShed { .. } => "shed",
     }
 }
 
@@ -871,6 +872,83 @@ async fn an_evicted_events_note_is_cut_to_what_the_api_server_takes() {
             long.message.starts_with(note.trim_end_matches('…')),
             "the message's beginning: {note}"
         );
+    })
+    .await;
+}
+
+/// Evictions are requests of their own, up to the lane's capacity at once: one handed over
+/// while others wait on a slow API server goes out at once (a memory eviction never waits
+/// behind local storage evictions); past the capacity the lane sheds, and says so as a refusal
+/// of its own (counted as such), never as a failed eviction.
+#[tokio::test]
+async fn evictions_never_queue_behind_one_another_and_a_full_lane_sheds_as_a_refusal() {
+    bounded(async {
+        let fake = Fake::start(|s: &Seen, _| {
+            let mut reply = api(Reply::json(201, "{}"))(s, 0);
+            if s.path.contains("/pods/slow-") {
+                reply.delay = Duration::from_millis(1500);
+            }
+            reply
+        })
+        .await;
+        let mut ex = start(settings(&fake, PdbPolicy::Respect, false));
+        let named = |name: &str| {
+            let e = Eviction {
+                name: name.into(),
+                uid: Some(format!("uid-{name}")),
+                ..decision(true)
+            };
+            let p = PodInfo {
+                name: name.into(),
+                uid: Some(format!("uid-{name}")),
+                ..pod()
+            };
+            Action::Evict(Box::new(Evict {
+                eviction: e,
+                pod: p,
+                trigger_ktime_ns: None,
+            }))
+        };
+        for i in 0..5 {
+            ex.executor.submit(named(&format!("slow-{i}")));
+        }
+        let started = std::time::Instant::now();
+        ex.executor.submit(named("memory"));
+        match ex.outcomes.recv().await.unwrap() {
+            Outcome::Eviction(r) => assert_eq!(
+                (r.eviction.name.as_str(), r.attempt.result),
+                ("memory", EvictionResult::Evicted)
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "queued behind the slow ones: {:?}",
+            started.elapsed()
+        );
+        // The fast one's event is its own outcome's part; fill the lane with slow ones.
+        for i in 5..node_agent_executor::EVICTION_CAPACITY {
+            ex.executor.submit(named(&format!("slow-{i}")));
+        }
+        ex.executor.submit(named("one-too-many"));
+        match ex.outcomes.recv().await.unwrap() {
+            Outcome::EvictionShed { evict, refused } => {
+                assert_eq!(evict.eviction.name, "one-too-many");
+                assert_eq!(refused.lane, "eviction");
+            }
+            other => panic!("a full lane sheds, as a refusal: {other:?}"),
+        }
+        let mut results = Vec::new();
+        while results.len() < node_agent_executor::EVICTION_CAPACITY {
+            if let Outcome::Eviction(r) = ex.outcomes.recv().await.unwrap() {
+                results.push(r.attempt.result);
+            }
+        }
+        assert!(
+            results.iter().all(|r| *r == EvictionResult::Evicted),
+            "{results:?}"
+        );
+        assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
     })
     .await;
 }

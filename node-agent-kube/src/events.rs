@@ -360,7 +360,12 @@ mod tests {
             ("short: whole", "a".repeat(10), 10, false),
             ("at the limit: whole", "a".repeat(1024), 1024, false),
             ("one past: cut", "a".repeat(1025), 1024, true),
-            ("cut between the bytes of a character", format!("{}é{}", "a".repeat(1020), "b".repeat(10)), 1020 + 3, true),
+            (
+                "cut between the bytes of a character",
+                format!("{}é{}", "a".repeat(1020), "b".repeat(10)),
+                1020 + 3,
+                true,
+            ),
             ("far past", "x".repeat(1 << 20), 1024, true),
         ];
         for (what, text, len, cut) in rows {

@@ -246,17 +246,48 @@ async fn an_eviction_answer_past_its_cap_is_decided_by_its_status() {
         };
         let padding = " ".repeat(5 << 20);
         let rows: Vec<(&str, Reply, EvictionResult)> = vec![
-            ("201, 5 MiB declared", Reply::json(201, format!("{{\"kind\": \"Status\"{padding}}}")), EvictionResult::Evicted),
-            ("201, endless and chunked", Reply { status: 201, ..Reply::endless(" ".repeat(256 << 10), Duration::ZERO) }, EvictionResult::Evicted),
-            ("403 with a 5 MiB message", Reply::status(403, "Forbidden", &"no ".repeat(5 << 20 / 3)), EvictionResult::Refused),
+            (
+                "201, 5 MiB declared",
+                Reply::json(201, format!("{{\"kind\": \"Status\"{padding}}}")),
+                EvictionResult::Evicted,
+            ),
+            (
+                "201, endless and chunked",
+                Reply {
+                    status: 201,
+                    ..Reply::endless(" ".repeat(256 << 10), Duration::ZERO)
+                },
+                EvictionResult::Evicted,
+            ),
+            (
+                "403 with a 5 MiB message",
+                Reply::status(403, "Forbidden", &"no ".repeat(5 << 20 / 3)),
+                EvictionResult::Refused,
+            ),
         ];
         for (what, reply, want) in rows {
             let fake = Fake::start(move |_, _| reply.clone()).await;
             let ctx = fake.context("api server", 1, "worker-1");
-            let attempt = evict::evict(&ctx, &decision, PdbPolicy::Respect, &never, SystemTime::now()).await;
-            assert_eq!(attempt.result, want, "{what}: {:?}", attempt.detail.as_deref().map(|d| &d[..d.len().min(300)]));
+            let attempt = evict::evict(
+                &ctx,
+                &decision,
+                PdbPolicy::Respect,
+                &never,
+                SystemTime::now(),
+            )
+            .await;
+            assert_eq!(
+                attempt.result,
+                want,
+                "{what}: {:?}",
+                attempt.detail.as_deref().map(|d| &d[..d.len().min(300)])
+            );
             let detail = attempt.detail.unwrap_or_default();
-            assert!(detail.len() <= 1024, "{what}: a detail of {} bytes", detail.len());
+            assert!(
+                detail.len() <= 1024,
+                "{what}: a detail of {} bytes",
+                detail.len()
+            );
             assert_eq!(fake.calls().len(), 1, "{what}: asked once");
         }
     })

@@ -447,14 +447,30 @@ mod tests {
                 "spec": {"containers": [{"name": container}]}})
         };
         let rows = [
-            ("a 10 kB pod name", pod("shop", &long, "app"), "metadata.name"),
-            ("a 64-character namespace", pod(&"n".repeat(64), "web", "app"), "metadata.namespace"),
-            ("a 10 kB container name", pod("shop", "web", &long), "spec.containers[0].name"),
+            (
+                "a 10 kB pod name",
+                pod("shop", &long, "app"),
+                "metadata.name",
+            ),
+            (
+                "a 64-character namespace",
+                pod(&"n".repeat(64), "web", "app"),
+                "metadata.namespace",
+            ),
+            (
+                "a 10 kB container name",
+                pod("shop", "web", &long),
+                "spec.containers[0].name",
+            ),
         ];
         for (what, item, field) in rows {
             let body = serde_json::json!({"items": [pod("shop", &"w".repeat(253), &"c".repeat(63)), item]});
             let read = decode_pod_list(body.to_string().as_bytes()).unwrap();
-            assert_eq!(read.items.len(), 1, "{what}: the longest names Kubernetes allows are read");
+            assert_eq!(
+                read.items.len(),
+                1,
+                "{what}: the longest names Kubernetes allows are read"
+            );
             let problem = &read.problems[0];
             assert_eq!(problem.kind, ProblemKind::PodUnreadable, "{what}");
             assert!(problem.detail.contains(field), "{what}: {}", problem.detail);

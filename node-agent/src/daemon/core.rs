@@ -508,6 +508,11 @@ impl Daemon {
                     self.evaluate(Trigger::EvictionOutcome, None);
                 }
             }
+            Outcome::EvictionShed { evict, refused } => {
+                // Never attempted: a refusal of the lane, counted as such; tried again shortly.
+                self.report.side_effect(&Outcome::Refused(refused));
+                self.acts.plan.shed(&evict.eviction, now);
+            }
             Outcome::Reclaim(outcome) => {
                 let after = Reporter::reading_after(&self.node.read(), outcome.signal);
                 let back = outcome.result
@@ -617,14 +622,15 @@ impl Daemon {
     /// Whether the latest pod snapshot has a pod over a local storage limit that the agent may
     /// evict now, or the pods over one that it may not evict changed: checked every
     /// housekeeping tick, so such a pod goes (or is said to stay) within about a second of the
-    /// stats showing it (the kubelet: at its next synchronize), not at the next resync.
+    /// stats showing it (the kubelet: at its next synchronize), not at the next resync. A
+    /// threshold's eviction in flight or paced never holds it up.
     fn local_storage_due(&self) -> bool {
         let Some(kube) = &self.kube else {
             return false;
         };
         let now = self.now();
         let plan = &self.acts.plan;
-        if plan.has_in_flight() || plan.paced_until(now).is_some() {
+        if !plan.local_storage_room(now) {
             return false;
         }
         let snapshot = kube.cluster.snapshots.borrow();
