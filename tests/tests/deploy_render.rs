@@ -641,6 +641,8 @@ tests:
         values: '0 0 0 1 1 1'
       - series: 'node_agent_config_reloads_total{job="node-agent",instance="a:9464",node="n1",result="refused"}'
         values: '0x5'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="b:9464",node="n2",result="retrying"}'
+        values: '0 1 2 2 2 2'
       - series: 'node_agent_config_reloads_total{job="node-agent",instance="b:9464",node="n2",result="ok"}'
         values: '0 1 2 3 4 5'
       - series: 'node_agent_no_evictable_pod{job="node-agent",instance="a:9464",node="n1",eviction_signal="memory.available"}'

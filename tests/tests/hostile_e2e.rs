@@ -749,6 +749,81 @@ fn out_of_descriptors_the_metrics_listener_says_so_once_each_way() -> anyhow::Re
     daemon.stop()
 }
 
+/// Out of descriptors (the agent's limit lowered to what it holds) while a SIGHUP asks for a
+/// new config and the loop re-reads the node every second: issue 31's probe saw the reading
+/// counted `result="invalid"` and `memory.available` go unknown. A shortage of the moment is no
+/// invalid config: it is said as what it is, counted `retrying`, and the reading is tried
+/// again until it succeeds (the new config applied without another SIGHUP); the memory and PID
+/// signals, read through descriptors held open, stay known.
+#[test]
+fn out_of_descriptors_a_reload_is_tried_again_and_the_signals_stay_known() -> anyhow::Result<()> {
+    require_root();
+    let w = world("e2e-emfile-reload")?;
+    let text = w
+        .config("", "")
+        .replace("resyncInterval: 60s", "resyncInterval: 1s");
+    let mut daemon = w.start_text(&text)?;
+    let pid = daemon.process.child.id() as i32;
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit with no new limit only writes `old`, a live local.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    anyhow::ensure!(rc == 0, "prlimit: {}", std::io::Error::last_os_error());
+    std::fs::write(
+        &w.config,
+        text.replace("forkLimit: 0", "forkLimit: 0\ndryRun: true"),
+    )?;
+    // A new descriptor takes the lowest free number, refused at or past the limit: with the
+    // limit at 3 (past stdin, stdout, stderr) every one is refused, those held stay.
+    let tight = libc::rlimit {
+        rlim_cur: 3,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: prlimit reads `tight`, a live local, and writes nothing.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &tight, std::ptr::null_mut()) };
+    anyhow::ensure!(rc == 0, "prlimit: {}", std::io::Error::last_os_error());
+    daemon.process.signal(libc::SIGHUP);
+    let said = daemon.wait_log("Too many open files", wait());
+    // Two re-readings of the node (one a second) while no descriptor is to be had: nothing the
+    // agent serves can be asked meanwhile, so this waits out the time itself.
+    std::thread::sleep(Duration::from_millis(2500));
+    // SAFETY: as above, with the limit the agent had.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &old, std::ptr::null_mut()) };
+    anyhow::ensure!(rc == 0, "prlimit: {}", std::io::Error::last_os_error());
+    let said = said?;
+    eprintln!("out of descriptors: {said}");
+    let reloaded = daemon.wait_log("config reloaded", wait())?;
+    assert!(
+        reloaded.contains("dry_run=true"),
+        "the new file applied: {reloaded}"
+    );
+    assert_eq!(daemon.log_count("invalid config"), 0, "{said}");
+    assert_eq!(
+        daemon.metric("node_agent_config_reloads_total{result=\"invalid\"}")?,
+        Some(0.0)
+    );
+    assert!(
+        daemon
+            .metric("node_agent_config_reloads_total{result=\"retrying\"}")?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    for source in ["memory", "pids"] {
+        assert_eq!(
+            daemon.log_count(&format!("source=\"{source}\"")),
+            0,
+            "{source} stayed known"
+        );
+    }
+    assert_eq!(
+        daemon.metric("node_agent_signal_unknown{eviction_signal=\"memory.available\"}")?,
+        Some(0.0)
+    );
+    daemon.stop()
+}
+
 #[test]
 fn without_one_of_its_capabilities_the_agent_names_the_ones_it_needs() -> anyhow::Result<()> {
     require_root();

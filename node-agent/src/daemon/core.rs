@@ -682,6 +682,11 @@ impl Daemon {
         let metrics = self.report.metrics.clone();
         let new = match candidate.config {
             Ok(new) => *new,
+            Err(super::reload::Refusal::Read(e)) if e.is_transient() => {
+                metrics.config_reload("retrying");
+                tracing::warn!(error = %error_chain(&e), "the config file could not be read for now (no fault of the file); keeping the running config and reading it again every second until it can be read");
+                return;
+            }
             Err(e) => {
                 metrics.config_reload("invalid");
                 tracing::error!(reason = why, error = %error_chain(&e), "invalid config; keeping the previous one");

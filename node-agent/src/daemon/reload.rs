@@ -106,6 +106,8 @@ fn watch(
     let mut pending: Option<Vec<u8>> = None;
     // The last read error sent, so a lasting one is reported once.
     let mut failing: Option<ReadError> = None;
+    // A SIGHUP whose reading failed for a shortage of the moment: owed, read again each poll.
+    let mut owed = false;
     loop {
         let sighup = match asked.recv_timeout(POLL) {
             Ok(()) => {
@@ -113,7 +115,7 @@ fn watch(
                 while asked.try_recv().is_ok() {}
                 true
             }
-            Err(std_mpsc::RecvTimeoutError::Timeout) => false,
+            Err(std_mpsc::RecvTimeoutError::Timeout) => owed,
             Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
         };
         let read = if sighup {
@@ -121,8 +123,16 @@ fn watch(
         } else {
             read_capped(path)
         };
+        owed = sighup && read.as_ref().is_err_and(ReadError::is_transient);
         let candidate = |why, config| Candidate { why, config };
         let send = match read {
+            // A shortage of the moment (out of descriptors): said once while it lasts, never
+            // a refusal of the file; the reading is tried again at the next poll.
+            Err(e) if e.is_transient() => {
+                let new = failing.as_ref() != Some(&e);
+                failing = Some(e.clone());
+                new.then(|| candidate("reading the config file", Err(e.into())))
+            }
             Err(e) if sighup || failing.as_ref() != Some(&e) => {
                 failing = Some(e.clone());
                 pending = None;

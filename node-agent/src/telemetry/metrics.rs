@@ -239,7 +239,7 @@ impl Metrics {
                 rustc: env!("NODE_AGENT_RUSTC"),
             })
             .set(1);
-        for result in ["ok", "invalid", "refused"] {
+        for result in ["ok", "invalid", "refused", "retrying"] {
             self.config_reloads
                 .get_or_create_owned(&ResultLabels { result });
         }

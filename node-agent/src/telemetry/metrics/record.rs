@@ -181,7 +181,7 @@ impl Metrics {
             .inc();
     }
 
-    /// Counter `node_agent_config_reloads_total{result="ok"|"invalid"|"refused"}`.
+    /// Counter `node_agent_config_reloads_total{result="ok"|"invalid"|"refused"|"retrying"}`.
     pub fn config_reload(&self, result: &'static str) {
         self.config_reloads
             .get_or_create(&ResultLabels { result })
