@@ -12,6 +12,7 @@ pub mod simulate;
 pub mod sys;
 pub mod telemetry;
 pub mod trace;
+pub mod yaml;
 
 /// `node-agent --version`: the crate's version, the commit it was built from (or why that is
 /// not known) and the compiler.

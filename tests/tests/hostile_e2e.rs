@@ -17,7 +17,7 @@ use node_agent_kube::{
 };
 use node_agent_tests::{
     cluster::{free_port, wait_until, Daemon, PodSpec},
-    require_root,
+    require_root, scaled,
     world::{wait, World},
     TestCgroup,
 };
@@ -820,6 +820,44 @@ fn out_of_descriptors_a_reload_is_tried_again_and_the_signals_stay_known() -> an
     assert_eq!(
         daemon.metric("node_agent_signal_unknown{eviction_signal=\"memory.available\"}")?,
         Some(0.0)
+    );
+    daemon.stop()
+}
+
+/// A reload of a file nested 80 000 levels deep (160 kB, far under the 1 MiB cap), then 2 s
+/// later the emergency brake, `dryRun: true`: issue 31's probe saw the deep file burn 24.7 s
+/// of CPU and the brake applied 23.6 s after its SIGHUP. The deep file is refused at once,
+/// naming where, and the brake applies at once. Prints the figure.
+#[test]
+fn a_deeply_nested_file_never_delays_the_emergency_brake() -> anyhow::Result<()> {
+    require_root();
+    let w = world("e2e-deep-yaml")?;
+    let mut daemon = w.start("", "")?;
+    let depth = 80_000;
+    std::fs::write(
+        &w.config,
+        format!(
+            "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\neviction: {}{}\n",
+            "[".repeat(depth),
+            "]".repeat(depth)
+        ),
+    )?;
+    daemon.process.signal(libc::SIGHUP);
+    // The probe's timing: the good file two seconds after the bad one.
+    std::thread::sleep(Duration::from_secs(2));
+    std::fs::write(&w.config, w.config("", "dryRun: true\n"))?;
+    let asked = Instant::now();
+    daemon.process.signal(libc::SIGHUP);
+    let reloaded = daemon.wait_log("config reloaded", scaled(Duration::from_secs(60)));
+    let took = asked.elapsed();
+    eprintln!("the brake applied {took:?} after its SIGHUP, behind a file nested {depth} deep");
+    let reloaded = reloaded?;
+    assert!(reloaded.contains("dry_run=true"), "{reloaded}");
+    assert!(took < scaled(Duration::from_secs(2)), "{took:?}");
+    let refused = daemon.wait_log("invalid config", wait())?;
+    assert!(
+        refused.contains("nested more than 32 levels deep at line 3"),
+        "{refused}"
     );
     daemon.stop()
 }

@@ -33,6 +33,8 @@ pub enum ConfigError {
     NotText,
     #[error("config is not YAML")]
     Yaml(#[source] serde_yaml_ng::Error),
+    #[error("config is not read")]
+    TooDeep(#[source] crate::yaml::TooDeep),
     #[error("config file is empty: give at least apiVersion: {API_VERSION} and kind: {KIND} (without a file, the agent runs standalone with the kubelet's defaults)")]
     Empty,
     #[error("config is not a mapping of fields; expected a {KIND} document")]

@@ -40,10 +40,16 @@ pub fn read(path: Option<&Path>) -> KubeletConfig {
     }
     match super::config::read::read_capped(path) {
         Err(e) => KubeletConfig::Unreadable(e.to_string()),
-        Ok(bytes) => match EvictionConfig::from_kubelet_yaml(&String::from_utf8_lossy(&bytes)) {
-            Ok(c) => KubeletConfig::Read(Box::new(c)),
-            Err(e) => KubeletConfig::Unreadable(crate::error_chain(&e)),
-        },
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            if let Err(e) = crate::yaml::check_nesting(&text) {
+                return KubeletConfig::Unreadable(format!("not read: {e}"));
+            }
+            match EvictionConfig::from_kubelet_yaml(&text) {
+                Ok(c) => KubeletConfig::Read(Box::new(c)),
+                Err(e) => KubeletConfig::Unreadable(crate::error_chain(&e)),
+            }
+        }
     }
 }
 

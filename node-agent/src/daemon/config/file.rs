@@ -133,6 +133,7 @@ impl NodeAgentConfiguration {
     /// Reads the file's text: YAML once, then the checks on the document (nothing in it, the
     /// old format, the version), then the one typed pass, every error naming its path.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        crate::yaml::check_nesting(text).map_err(ConfigError::TooDeep)?;
         let document: Value = serde_yaml_ng::from_str(text).map_err(ConfigError::Yaml)?;
         Self::from_document(document)
     }
