@@ -88,9 +88,14 @@ pub fn on_this_machine(config: &AgentConfig, layout: &Layout) -> Result<PathBuf,
     Ok(node_dir)
 }
 
-/// A filesystem path the agent will statvfs: it must be a directory that exists now.
+/// A filesystem path the agent will statvfs: it must be a directory that exists now. Asked of a
+/// helper process: the filesystem may hang.
 fn existing_dir(path: &'static str, dir: &Path) -> Result<(), ConfigError> {
-    if !dir.is_dir() {
+    let is_dir = match crate::fs_helper::ask(&crate::fs_helper::Request::IsDir(dir.into())) {
+        Ok(crate::fs_helper::Answer::IsDir(is)) => is,
+        Ok(_) | Err(_) => dir.is_dir(),
+    };
+    if !is_dir {
         return Err(field(
             path,
             format!(
