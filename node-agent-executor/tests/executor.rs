@@ -607,12 +607,16 @@ async fn the_strict_fake_refuses_what_the_api_server_refuses() {
             ("a path the agent never uses", ApiRequest::get("/api/v1/secrets"), 404),
             ("a method the path does not serve", ApiRequest::with_json(http::Method::PUT, format!("/api/v1/nodes/{NODE}"), "application/json", &json!({})), 405),
             ("a pod list of every node", ApiRequest::get("/api/v1/pods"), 400),
+            ("a TokenReview without a token", ApiRequest::with_json(http::Method::POST, "/apis/authentication.k8s.io/v1/tokenreviews", "application/json",
+                &body(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {}}))), 422),
+            ("a SubjectAccessReview of nobody, about nothing", ApiRequest::with_json(http::Method::POST, "/apis/authorization.k8s.io/v1/subjectaccessreviews", "application/json",
+                &body(json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {}}))), 422),
         ];
         for (what, req, code) in rows {
             let resp = transport.send(&req).await.unwrap();
             assert_eq!(resp.status.as_u16(), code, "{what}: {}", resp.excerpt());
         }
-        assert_eq!(fake.rejected().len(), 8);
+        assert_eq!(fake.rejected().len(), 10);
     })
     .await;
 }

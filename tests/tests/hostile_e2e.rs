@@ -862,6 +862,120 @@ fn a_deeply_nested_file_never_delays_the_emergency_brake() -> anyhow::Result<()>
     daemon.stop()
 }
 
+/// Who may read what the agent knows (issue 31: the open listener gave anyone who reaches a pod
+/// address the namespaces and containers of the OOM series, and on `/readyz` the kubelet's URL
+/// and CA path). Under the default `metricsAccess: kubernetes` `/metrics` wants a bearer token
+/// the API server authenticates (TokenReview) whose user RBAC lets `get /metrics`
+/// (SubjectAccessReview); the kubelet's probes need nothing, and `/readyz` tells them what is
+/// wrong (here: the kubelet's certificate) without the URL, address or path, which a caller
+/// the API server vouches for still gets.
+#[test]
+fn metrics_go_to_callers_the_api_server_vouches_for_and_readyz_names_no_url_or_path(
+) -> anyhow::Result<()> {
+    require_root();
+    const PROMETHEUS: &str = "system:serviceaccount:monitoring:prometheus-k8s";
+    let w = world("e2e-metrics-access")?;
+    let other = node_agent_kube::fake::Pki::new();
+    // The default access; the kubelet's CA one that did not sign it (its line comes first).
+    let text = w
+        .config("", "")
+        .replace("metricsAccess: loopback\n", "")
+        .replacen(
+            &w.fake.pki.ca_file.display().to_string(),
+            &other.ca_file.display().to_string(),
+            1,
+        );
+    let mut daemon = start(&w, &text, None)?;
+    w.fake.add_user(
+        "scraper",
+        PROMETHEUS,
+        &["system:serviceaccounts", "system:authenticated"],
+    );
+    w.fake.add_user(
+        "web-token",
+        "system:serviceaccount:shop:web",
+        &["system:authenticated"],
+    );
+    w.fake.add_user("sre-token", "jane", &["sre"]);
+    w.fake.grant_url("sre", "get", "/readyz");
+    daemon.wait_log("source not ready", wait())?;
+
+    let status = |r: &str| r.split(' ').nth(1).unwrap_or("").to_string();
+    let anonymous = daemon.get("/metrics")?;
+    assert_eq!(status(&anonymous), "401", "{anonymous}");
+    assert!(
+        anonymous.contains("www-authenticate: Bearer"),
+        "{anonymous}"
+    );
+    assert!(
+        !anonymous.contains("node_agent_"),
+        "no metric for the anonymous"
+    );
+    for (what, token, want) in [
+        ("a made-up token", "forged", "401"),
+        ("a user RBAC grants nothing", "web-token", "403"),
+        ("Prometheus before its role is bound", "scraper", "403"),
+    ] {
+        let r = daemon.get_as("/metrics", token)?;
+        assert_eq!(status(&r), want, "{what}: {r}");
+        assert!(!r.contains("node_agent_"), "{what}");
+    }
+    w.fake.grant_url(PROMETHEUS, "get", "/metrics");
+    // A refusal is remembered 30 s (as controller-runtime's): a fresh token of the same user
+    // is reviewed at once.
+    w.fake
+        .add_user("scraper-2", PROMETHEUS, &["system:serviceaccounts"]);
+    let scraped = daemon.get_as("/metrics", "scraper-2")?;
+    assert_eq!(status(&scraped), "200", "{scraped}");
+    assert!(
+        scraped.contains("node_agent_telemetry_authorizations_total{result=\"forbidden\"} 2"),
+        "{scraped}"
+    );
+    assert!(
+        scraped.contains("node_agent_telemetry_authorizations_total{result=\"unauthenticated\"} 2"),
+        "{scraped}"
+    );
+    let reviews = w
+        .fake
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.starts_with("/apis/authentication.k8s.io/"))
+        .collect::<Vec<_>>();
+    assert!(
+        reviews
+            .iter()
+            .all(|s| s.authorization.as_deref() == Some("Bearer token-one")),
+        "reviewed with the agent's own token"
+    );
+
+    // The probes: no credentials needed; /readyz says what is wrong, not where.
+    assert!(daemon.get("/healthz")?.starts_with("HTTP/1.1 200"));
+    let ready = daemon.get("/readyz")?;
+    assert_eq!(status(&ready), "503", "{ready}");
+    assert!(
+        ready.contains("pods: cannot be read") && ready.contains("TLS"),
+        "{ready}"
+    );
+    let ca = other.ca_file.display().to_string();
+    for secret in ["https://", "127.0.0.1", ca.as_str()] {
+        assert!(!ready.contains(secret), "{secret} disclosed: {ready}");
+    }
+    let whole = daemon.get_as("/readyz", "sre-token")?;
+    assert!(
+        whole.contains("https://127.0.0.1:"),
+        "the whole reason for a caller let in: {whole}"
+    );
+    assert!(
+        w.fake
+            .rejected()
+            .iter()
+            .all(|(_, p, _)| !p.contains("review")),
+        "{:?}",
+        w.fake.rejected()
+    );
+    daemon.stop()
+}
+
 #[test]
 fn without_one_of_its_capabilities_the_agent_names_the_ones_it_needs() -> anyhow::Result<()> {
     require_root();

@@ -59,6 +59,8 @@ pub struct Config {
 pub struct Kube {
     pub cluster: Cluster,
     pub counters: Arc<Counters>,
+    /// Who reviews the callers of `/metrics` (`metricsAccess: kubernetes`): this connection.
+    pub reviewer: tokio::sync::watch::Sender<Option<Arc<node_agent_kube::access::Reviewer>>>,
 }
 
 /// Time: since start (the policy's `now`), and the loop's timers.
@@ -741,6 +743,10 @@ impl Daemon {
             != (n.resync_interval, n.pressure_poll_interval);
         let reconnected = reconnect.is_some();
         if let (Some(kube), Some(cluster)) = (&mut self.kube, reconnect) {
+            kube.reviewer
+                .send_replace(Some(Arc::new(node_agent_kube::access::Reviewer::new(
+                    cluster.api.clone(),
+                ))));
             kube.cluster = cluster;
         }
         // The executor first: dry run and exclusions hold from this moment.

@@ -311,6 +311,8 @@ pub fn unchangeable(old: &AgentConfig, new: &AgentConfig) -> Option<&'static str
         Some("nodeCgroup")
     } else if old.kubernetes.is_some() != new.kubernetes.is_some() {
         Some("kubernetes (the section added or removed)")
+    } else if o.metrics_access != n.metrics_access {
+        Some("metricsAccess")
     } else {
         None
     }
@@ -369,6 +371,7 @@ mod tests {
             ("listen: '127.0.0.1:1'\nringBufferSize: 8Ki", Some("ringBufferSize")),
             ("listen: '127.0.0.1:1'\nnodeCgroup: /elsewhere", Some("nodeCgroup")),
             ("listen: '127.0.0.1:1'\nkubernetes: {}", Some("kubernetes (the section added or removed)")),
+            ("listen: '127.0.0.1:1'\nmetricsAccess: open", Some("metricsAccess")),
             ("listen: '127.0.0.1:1'\ndryRun: true\nresyncInterval: 1s\nforkLimit: 5\neviction: {evictionHard: {memory.available: 2Gi}}", None),
         ];
         for (new, want) in rows {

@@ -10,6 +10,14 @@ use super::*;
 use crate::ebpf::MemoryMechanism;
 
 impl Metrics {
+    /// Counter `node_agent_telemetry_authorizations_total{result}`: a caller let in (`allowed`)
+    /// or not, and why.
+    pub fn telemetry_authorization(&self, result: &'static str) {
+        self.telemetry_authorizations
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
     /// Counter `node_agent_telemetry_connections_closed_total{reason}`: connections the
     /// metrics and health listener closed so that others get in (see `telemetry::connections`).
     pub fn telemetry_connection_closed(&self, reason: &'static str) {

@@ -265,7 +265,7 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 29] = [
+const COUNTERS: [&str; 30] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
@@ -293,6 +293,7 @@ const COUNTERS: [&str; 29] = [
     "node_agent_ringbuf_sent_events",
     "node_agent_stale_data",
     "node_agent_telemetry_accept_errors",
+    "node_agent_telemetry_authorizations",
     "node_agent_telemetry_connections_closed",
     "node_agent_tracking_cap_reached",
 ];
