@@ -261,7 +261,7 @@ async fn an_eviction_answer_past_its_cap_is_decided_by_its_status() {
             ),
             (
                 "403 with a 5 MiB message",
-                Reply::status(403, "Forbidden", &"no ".repeat(5 << 20 / 3)),
+                Reply::status(403, "Forbidden", &"no ".repeat((5 << 20) / 3)),
                 EvictionResult::Refused,
             ),
         ];

@@ -10,7 +10,7 @@
 
 use std::mem::MaybeUninit;
 
-use unsafe_libyaml as y;
+use unsafe_libyaml as unsafe_y;
 
 /// The deepest a document may nest: flow and block collections together. serde_yaml_ng itself
 /// refuses past 128, after the whole text was parsed.
@@ -29,32 +29,32 @@ pub struct TooDeep {
 /// `Err` at the first collection nested past [`MAX_NESTING`]; `Ok` otherwise, including for
 /// text that is not YAML (the parser that follows says what is wrong with it).
 pub fn check_nesting(text: &str) -> Result<(), TooDeep> {
-    let mut parser = Box::new(MaybeUninit::<y::yaml_parser_t>::uninit());
+    let mut parser = Box::new(MaybeUninit::<unsafe_y::yaml_parser_t>::uninit());
     let parser = parser.as_mut_ptr();
     // SAFETY: `parser` points to memory for one parser, which `yaml_parser_initialize` fills
     // in whole (it zeroes it first); `text` outlives the parser, deleted below before return;
     // each token is deleted after it is looked at, and the parser once, on every path out.
     unsafe {
-        if !y::yaml_parser_initialize(parser).ok {
+        if !unsafe_y::yaml_parser_initialize(parser).ok {
             return Ok(());
         }
-        y::yaml_parser_set_input_string(parser, text.as_ptr(), text.len() as u64);
+        unsafe_y::yaml_parser_set_input_string(parser, text.as_ptr(), text.len() as u64);
         let mut depth = 0usize;
         let mut result = Ok(());
         loop {
-            let mut token = MaybeUninit::<y::yaml_token_t>::zeroed();
-            if !y::yaml_parser_scan(parser, token.as_mut_ptr()).ok {
+            let mut token = MaybeUninit::<unsafe_y::yaml_token_t>::zeroed();
+            if !unsafe_y::yaml_parser_scan(parser, token.as_mut_ptr()).ok {
                 break;
             }
             let token = token.assume_init_mut();
             let kind = token.type_;
             let at = token.start_mark;
-            y::yaml_token_delete(token);
+            unsafe_y::yaml_token_delete(token);
             match kind {
-                y::YAML_FLOW_SEQUENCE_START_TOKEN
-                | y::YAML_FLOW_MAPPING_START_TOKEN
-                | y::YAML_BLOCK_SEQUENCE_START_TOKEN
-                | y::YAML_BLOCK_MAPPING_START_TOKEN => {
+                unsafe_y::YAML_FLOW_SEQUENCE_START_TOKEN
+                | unsafe_y::YAML_FLOW_MAPPING_START_TOKEN
+                | unsafe_y::YAML_BLOCK_SEQUENCE_START_TOKEN
+                | unsafe_y::YAML_BLOCK_MAPPING_START_TOKEN => {
                     depth += 1;
                     if depth > MAX_NESTING {
                         result = Err(TooDeep {
@@ -65,14 +65,14 @@ pub fn check_nesting(text: &str) -> Result<(), TooDeep> {
                         break;
                     }
                 }
-                y::YAML_FLOW_SEQUENCE_END_TOKEN
-                | y::YAML_FLOW_MAPPING_END_TOKEN
-                | y::YAML_BLOCK_END_TOKEN => depth = depth.saturating_sub(1),
-                y::YAML_STREAM_END_TOKEN | y::YAML_NO_TOKEN => break,
+                unsafe_y::YAML_FLOW_SEQUENCE_END_TOKEN
+                | unsafe_y::YAML_FLOW_MAPPING_END_TOKEN
+                | unsafe_y::YAML_BLOCK_END_TOKEN => depth = depth.saturating_sub(1),
+                unsafe_y::YAML_STREAM_END_TOKEN | unsafe_y::YAML_NO_TOKEN => break,
                 _ => {}
             }
         }
-        y::yaml_parser_delete(parser);
+        unsafe_y::yaml_parser_delete(parser);
         result
     }
 }
@@ -92,7 +92,8 @@ mod tests {
         let block: String = (0..40)
             .map(|i| format!("{}k{i}:\n", "  ".repeat(i)))
             .collect();
-        let rows: Vec<(&str, String, Option<(usize, usize)>)> = vec![
+        type Row = (&'static str, String, Option<(usize, usize)>);
+        let rows: Vec<Row> = vec![
             (
                 "the shipped config",
                 include_str!("../../deploy/config.yaml").into(),

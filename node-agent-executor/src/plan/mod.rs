@@ -53,6 +53,10 @@ pub use oom::{OomSeries, FLUSH_EVERY, SERIES_WINDOW};
 /// Evictions for local storage limits out at once, at most: half the executor's lane, the
 /// rest room for the threshold's (and what the lane may still be finishing).
 pub const LOCAL_STORAGE_IN_FLIGHT: usize = crate::EVICTION_CAPACITY / 2;
+const _: () = assert!(
+    LOCAL_STORAGE_IN_FLIGHT < crate::EVICTION_CAPACITY,
+    "the lane must keep room for the threshold's eviction"
+);
 
 /// After the executor's lane shed an eviction (full), it is tried again this much later: soon,
 /// as nothing was attempted, but not in a spin while the lane drains.

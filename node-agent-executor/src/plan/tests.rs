@@ -788,7 +788,6 @@ fn pods_over_their_limits_beyond_what_may_be_in_flight_go_as_earlier_ones_settle
         super::LOCAL_STORAGE_IN_FLIGHT + 1,
         "and the threshold's"
     );
-    assert!(super::LOCAL_STORAGE_IN_FLIGHT < crate::EVICTION_CAPACITY);
     acting.reported(
         &Report {
             eviction: limit("p0"),
