@@ -113,7 +113,8 @@ impl ConfigWatcher {
 }
 
 /// The loads under way: each file taken gets the next number, and a verdict is handed to the
-/// loop only if no later file (or read error) was taken meanwhile.
+/// loop only if no later file was taken meanwhile. A read error supersedes nothing: the file
+/// read before it is still the last content taken, and its verdict still comes.
 struct Loads {
     load: Load,
     tx: mpsc::Sender<Candidate>,
@@ -135,11 +136,8 @@ impl Loads {
         }
     }
 
-    /// A read error to hand over: it supersedes any load under way.
+    /// A read error to hand over.
     fn error(&self, candidate: Candidate) -> Result<(), ()> {
-        self.latest
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        *self.waiting.borrow_mut() = None;
         self.tx.blocking_send(candidate).map_err(drop)
     }
 
@@ -157,11 +155,13 @@ impl Loads {
             return;
         }
         self.running.fetch_add(1, Ordering::AcqRel);
-        let (load, tx, latest, running) = (
+        let bytes = std::sync::Arc::new(bytes);
+        let (load, tx, latest, running, kept) = (
             self.load.clone(),
             self.tx.clone(),
             self.latest.clone(),
             self.running.clone(),
+            bytes.clone(),
         );
         let spawned = std::thread::Builder::new()
             .name("config-load".into())
@@ -179,8 +179,8 @@ impl Loads {
             });
         if let Err(e) = spawned {
             self.running.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!(error = %e, "no thread to check the config file: it waits for the next reading");
-            *self.waiting.borrow_mut() = None;
+            tracing::warn!(error = %e, "no thread to check the config file now: tried again at the next reading");
+            *self.waiting.borrow_mut() = Some((why, kept.to_vec()));
         }
     }
 
@@ -566,6 +566,31 @@ mod tests {
             next(&mut w, Duration::from_secs(4)).is_none(),
             "the slow, superseded file is never delivered"
         );
+    }
+
+    /// A read error while a file is being checked supersedes nothing: the file taken before it
+    /// is still the last content read, and its verdict still comes (else a file whose content
+    /// comes back unchanged would never be applied).
+    #[test]
+    fn a_read_error_never_drops_the_verdict_of_the_file_read_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, H).unwrap();
+        let checks = checks();
+        let load: Load = std::sync::Arc::new(move |bytes: &[u8]| {
+            std::thread::sleep(Duration::from_millis(1500));
+            checks.load(bytes).map(Box::new).map_err(Refusal::from)
+        });
+        let mut w = ConfigWatcher::start_with(path.clone(), H.as_bytes().to_vec(), load).unwrap();
+        std::fs::write(&path, format!("{H}dryRun: true\n")).unwrap();
+        w.ask();
+        std::thread::sleep(Duration::from_millis(600));
+        std::fs::remove_file(&path).unwrap();
+        w.ask();
+        let first = next(&mut w, Duration::from_secs(3)).expect("the missing file, said");
+        assert!(matches!(first.config, Err(Refusal::Read(_))), "{first:?}");
+        let second = next(&mut w, Duration::from_secs(3)).expect("the file read before, applied");
+        assert!(dry_run(&second), "{second:?}");
     }
 
     #[test]
