@@ -171,6 +171,12 @@ pub enum Outcome {
     ImagesDetected(Result<Detected, RuntimeError>),
     /// An action no lane took.
     Refused(Refused),
+    /// An eviction the eviction lane could not take (full): never attempted, so nothing about
+    /// the pod; the plan tries it again shortly.
+    EvictionShed {
+        evict: Box<Evict>,
+        refused: Refused,
+    },
     /// Whose container an OOM kill was in, or why the runtime could not say.
     Identified {
         kill: Box<Unnamed>,

@@ -641,6 +641,8 @@ tests:
         values: '0 0 0 1 1 1'
       - series: 'node_agent_config_reloads_total{job="node-agent",instance="a:9464",node="n1",result="refused"}'
         values: '0x5'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="b:9464",node="n2",result="retrying"}'
+        values: '0 1 2 2 2 2'
       - series: 'node_agent_config_reloads_total{job="node-agent",instance="b:9464",node="n2",result="ok"}'
         values: '0 1 2 3 4 5'
       - series: 'node_agent_no_evictable_pod{job="node-agent",instance="a:9464",node="n1",eviction_signal="memory.available"}'
@@ -806,6 +808,21 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
         monitor["spec"]["selector"]["matchLabels"],
         service["metadata"]["labels"]
     );
+    // metricsAccess: kubernetes: Prometheus sends its token, and a role may grant it /metrics.
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    let reader = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ClusterRole" && d["metadata"]["name"] == "node-agent-metrics-reader"
+        })
+        .expect("the metrics reader role");
+    assert_eq!(
+        reader["rules"],
+        serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
 
     // The rules as Prometheus loads them: spec.groups in a rules file.
     let rule = find("PrometheusRule");
@@ -828,4 +845,50 @@ impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The NetworkPolicy component: only Prometheus (kube-prometheus's namespace and labels) may
+/// reach the agents' port, the policy selects the pods of every agent DaemonSet, and leaves
+/// their own calls out.
+#[test]
+fn the_networkpolicy_component_lets_only_prometheus_reach_the_port() {
+    let (_guard, docs) = render_install(
+        "networkpolicy",
+        &["enforce-by-node-label", "networkpolicy"],
+        None,
+    );
+    let policy = docs
+        .iter()
+        .find(|d| d["kind"] == "NetworkPolicy")
+        .expect("a NetworkPolicy");
+    assert_eq!(policy["metadata"]["namespace"], "node-agent");
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+    let selector = &policy["spec"]["podSelector"]["matchLabels"];
+    let agents = daemon_sets(&docs);
+    assert_eq!(agents.len(), 2);
+    for ds in agents {
+        let labels = &ds["spec"]["template"]["metadata"]["labels"];
+        for (k, v) in selector.as_object().expect("matchLabels") {
+            assert_eq!(
+                &labels[k], v,
+                "{k}: the policy selects {}",
+                ds["metadata"]["name"]
+            );
+        }
+        let port = &ds["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"];
+        assert_eq!(&policy["spec"]["ingress"][0]["ports"][0]["port"], port);
+    }
+    let from = &policy["spec"]["ingress"][0]["from"][0];
+    assert_eq!(
+        from["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+    assert_eq!(
+        from["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "prometheus"
+    );
+    assert_eq!(policy["spec"]["ingress"].as_array().map(Vec::len), Some(1));
 }

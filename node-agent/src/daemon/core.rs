@@ -59,6 +59,8 @@ pub struct Config {
 pub struct Kube {
     pub cluster: Cluster,
     pub counters: Arc<Counters>,
+    /// Who reviews the callers of `/metrics` (`metricsAccess: kubernetes`): this connection.
+    pub reviewer: tokio::sync::watch::Sender<Option<Arc<node_agent_kube::access::Reviewer>>>,
 }
 
 /// Time: since start (the policy's `now`), and the loop's timers.
@@ -514,6 +516,11 @@ impl Daemon {
                     self.evaluate(Trigger::EvictionOutcome, None);
                 }
             }
+            Outcome::EvictionShed { evict, refused } => {
+                // Never attempted: a refusal of the lane, counted as such; tried again shortly.
+                self.report.side_effect(&Outcome::Refused(refused));
+                self.acts.plan.shed(&evict.eviction, now);
+            }
             Outcome::Reclaim(outcome) => {
                 let after = Reporter::reading_after(&self.node.read(), outcome.signal);
                 let back = outcome.result
@@ -650,14 +657,15 @@ impl Daemon {
     /// Whether the latest pod snapshot has a pod over a local storage limit that the agent may
     /// evict now, or the pods over one that it may not evict changed: checked every
     /// housekeeping tick, so such a pod goes (or is said to stay) within about a second of the
-    /// stats showing it (the kubelet: at its next synchronize), not at the next resync.
+    /// stats showing it (the kubelet: at its next synchronize), not at the next resync. A
+    /// threshold's eviction in flight or paced never holds it up.
     fn local_storage_due(&self) -> bool {
         let Some(kube) = &self.kube else {
             return false;
         };
         let now = self.now();
         let plan = &self.acts.plan;
-        if plan.has_in_flight() || plan.paced_until(now).is_some() {
+        if !plan.local_storage_room(now) {
             return false;
         }
         let snapshot = kube.cluster.snapshots.borrow();
@@ -709,6 +717,11 @@ impl Daemon {
         let metrics = self.report.metrics.clone();
         let new = match candidate.config {
             Ok(new) => *new,
+            Err(super::reload::Refusal::Read(e)) if e.is_transient() => {
+                metrics.config_reload("retrying");
+                tracing::warn!(error = %error_chain(&e), "the config file could not be read for now (no fault of the file); keeping the running config and reading it again every second until it can be read");
+                return;
+            }
             Err(e) => {
                 metrics.config_reload("invalid");
                 tracing::error!(reason = why, error = %error_chain(&e), "invalid config; keeping the previous one");
@@ -763,6 +776,10 @@ impl Daemon {
             != (n.resync_interval, n.pressure_poll_interval);
         let reconnected = reconnect.is_some();
         if let (Some(kube), Some(cluster)) = (&mut self.kube, reconnect) {
+            kube.reviewer
+                .send_replace(Some(Arc::new(node_agent_kube::access::Reviewer::new(
+                    cluster.api.clone(),
+                ))));
             kube.cluster = cluster;
         }
         // The executor first: dry run and exclusions hold from this moment.

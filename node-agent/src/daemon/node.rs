@@ -326,6 +326,8 @@ pub struct Node {
     pub fs: Filesystems,
     /// The filesystem layout of the last reading.
     last_layout: Cell<FsLayout>,
+    /// The memory and PID files, held open: a shortage of descriptors never blinds them.
+    held: crate::sys::HeldFiles,
 }
 
 impl Node {
@@ -337,6 +339,7 @@ impl Node {
             allocatable_feed: AllocatableFeed::default(),
             fs,
             last_layout: Cell::new(FsLayout::Shared),
+            held: crate::sys::HeldFiles::default(),
         }
     }
 
@@ -361,7 +364,9 @@ impl Node {
         match &self.allocatable {
             Allocatable::NotObserved => {}
             Allocatable::Bytes(allocatable) => {
-                if let Err(e) = read_allocatable(&self.layout, *allocatable, &mut reading) {
+                if let Err(e) =
+                    read_allocatable(&self.layout, *allocatable, &self.held, &mut reading)
+                {
                     reading
                         .failed
                         .insert(Source::Allocatable, crate::error_chain(&e));
@@ -373,7 +378,7 @@ impl Node {
         }
         self.fs.read(&mut reading);
         self.last_layout.set(reading.fs_layout);
-        if let Err(e) = read_pids(&mut reading) {
+        if let Err(e) = read_pids(&self.held, &mut reading) {
             reading.failed.insert(Source::Pids, crate::error_chain(&e));
         }
         reading
@@ -382,10 +387,13 @@ impl Node {
 
 fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), ObserveError> {
     let meminfo_path = Path::new("/proc/meminfo");
-    let meminfo = std::fs::read_to_string(meminfo_path).map_err(|source| ObserveError::Io {
-        path: meminfo_path.into(),
-        source,
-    })?;
+    let meminfo = src
+        .held
+        .read(meminfo_path)
+        .map_err(|source| ObserveError::Io {
+            path: meminfo_path.into(),
+            source,
+        })?;
     let mem = parse_meminfo(&meminfo).map_err(|problem| ObserveError::Malformed {
         path: meminfo_path.into(),
         problem,
@@ -400,7 +408,7 @@ fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), Obser
             .saturating_sub(mem.free)
             .saturating_sub(mem.inactive_file)
     } else {
-        paths::read_memory(&layout.node_dir, layout.version())
+        paths::read_memory_with(&|p| src.held.read(p), &layout.node_dir, layout.version())
             .map_err(ObserveError::Cgroup)?
             .working_set()
     };
@@ -419,6 +427,7 @@ fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), Obser
 fn read_allocatable(
     layout: &NodeLayout,
     allocatable: i64,
+    held: &crate::sys::HeldFiles,
     reading: &mut NodeReading,
 ) -> Result<(), ObserveError> {
     let dir = layout.kubepods().ok_or_else(|| ObserveError::Malformed {
@@ -427,7 +436,7 @@ fn read_allocatable(
                   needs the kubelet's pods cgroup"
             .into(),
     })?;
-    let working_set = paths::read_memory(&dir, layout.version())
+    let working_set = paths::read_memory_with(&|p| held.read(p), &dir, layout.version())
         .map_err(ObserveError::Cgroup)?
         .working_set();
     reading.observations.insert(
@@ -440,8 +449,8 @@ fn read_allocatable(
     Ok(())
 }
 
-fn read_pids(reading: &mut NodeReading) -> Result<(), ObserveError> {
-    let (limit, live) = pids()?;
+fn read_pids(held: &crate::sys::HeldFiles, reading: &mut NodeReading) -> Result<(), ObserveError> {
+    let (limit, live) = pids(held)?;
     reading.observations.insert(
         Signal::PidAvailable,
         Observation {
@@ -484,8 +493,8 @@ pub fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
 }
 
 /// (min(pid_max, threads-max), live tasks) — the kubelet's PID figures.
-fn pids() -> Result<(i64, i64), ObserveError> {
-    let limit = crate::sys::pid_limit().map_err(ObserveError::Sys)?;
+fn pids(held: &crate::sys::HeldFiles) -> Result<(i64, i64), ObserveError> {
+    let limit = crate::sys::pid_limit_with(&|p| held.read(p)).map_err(ObserveError::Sys)?;
     // SAFETY: sysinfo writes only into `info`.
     let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
     if unsafe { libc::sysinfo(&mut info) } != 0 {
@@ -753,7 +762,7 @@ mod allocatable_tests {
             failed: BTreeMap::new(),
             fs_layout: FsLayout::Shared,
         };
-        read_allocatable(&src.layout, 1 << 30, &mut reading).unwrap();
+        read_allocatable(&src.layout, 1 << 30, &src.held, &mut reading).unwrap();
         assert_eq!(
             reading.observations[&Signal::AllocatableMemoryAvailable],
             Observation {

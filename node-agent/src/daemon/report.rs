@@ -188,8 +188,10 @@ impl Reporter {
         }
         if stale {
             metrics.stale_data("pods");
+            // Blind: nothing is known of the pods, so "no pod may be evicted" is not either.
+            metrics.set_no_evictable_pod(None);
             if !self.stale {
-                tracing::warn!("a threshold is met but the pod data is stale or missing: not evicting until it is fresh");
+                tracing::warn!("a threshold is met but the pod data is stale or missing (the pod source is not ready: /readyz names it): not evicting until it is fresh");
             }
             self.stale = true;
         } else if fresh && self.stale {

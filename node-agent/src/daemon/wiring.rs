@@ -3,7 +3,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use node_agent_kube::api::Counters;
+use node_agent_kube::{access::Reviewer, api::Counters};
 
 use super::{
     acts::Acts,
@@ -107,7 +107,13 @@ async fn start(
     let settings = &config.current.settings;
     let metrics = Metrics::new();
     let health = Health::new(Duration::from_secs(30));
-    let server = telemetry::bind(settings.listen, metrics.clone(), health.clone()).await?;
+    // Who may read /metrics: under `kubernetes`, reviewed through the API server connection
+    // once it is made (and again after a reload makes a new one).
+    let (reviewer, reviewer_rx) = tokio::sync::watch::channel(None);
+    let gate = telemetry::Gate::new(settings.metrics_access, reviewer_rx, metrics.clone());
+    let server = telemetry::bind(settings.listen, metrics.clone(), health.clone())
+        .await?
+        .guarded_by(gate);
     let (live, _accept) = Live::bind(&settings.trace_socket).await?;
     if let Some(format) = print {
         live.print(format);
@@ -130,7 +136,12 @@ async fn start(
                 metrics.clone(),
                 health.clone(),
             )?;
-            Some(Kube { cluster, counters })
+            reviewer.send_replace(Some(Arc::new(Reviewer::new(cluster.api.clone()))));
+            Some(Kube {
+                cluster,
+                counters,
+                reviewer,
+            })
         }
         None => None,
     };

@@ -182,6 +182,7 @@ pub struct Metrics {
     kube_counters: Arc<OnceLock<Arc<Counters>>>,
     kernel_stats: Arc<KernelStats>,
     telemetry_connections_closed: Family<ReasonLabels, Counter>,
+    telemetry_authorizations: Family<ResultLabels, Counter>,
     executor_refused: Family<LaneLabels, Counter>,
     /// Node-level reclaim's families, in their own module.
     reclaim: reclaim::ReclaimMetrics,
@@ -221,6 +222,7 @@ impl Metrics {
             kube_counters: Arc::default(),
             kernel_stats: Arc::default(),
             telemetry_connections_closed: Family::default(),
+            telemetry_authorizations: Family::default(),
             executor_refused: Family::default(),
             reclaim: reclaim::ReclaimMetrics::default(),
             sources: sources::SourceMetrics::default(),
@@ -239,7 +241,7 @@ impl Metrics {
                 rustc: env!("NODE_AGENT_RUSTC"),
             })
             .set(1);
-        for result in ["ok", "invalid", "refused"] {
+        for result in ["ok", "invalid", "refused", "retrying"] {
             self.config_reloads
                 .get_or_create_owned(&ResultLabels { result });
         }
@@ -309,6 +311,10 @@ impl Metrics {
         for reason in ["client_limit", "capacity", "idle"] {
             self.telemetry_connections_closed
                 .get_or_create_owned(&ReasonLabels { reason });
+        }
+        for result in super::access::RESULTS {
+            self.telemetry_authorizations
+                .get_or_create_owned(&ResultLabels { result });
         }
     }
 
@@ -455,6 +461,11 @@ impl Metrics {
             "telemetry_connections_closed",
             "Connections to this listener closed by the agent, by reason (client_limit, capacity, idle)",
             self.telemetry_connections_closed.clone(),
+        );
+        r.register(
+            "telemetry_authorizations",
+            "Callers of /metrics (and of /readyz's details) let in or not under metricsAccess, by result (allowed, unauthenticated, forbidden, unavailable, busy)",
+            self.telemetry_authorizations.clone(),
         );
         r.register(
             "executor_refused",

@@ -24,7 +24,10 @@ use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use serde_yaml_ng::Value;
 
 use super::{legacy, ConfigError};
-use crate::logging::{LogFormat, LogLevel};
+use crate::{
+    logging::{LogFormat, LogLevel},
+    telemetry::MetricsAccess,
+};
 
 /// The config format this agent reads.
 pub const API_VERSION: &str = "node-agent.io/v1alpha1";
@@ -51,6 +54,11 @@ pub struct NodeAgentConfiguration {
     /// `/metrics`, `/healthz`, `/readyz`.
     #[serde(with = "address")]
     pub listen: SocketAddr,
+    /// Who may read `/metrics` (and `/readyz`'s whole reason; the probes need nothing):
+    /// `kubernetes`, a bearer token the API server authenticates whose user RBAC lets `get`
+    /// the path; `loopback`, only the agent's own network namespace; `open`, anyone who
+    /// reaches `listen`. Unset: `kubernetes` in Kubernetes mode, else `loopback`.
+    pub metrics_access: Option<MetricsAccess>,
     /// Unix socket where the daemon publishes its event stream for `node-agent trace`.
     pub trace_socket: PathBuf,
     /// The cgroup (in the memory hierarchy) whose usage is the node's: `/` for the whole
@@ -106,6 +114,7 @@ impl Default for NodeAgentConfiguration {
             kind: KIND.into(),
             dry_run: false,
             listen: SocketAddr::from(([0, 0, 0, 0], 9464)),
+            metrics_access: None,
             trace_socket: PathBuf::from("/run/node-agent/trace.sock"),
             node_cgroup: "/".into(),
             memory_capacity: None,
@@ -133,6 +142,7 @@ impl NodeAgentConfiguration {
     /// Reads the file's text: YAML once, then the checks on the document (nothing in it, the
     /// old format, the version), then the one typed pass, every error naming its path.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        crate::yaml::check_nesting(text).map_err(ConfigError::TooDeep)?;
         let document: Value = serde_yaml_ng::from_str(text).map_err(ConfigError::Yaml)?;
         Self::from_document(document)
     }
@@ -176,6 +186,11 @@ impl NodeAgentConfiguration {
     pub fn effective(&self) -> Self {
         let kubernetes_mode = self.kubernetes.is_some();
         Self {
+            metrics_access: Some(self.metrics_access.unwrap_or(if kubernetes_mode {
+                MetricsAccess::Kubernetes
+            } else {
+                MetricsAccess::Loopback
+            })),
             eviction: self.eviction.with_kubelet_defaults(),
             cri: match &self.cri {
                 None if kubernetes_mode => Some(CriConfig::default()),
