@@ -17,6 +17,7 @@ pub mod events;
 pub mod evict;
 #[cfg(feature = "fake")]
 pub mod fake;
+pub mod handover;
 pub mod kubelet;
 pub mod pods;
 pub mod taint;

@@ -339,8 +339,9 @@ fn a_config_change_is_a_new_configmap_that_rolls_the_daemonset() {
     volume["configMap"]["name"] = old["metadata"]["name"].clone();
     assert_eq!(template, ds_old["spec"]["template"]);
     assert_eq!(
-        ds_new["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
-        1
+        ds_new["spec"]["updateStrategy"]["rollingUpdate"],
+        serde_json::json!({"maxSurge": 1, "maxUnavailable": 0}),
+        "the new pod first, the old one kept until it is ready"
     );
     assert_eq!(ds_new["spec"]["minReadySeconds"], 30);
 }

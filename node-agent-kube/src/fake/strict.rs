@@ -39,6 +39,8 @@ const ROUTES: &[(&str, &str, Kind, &str)] = &[
         "nodes/proxy",
     ),
     ("GET", "/api/v1/pods", Kind::Read, "pods"),
+    // The agent pods on its node, asked once at SIGTERM (a rollout's hand-over).
+    ("GET", "/api/v1/namespaces/*/pods", Kind::Read, "pods"),
     ("GET", "/api/v1/nodes/*", Kind::Read, "nodes"),
     ("PATCH", "/api/v1/nodes/*", Kind::Node, "nodes"),
     (
@@ -279,7 +281,10 @@ pub fn check(
         if !raw_body.is_empty() {
             return Err(bad_request("a GET carries no body"));
         }
-        if path == "/api/v1/pods" && !req.path.contains("fieldSelector=spec.nodeName%3D") {
+        if (path == "/api/v1/pods"
+            || (path.starts_with("/api/v1/namespaces/") && path.ends_with("/pods")))
+            && !req.path.contains("fieldSelector=spec.nodeName%3D")
+        {
             return Err(bad_request(
                 "the agent lists only its node's pods (fieldSelector=spec.nodeName=<node>)",
             ));

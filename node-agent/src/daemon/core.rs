@@ -193,9 +193,16 @@ impl Daemon {
                 _ = tokio::signal::ctrl_c() => break,
             }
         }
-        if self.kube.is_some() {
+        let asked = std::time::Instant::now();
+        if let Some(sibling) = self.taking_over().await {
+            tracing::info!(sibling = %sibling, "shutting down: another agent of this DaemonSet watches the node (a rollout); its condition and taint are left to it");
+        } else if self.kube.is_some() {
             tracing::info!("shutting down: the agent's condition to Unknown, its taint removed");
-            match self.acts.stop(STOP_DEADLINE).await {
+            match self
+                .acts
+                .stop(STOP_DEADLINE.saturating_sub(asked.elapsed()))
+                .await
+            {
                 Some(report) => self.report.side_effect(&Outcome::Status(Box::new(report))),
                 None => tracing::warn!(deadline = ?STOP_DEADLINE,
                     "the node's condition and taint were not written in time: the taint stays until the next start removes it (or remove it by hand)"),
@@ -203,6 +210,27 @@ impl Daemon {
         }
         tracing::info!("shutting down: detaching kernel programs");
         Ok(())
+    }
+
+    /// The agent pod of this DaemonSet that takes the node over from this one (a rollout's
+    /// surge: see `node_agent_kube::handover`), asked once within a third of the stop's time;
+    /// none when it cannot be known (standalone, no pod name, no answer).
+    async fn taking_over(&self) -> Option<String> {
+        let kube = self.kube.as_ref()?;
+        let (namespace, pod) = self.config.overrides.own_pod.as_ref()?;
+        let asked = tokio::time::timeout(
+            STOP_DEADLINE / 3,
+            node_agent_kube::handover::ready_sibling(&kube.cluster.api, namespace, pod),
+        )
+        .await;
+        match asked {
+            Ok(Ok(sibling)) => sibling,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %error_chain(&e), "could not ask for a sibling agent on this node");
+                None
+            }
+            Err(_) => None,
+        }
     }
 
     /// Attributes and publishes a batch of kernel events; evaluates once if any touches a
