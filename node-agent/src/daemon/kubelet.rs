@@ -55,6 +55,25 @@ pub fn read(path: Option<&Path>) -> KubeletConfig {
     }
 }
 
+/// The kubelet's `cgroupRoot` from its config file, read once at start (where the kubelet puts
+/// its pods cgroup: `/` for kubeadm, `/kubelet` for kind); `None` when the file is not
+/// configured, missing, unreadable or sets none (the kubelet's default, `/`). Read by the
+/// filesystem helper: the file may be on a hung filesystem.
+pub fn cgroup_root(path: Option<&Path>) -> Option<String> {
+    use crate::fs_helper::{ask, Answer, Request};
+    let text = match ask(&Request::Read(path?.to_path_buf())) {
+        Ok(Answer::Read(Ok(Some(text)))) => text,
+        _ => return None,
+    };
+    crate::yaml::check_nesting(&text).ok()?;
+    let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).ok()?;
+    value
+        .get("cgroupRoot")
+        .and_then(|v| v.as_str())
+        .filter(|r| r.starts_with('/'))
+        .map(str::to_string)
+}
+
 /// [`warn_if_kubelet_acts_first`] on a thread of its own, unless one is still running.
 pub fn check_off_loop(
     eviction: EvictionConfig,

@@ -111,6 +111,10 @@ pub struct NodeLayout {
     pub node_dir: PathBuf,
     /// The node cgroup is the hierarchy's root (the whole machine).
     pub is_root: bool,
+    /// Where the kubelet puts its pods cgroup: its `cgroupRoot` (kind's `/kubelet`, a second
+    /// kubelet's own directory) when its config file says one below the node cgroup, else the
+    /// node cgroup itself (`/`, kubeadm's).
+    pub pods_parent: PathBuf,
 }
 
 impl NodeLayout {
@@ -118,13 +122,29 @@ impl NodeLayout {
         Self {
             is_root: node_dir == memory.mount(),
             memory,
+            pods_parent: node_dir.clone(),
             node_dir,
         }
     }
 
+    /// With the kubelet's `cgroupRoot` (absolute in the hierarchy, as in its config file):
+    /// its pods cgroup is looked for below it. A root outside the node cgroup is not this
+    /// node's and is ignored (returned as the error, for the log).
+    pub fn with_kubelet_root(mut self, cgroup_root: &str) -> Result<Self, PathBuf> {
+        let dir = self
+            .memory
+            .mount()
+            .join(cgroup_root.trim_start_matches('/'));
+        if !dir.starts_with(&self.node_dir) {
+            return Err(dir);
+        }
+        self.pods_parent = dir;
+        Ok(self)
+    }
+
     /// The kubelet's pods cgroup below the node cgroup, if there is one now.
     pub fn kubepods(&self) -> Option<PathBuf> {
-        kubepods_dir(&self.node_dir)
+        kubepods_dir(&self.pods_parent)
     }
 
     pub fn version(&self) -> CgroupVersion {
@@ -769,6 +789,53 @@ mod allocatable_tests {
                 available: (1 << 30) - (600 << 20),
                 capacity: 1 << 30
             }
+        );
+    }
+
+    #[test]
+    fn the_kubelets_cgroup_root_says_where_its_pods_cgroup_is() {
+        let root = tempfile::tempdir().unwrap();
+        for dir in ["kubepods", "node-1/kubepods", "elsewhere"] {
+            std::fs::create_dir_all(root.path().join(dir)).unwrap();
+        }
+        let memory = crate::cgroup::Hierarchy::V1 {
+            mount: root.path().to_path_buf(),
+        };
+        let whole = || NodeLayout::new(memory.clone(), root.path().to_path_buf());
+        // (behaviour, the kubelet's cgroupRoot, the pods cgroup found)
+        let rows: [(&str, Option<&str>, Option<&str>); 3] = [
+            (
+                "kubeadm's /: directly below the node cgroup",
+                Some("/"),
+                Some("kubepods"),
+            ),
+            (
+                "a cgroupRoot of its own (kind's /kubelet, a second kubelet)",
+                Some("/node-1"),
+                Some("node-1/kubepods"),
+            ),
+            (
+                "no kubelet config: below the node cgroup",
+                None,
+                Some("kubepods"),
+            ),
+        ];
+        for (behaviour, kubelet_root, want) in rows {
+            let layout = match kubelet_root {
+                Some(r) => whole().with_kubelet_root(r).unwrap(),
+                None => whole(),
+            };
+            assert_eq!(
+                layout.kubepods(),
+                want.map(|w| root.path().join(w)),
+                "{behaviour}"
+            );
+        }
+        let node = NodeLayout::new(memory.clone(), root.path().join("node-1"));
+        assert_eq!(
+            node.with_kubelet_root("/elsewhere").unwrap_err(),
+            root.path().join("elsewhere"),
+            "a cgroupRoot outside the node cgroup is not this node's"
         );
     }
 

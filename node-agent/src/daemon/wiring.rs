@@ -156,7 +156,22 @@ async fn start(
     // handled, never the default action.
     let signals = Signals::new().map_err(DaemonError::Runtime)?;
     let settings = &config.current.settings;
-    let node_layout = NodeLayout::new(layout.memory.clone(), node_dir);
+    let mut node_layout = NodeLayout::new(layout.memory.clone(), node_dir);
+    // The kubelet's pods cgroup is below its cgroupRoot (kind's /kubelet, not kubeadm's /).
+    if let Some(root) =
+        super::kubelet::cgroup_root(config.current.settings.kubelet_config.as_deref())
+    {
+        node_layout = match node_layout.clone().with_kubelet_root(&root) {
+            Ok(l) => {
+                tracing::info!(cgroup_root = %root, pods_parent = %l.pods_parent.display(), "the kubelet's pods cgroup is below its cgroupRoot");
+                l
+            }
+            Err(outside) => {
+                tracing::warn!(cgroup_root = %root, dir = %outside.display(), "the kubelet's cgroupRoot is outside nodeCgroup: its pods cgroup is looked for below nodeCgroup instead");
+                node_layout
+            }
+        };
+    }
     let fs = Filesystems::new(&settings.nodefs_path, settings.imagefs_path.as_deref())
         .map_err(DaemonError::Runtime)?;
     let node = Node::new(node_layout, settings.memory_capacity, fs);
