@@ -13,7 +13,8 @@ use node_agent_tests::real_cluster::{
 /// no disruption, and an ordinary one (600 MiB over); waits until the disruption controller
 /// says the budget allows none.
 fn protected_and_next(rc: &RealCluster, ns: &Namespace, node: &str) -> anyhow::Result<()> {
-    let mut protected = WorkloadPod::new("protected", Qos::BestEffort, "", &["memory", "1000", "500"]);
+    let mut protected =
+        WorkloadPod::new("protected", Qos::BestEffort, "", &["memory", "1000", "500"]);
     protected.labels.push(("budget".into(), "all".into()));
     let mut next = WorkloadPod::new("next", Qos::BestEffort, "", &["memory", "600", "500"]);
     for p in [&mut protected, &mut next] {
@@ -24,15 +25,24 @@ fn protected_and_next(rc: &RealCluster, ns: &Namespace, node: &str) -> anyhow::R
         "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: all, namespace: {}}}\nspec:\n  minAvailable: 1\n  selector: {{matchLabels: {{budget: all}}}}\n",
         ns.name
     ))?;
-    wait_running(&rc.kubectl, &ns.name, &["protected", "next"], Duration::from_secs(90))?;
-    rc.kubectl.wait_for("the disruption controller's status", Duration::from_secs(60), |k| {
-        let pdb = k.get_json(&["-n", &ns.name, "pdb", "all"])?;
-        let s = &pdb["status"];
-        Ok((s["observedGeneration"] == pdb["metadata"]["generation"]
-            && s["currentHealthy"] == 1
-            && s["disruptionsAllowed"] == 0)
-            .then_some(()))
-    })?;
+    wait_running(
+        &rc.kubectl,
+        &ns.name,
+        &["protected", "next"],
+        Duration::from_secs(90),
+    )?;
+    rc.kubectl.wait_for(
+        "the disruption controller's status",
+        Duration::from_secs(60),
+        |k| {
+            let pdb = k.get_json(&["-n", &ns.name, "pdb", "all"])?;
+            let s = &pdb["status"];
+            Ok((s["observedGeneration"] == pdb["metadata"]["generation"]
+                && s["currentHealthy"] == 1
+                && s["disruptionsAllowed"] == 0)
+                .then_some(()))
+        },
+    )?;
     rc.wait_held(&ns.name, &["protected", "next"], Duration::from_secs(60))
 }
 
@@ -47,7 +57,15 @@ fn respect_takes_the_budgets_429_and_evicts_the_next_pod() -> anyhow::Result<()>
     protected_and_next(&rc, &ns, &node)?;
     rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 200)?;
     rc.wait_gone(&ns.name, "next", Duration::from_secs(120))?;
-    let phase = rc.kubectl.run(&["-n", &ns.name, "get", "pod", "protected", "-o", "jsonpath={.status.phase}"])?;
+    let phase = rc.kubectl.run(&[
+        "-n",
+        &ns.name,
+        "get",
+        "pod",
+        "protected",
+        "-o",
+        "jsonpath={.status.phase}",
+    ])?;
     assert_eq!(phase.trim(), "Running", "the protected pod stays");
     let asked = rc.eviction_requests(&ns.name)?;
     assert!(
@@ -62,6 +80,7 @@ fn respect_takes_the_budgets_429_and_evicts_the_next_pod() -> anyhow::Result<()>
         .iter()
         .find(|e| {
             e["objectRef"]["subresource"] == "eviction"
+                && e["objectRef"]["namespace"] == ns.name.as_str()
                 && e["objectRef"]["name"] == "protected"
                 && e["responseStatus"]["code"] == 429
         })
@@ -79,15 +98,15 @@ fn respect_takes_the_budgets_429_and_evicts_the_next_pod() -> anyhow::Result<()>
         &agent,
         "node_agent_evictions_total{eviction_signal=\"allocatableMemory.available\",result=\"blocked_by_pdb\"}",
     )?;
-    assert!(blocked >= Some(1.0), "counted as blocked_by_pdb: {blocked:?}");
+    assert!(
+        blocked >= Some(1.0),
+        "counted as blocked_by_pdb: {blocked:?}"
+    );
     Ok(())
 }
 
 fn override_config() -> String {
-    Variant::shipped_config_with(&[(
-        "pdbPolicy: respect ",
-        "pdbPolicy: override",
-    )])
+    Variant::shipped_config_with(&[("pdbPolicy: respect ", "pdbPolicy: override")])
 }
 
 #[test]
@@ -107,14 +126,27 @@ fn override_without_its_grants_is_refused_and_the_protected_pod_stays() -> anyho
     protected_and_next(&rc, &ns, &node)?;
     rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 200)?;
     rc.wait_gone(&ns.name, "next", Duration::from_secs(120))?;
-    let phase = rc.kubectl.run(&["-n", &ns.name, "get", "pod", "protected", "-o", "jsonpath={.status.phase}"])?;
-    assert_eq!(phase.trim(), "Running", "without the grants the protected pod stays");
+    let phase = rc.kubectl.run(&[
+        "-n",
+        &ns.name,
+        "get",
+        "pod",
+        "protected",
+        "-o",
+        "jsonpath={.status.phase}",
+    ])?;
+    assert_eq!(
+        phase.trim(),
+        "Running",
+        "without the grants the protected pod stays"
+    );
     let audit = rc.audit_events()?;
     let deletes: Vec<i64> = audit
         .iter()
         .filter(|e| {
             e["verb"] == "delete"
                 && e["objectRef"]["resource"] == "pods"
+                && e["objectRef"]["namespace"] == ns.name.as_str()
                 && e["objectRef"]["name"] == "protected"
                 && e["user"]["username"] == AGENT_SA
                 && e["stage"] == "ResponseComplete"
@@ -140,7 +172,12 @@ fn override_with_its_grants_marks_the_protected_pod_evicted_and_deletes_it() -> 
     struct Revoke<'a>(&'a RealCluster);
     impl Drop for Revoke<'_> {
         fn drop(&mut self) {
-            let _ = self.0.kubectl.run(&["delete", "clusterrolebinding,clusterrole", "node-agent-override", "--ignore-not-found"]);
+            let _ = self.0.kubectl.run(&[
+                "delete",
+                "clusterrolebinding,clusterrole",
+                "node-agent-override",
+                "--ignore-not-found",
+            ]);
         }
     }
     let _revoke = Revoke(&rc);
@@ -157,14 +194,27 @@ fn override_with_its_grants_marks_the_protected_pod_evicted_and_deletes_it() -> 
     protected_and_next(&rc, &ns, &node)?;
     rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 200)?;
     rc.wait_gone(&ns.name, "protected", Duration::from_secs(120))?;
-    let phase = rc.kubectl.run(&["-n", &ns.name, "get", "pod", "next", "-o", "jsonpath={.status.phase}"])?;
-    assert_eq!(phase.trim(), "Running", "the next pod stays: the protected one went instead");
+    let phase = rc.kubectl.run(&[
+        "-n",
+        &ns.name,
+        "get",
+        "pod",
+        "next",
+        "-o",
+        "jsonpath={.status.phase}",
+    ])?;
+    assert_eq!(
+        phase.trim(),
+        "Running",
+        "the next pod stays: the protected one went instead"
+    );
     let audit = rc.audit_events()?;
     let by_agent = |verb: &str, sub: Option<&str>| -> Vec<i64> {
         audit
             .iter()
             .filter(|e| {
                 e["verb"] == verb
+                    && e["objectRef"]["namespace"] == ns.name.as_str()
                     && e["objectRef"]["name"] == "protected"
                     && e["objectRef"]["subresource"].as_str() == sub
                     && e["user"]["username"] == AGENT_SA
@@ -173,7 +223,11 @@ fn override_with_its_grants_marks_the_protected_pod_evicted_and_deletes_it() -> 
             .filter_map(|e| e["responseStatus"]["code"].as_i64())
             .collect()
     };
-    assert_eq!(by_agent("patch", Some("status")), vec![200], "marked Failed/Evicted");
+    assert_eq!(
+        by_agent("patch", Some("status")),
+        vec![200],
+        "marked Failed/Evicted"
+    );
     assert_eq!(by_agent("delete", None), vec![200], "deleted");
     let overridden = rc.metric(
         &agent,
