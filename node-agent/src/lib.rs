@@ -6,6 +6,7 @@ pub mod btf;
 pub mod cgroup;
 pub mod daemon;
 pub mod ebpf;
+pub mod inspect;
 pub mod kernel;
 pub mod logging;
 pub mod simulate;

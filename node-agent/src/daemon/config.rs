@@ -67,6 +67,8 @@ pub struct Settings {
     pub dry_run: bool,
     pub listen: SocketAddr,
     pub trace_socket: PathBuf,
+    /// `inspectListen`: the loopback address `kubectl node-agent` reads; `None`: not served.
+    pub inspect_listen: Option<SocketAddr>,
     pub node_cgroup: PathBuf,
     pub memory_capacity: Option<i64>,
     pub allocatable_memory: Option<i64>,
@@ -291,10 +293,17 @@ fn validate(
         return Err(invalid("traceSocket", "empty".into()));
     }
     let ring_bytes = checks::ring_bytes(f.ring_buffer_size)?;
+    if let Some(addr) = f.inspect_listen.filter(|a| !a.ip().is_loopback()) {
+        return Err(invalid(
+            "inspectListen",
+            format!("{addr} is not a loopback address: the endpoint has no authentication of its own; give 127.0.0.1:PORT (kubectl node-agent reaches it through pods/portforward)"),
+        ));
+    }
     Ok(Settings {
         dry_run: f.dry_run || o.dry_run,
         listen,
         trace_socket,
+        inspect_listen: f.inspect_listen,
         node_cgroup: PathBuf::from(&f.node_cgroup),
         memory_capacity,
         allocatable_memory,
