@@ -309,6 +309,18 @@ fn the_shipped_config_is_valid_observes_and_acts_before_a_default_kubelet() {
         "the file lets an agent act once the DaemonSet drops --dry-run (components/enforce)"
     );
     assert!(kube.taint, "the pressure taint is on once it enforces");
+    // kubectl node-agent's endpoint: on the pod's own loopback, in the pod's own network
+    // namespace (not hostNetwork), so only pods/portforward reaches it.
+    assert_eq!(
+        c.settings.inspect_listen,
+        Some("127.0.0.1:9465".parse().unwrap())
+    );
+    let daemonset = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/daemonset/daemonset.yaml"
+    ))
+    .unwrap();
+    assert!(!daemonset.contains("hostNetwork: true") && !daemonset.contains("hostPort"));
     assert_eq!(
         c.runtime.as_ref().map(|r| r.settings.endpoint.to_string()),
         Some(node_agent_cri::config::DEFAULT_ENDPOINT.to_string()),
