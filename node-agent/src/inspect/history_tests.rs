@@ -99,8 +99,9 @@ fn shape(entries: &[Stored]) -> Vec<(i128, i128, u32, &'static str)> {
 #[test]
 fn a_pod_history_keeps_merges_and_forgets_as_each_row_says() {
     type Fill = Box<dyn Fn(&mut History)>;
+    type Shape = Vec<(i128, i128, u32, &'static str)>;
     let w = WINDOW.as_secs() as i128;
-    let rows: Vec<(&str, Fill, i128, Vec<(i128, i128, u32, &str)>)> = vec![
+    let rows: Vec<(&str, Fill, i128, Shape)> = vec![
         ("nothing noted", Box::new(|_| {}), 10, vec![]),
         (
             "chosen at every evaluation is one entry from the first to the last time",

@@ -97,7 +97,7 @@ impl Request {
                 // The kinds are checked as `node-agent trace --kind` checks them.
                 Filter::new(&kinds, None, None, None)?;
                 let namespace = get("namespace").map(|v| name("namespace", v)).transpose()?;
-                let pod = get("pod").map(|v| pod_filter(v)).transpose()?;
+                let pod = get("pod").map(pod_filter).transpose()?;
                 Ok(Request::Trace {
                     kinds,
                     namespace,

@@ -86,7 +86,8 @@ impl From<&Subject> for CgroupRef {
 }
 
 impl CgroupRef {
-    pub(super) fn label(&self) -> String {
+    /// `namespace/name/container`, `pod UID`, the path, or the id: the most a reader can be told.
+    pub fn label(&self) -> String {
         match (&self.pod, &self.path) {
             (
                 Some(PodRef {
