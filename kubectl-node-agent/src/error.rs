@@ -138,9 +138,9 @@ mod tests {
     fn a_refusal_names_the_verb_resource_namespace_and_grant() {
         let rows = [
             (
-                Call::new("create", "pods/portforward", Some("node-agent"), "x"),
-                api(403, "pods \"a\" is forbidden: User \"u\" cannot create resource \"pods/portforward\""),
-                "forbidden: you need create on pods/portforward in namespace node-agent (deploy/operator-rbac.yaml)\n  the API server said: pods \"a\" is forbidden",
+                Call::new("get and create", "pods/portforward", Some("node-agent"), "x"),
+                api(403, "pods \"a\" is forbidden: User \"u\" cannot get resource \"pods/portforward\""),
+                "forbidden: you need get and create on pods/portforward in namespace node-agent (deploy/operator-rbac.yaml)\n  the API server said: pods \"a\" is forbidden",
             ),
             (
                 Call::new("list", "nodes", None, "x"),

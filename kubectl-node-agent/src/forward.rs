@@ -82,8 +82,10 @@ pub async fn open(cluster: &Cluster, pod: &str, target: &str) -> Result<Open, Fo
 }
 
 async fn open_unbounded(cluster: &Cluster, pod: &str, target: &str) -> Result<Open, ForwardError> {
+    // The forward is a WebSocket upgrade of a GET: authorized as get, and (Kubernetes 1.35+)
+    // as create for the upgrade itself; a refusal of either is refused here as both.
     let call = Call::new(
-        "create",
+        "get and create",
         "pods/portforward",
         Some(&cluster.agent_namespace),
         format!("forwarding to pod {pod}"),
