@@ -8,9 +8,8 @@ use clap::{Parser, Subcommand};
 
 use crate::{explain::ExplainArgs, status::StatusArgs, trace::TraceArgs};
 
-const TEMPLATE: &str =
-    "{about-with-newline}\n{after-help}\nOptions:\n{options}\n\nUsage:\n  {usage}\n";
-const TOP_TEMPLATE: &str = "{about-with-newline}\n{after-help}\nAvailable Commands:\n{subcommands}\n\nOptions:\n{options}\n\nUsage:\n  {usage}\n\nUse \"kubectl node-agent <command> --help\" for more information about a given command.\n";
+const TEMPLATE: &str = "{about}{after-help}\n{all-args}\n\nUsage:\n  {usage}\n";
+const TOP_TEMPLATE: &str = "{about}{after-help}\nAvailable Commands:\n{subcommands}\n\n{all-args}\n\nUsage:\n  {usage}\n\nUse \"kubectl node-agent <command> --help\" for more information about a given command.\n";
 
 /// Every node agent of the cluster from one terminal: their status, their live stream merged
 /// across nodes, and why a pod was or was not evicted. Reaches each agent through the API
@@ -40,6 +39,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Global options")]
 pub struct Global {
     /// Path to the kubeconfig file to use (default: $KUBECONFIG, then ~/.kube/config, then
     /// the in-cluster service account).
