@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod daemon;
 pub mod ebpf;
 pub mod fs_helper;
+pub mod inspect;
 pub mod kernel;
 pub mod logging;
 pub mod simulate;

@@ -453,7 +453,7 @@ impl Drop for AgentProcess {
 }
 
 /// Each line of `reader` that `map` keeps, on a channel fed by a thread.
-fn lines<T: Send + 'static>(
+pub(crate) fn lines<T: Send + 'static>(
     reader: impl std::io::Read + Send + 'static,
     map: impl Fn(String) -> Option<T> + Send + 'static,
 ) -> std::sync::mpsc::Receiver<T> {
@@ -559,6 +559,8 @@ pub mod cluster;
 pub mod containerd;
 /// A FUSE filesystem whose `statfs` never answers (a hung filesystem).
 pub mod fuse;
+/// `kubectl node-agent` on the real cluster, and guards for what its tests change there.
+pub mod kubectl_plugin;
 /// OCI image tars written by the tests.
 pub mod oci;
 /// The DaemonSet's pod template as CRI requests.

@@ -893,3 +893,76 @@ fn the_networkpolicy_component_lets_only_prometheus_reach_the_port() {
     );
     assert_eq!(policy["spec"]["ingress"].as_array().map(Vec::len), Some(1));
 }
+
+/// `kubectl node-agent`'s grants (deploy/operator-rbac.yaml, applied on its own): valid, read
+/// only, pods/portforward only in the agent's namespace, and nothing that reaches a shell.
+#[test]
+fn the_plugin_users_roles_validate_read_only_and_forward_only_to_the_agents() {
+    let text = std::fs::read_to_string(deploy_dir().join("operator-rbac.yaml"))
+        .expect("operator-rbac.yaml");
+    validate("operator-rbac", &text);
+    let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).expect("YAML"))
+        .filter(|v| !v.is_null())
+        .collect();
+    let mut granted = std::collections::BTreeSet::new();
+    for role in docs.iter().filter(|d| d["kind"] == "ClusterRole") {
+        for rule in role["rules"].as_array().expect("rules") {
+            for resource in rule["resources"].as_array().expect("resources") {
+                for verb in rule["verbs"].as_array().expect("verbs") {
+                    granted.insert(format!(
+                        "{} {} {}",
+                        role["metadata"]["name"].as_str().unwrap(),
+                        resource.as_str().unwrap(),
+                        verb.as_str().unwrap()
+                    ));
+                }
+            }
+        }
+    }
+    let expected: std::collections::BTreeSet<String> = [
+        "node-agent-operator pods get",
+        "node-agent-operator pods list",
+        "node-agent-operator pods watch",
+        "node-agent-operator pods/portforward get",
+        "node-agent-operator pods/portforward create",
+        "node-agent-operator-nodes nodes list",
+        "node-agent-operator-nodes nodes watch",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(granted, expected, "exactly what the plugin uses");
+    // The role with pods/portforward is bound only in the agent's namespace.
+    let bindings: Vec<(String, String, Option<String>)> = docs
+        .iter()
+        .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Binding")))
+        .map(|d| {
+            (
+                d["kind"].as_str().unwrap().to_string(),
+                d["roleRef"]["name"].as_str().unwrap().to_string(),
+                d["metadata"]["namespace"].as_str().map(String::from),
+            )
+        })
+        .collect();
+    assert_eq!(
+        bindings,
+        [
+            (
+                "RoleBinding".into(),
+                "node-agent-operator".into(),
+                Some("node-agent".into())
+            ),
+            (
+                "ClusterRoleBinding".into(),
+                "node-agent-operator-nodes".into(),
+                None
+            ),
+        ]
+    );
+    // Not part of the base install: operators apply it themselves.
+    let (_, base) = render(&deploy_dir());
+    assert!(!kinds(&base)
+        .iter()
+        .any(|k| k.contains("node-agent-operator")));
+}

@@ -53,7 +53,7 @@ enum ClusterCommand {
     Down,
     /// What runs, the nodes and the agent's pods.
     Status,
-    /// Brings a cluster up, runs the real-cluster tests (tests/tests/cluster_*.rs) against
+    /// Brings a cluster of two nodes up, runs the real-cluster tests (tests/tests/cluster_*.rs) against
     /// it, then ends it and checks the host is as it was.
     Test {
         /// Only these test files (e.g. cluster_memory); default: every cluster_* file.
@@ -229,8 +229,18 @@ fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> a
         let snapshot = HostSnapshot::take(&c.layout)?;
         std::fs::create_dir_all(&c.layout.dir)?;
         std::fs::write(&snapshot_file, serde_json::to_vec_pretty(&snapshot)?)?;
-        up(tc, 0, true)?.1.context("the agent's image")?
+        // Two nodes: the plugin's fan-out (tests/tests/cluster_plugin.rs) is across both.
+        up(tc, 1, true)?.1.context("the agent's image")?
     };
+    // kubectl node-agent, which the cluster's kubectl finds through NODE_AGENT_PLUGIN's
+    // directory on PATH.
+    run_cmd(cargo_with_object(&object, "build").args([
+        "--package",
+        "kubectl-node-agent",
+        "--locked",
+    ]))
+    .context("building kubectl-node_agent")?;
+    let plugin = workspace_root().join("target/debug/kubectl-node_agent");
     let up_took = started.elapsed();
     let mut failed = Vec::new();
     let mut took = vec![("cluster up".to_string(), up_took)];
@@ -263,7 +273,8 @@ fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> a
         .env("NODE_AGENT_CLUSTER_DIR", &c.layout.dir)
         .env("NODE_AGENT_HOST_BEFORE_UP", &snapshot_file)
         .env("NODE_AGENT_IMAGE", &agent_image.reference)
-        .env("NODE_AGENT_IMAGE_ARCHIVE", &agent_image.path);
+        .env("NODE_AGENT_IMAGE_ARCHIVE", &agent_image.path)
+        .env("NODE_AGENT_PLUGIN", &plugin);
         if let Err(e) = run_cmd(&mut cmd) {
             eprintln!("xtask: {file} failed: {e:#}");
             failed.push(file.clone());

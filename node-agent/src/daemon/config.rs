@@ -71,6 +71,8 @@ pub struct Settings {
     /// `metricsAccess`, its default resolved.
     pub metrics_access: crate::telemetry::MetricsAccess,
     pub trace_socket: PathBuf,
+    /// `inspectListen`: the loopback address `kubectl node-agent` reads; `None`: not served.
+    pub inspect_listen: Option<SocketAddr>,
     pub node_cgroup: PathBuf,
     pub memory_capacity: Option<i64>,
     pub allocatable_memory: Option<i64>,
@@ -306,11 +308,18 @@ fn validate(
         (None, Some(_)) => crate::telemetry::MetricsAccess::Kubernetes,
         (None, None) => crate::telemetry::MetricsAccess::Loopback,
     };
+    if let Some(addr) = f.inspect_listen.filter(|a| !a.ip().is_loopback()) {
+        return Err(invalid(
+            "inspectListen",
+            format!("{addr} is not a loopback address: the endpoint has no authentication of its own; give 127.0.0.1:PORT (kubectl node-agent reaches it through pods/portforward)"),
+        ));
+    }
     Ok(Settings {
         dry_run: f.dry_run || o.dry_run,
         listen,
         metrics_access,
         trace_socket,
+        inspect_listen: f.inspect_listen,
         node_cgroup: PathBuf::from(&f.node_cgroup),
         memory_capacity,
         allocatable_memory,

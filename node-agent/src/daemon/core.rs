@@ -841,6 +841,9 @@ impl Daemon {
         self.kernel.set_pid_trigger(&config.eviction, &reading);
         check_kubelet(config, &reading);
         metrics.config_reload("ok");
+        self.report
+            .inspect
+            .set_mode(super::wiring::inspect_mode(config));
         tracing::info!(
             reason = why,
             dry_run = config.dry_run(),

@@ -305,6 +305,8 @@ pub fn unchangeable(old: &AgentConfig, new: &AgentConfig) -> Option<&'static str
         Some("listen")
     } else if o.trace_socket != n.trace_socket {
         Some("traceSocket")
+    } else if o.inspect_listen != n.inspect_listen {
+        Some("inspectListen")
     } else if o.ring_bytes != n.ring_bytes {
         Some("ringBufferSize")
     } else if o.node_cgroup != n.node_cgroup {
@@ -369,6 +371,7 @@ mod tests {
             ("listen: '127.0.0.1:2'", Some("listen")),
             ("listen: '127.0.0.1:1'\ntraceSocket: /tmp/other.sock", Some("traceSocket")),
             ("listen: '127.0.0.1:1'\nringBufferSize: 8Ki", Some("ringBufferSize")),
+            ("listen: '127.0.0.1:1'\ninspectListen: 127.0.0.1:9465", Some("inspectListen")),
             ("listen: '127.0.0.1:1'\nnodeCgroup: /elsewhere", Some("nodeCgroup")),
             ("listen: '127.0.0.1:1'\nkubernetes: {}", Some("kubernetes (the section added or removed)")),
             ("listen: '127.0.0.1:1'\nmetricsAccess: open", Some("metricsAccess")),

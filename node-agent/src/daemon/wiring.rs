@@ -21,6 +21,7 @@ use super::{
 use crate::{
     cgroup::{self, Layout},
     ebpf::LoadOptions,
+    inspect::{self, Identity, Inspect, Mode},
     kernel::KernelFeed,
     telemetry::{self, Health, Metrics},
 };
@@ -118,6 +119,32 @@ async fn start(
     if let Some(format) = print {
         live.print(format);
     }
+    let inspect = Inspect::new(
+        Identity {
+            node: config
+                .current
+                .kubernetes
+                .as_ref()
+                .map(|k| k.node_name.clone()),
+            pod: config
+                .overrides
+                .own_pod
+                .as_ref()
+                .map(|(ns, n)| format!("{ns}/{n}")),
+        },
+        inspect_mode(&config.current),
+        health.clone(),
+    );
+    let inspect_server = match settings.inspect_listen {
+        Some(addr) => {
+            let subscribe: inspect::server::Subscribe = {
+                let live = live.clone();
+                Arc::new(move || live.subscribe())
+            };
+            Some(inspect::bind(addr, inspect.clone(), subscribe, metrics.clone()).await?)
+        }
+        None => None,
+    };
     let socket_path = settings.trace_socket.clone();
     let options = LoadOptions {
         ring_bytes: settings.ring_bytes,
@@ -186,6 +213,7 @@ async fn start(
         "node-agent running"
     );
     metrics.set_memory_mechanism(kernel.feed.memory_mechanism());
+    inspect.set_memory_mechanism(kernel.feed.memory_mechanism().short_name());
     check_kubelet(&config.current, &node.read());
     match &config.current.runtime {
         Some(r) => tracing::info!(endpoint = %r.settings.endpoint,
@@ -196,7 +224,7 @@ async fn start(
         ),
         None => {}
     }
-    let report = Reporter::new(metrics, health, live);
+    let report = Reporter::new(metrics, health, live, inspect);
     let mut daemon = Daemon {
         config,
         node,
@@ -213,11 +241,30 @@ async fn start(
     let serving = tokio::spawn(server.serve(async {
         let _ = stop_rx.await;
     }));
+    let (inspect_stop, inspect_stopped) = tokio::sync::oneshot::channel::<()>();
+    let inspecting = inspect_server.map(|s| {
+        tokio::spawn(s.serve(async {
+            let _ = inspect_stopped.await;
+        }))
+    });
     let result = daemon.run(signals).await;
     let _ = stop_tx.send(());
+    let _ = inspect_stop.send(());
     let _ = serving.await;
+    if let Some(inspecting) = inspecting {
+        let _ = inspecting.await;
+    }
     let _ = std::fs::remove_file(&socket_path);
     // Dropping the daemon detaches every program and stops the executor.
     drop(daemon);
     result
+}
+
+/// What `kubectl node-agent status` says the agent may do (at start and after each reload).
+pub(super) fn inspect_mode(config: &AgentConfig) -> Mode {
+    match (&config.kubernetes, config.dry_run()) {
+        (None, _) => Mode::Standalone,
+        (Some(_), true) => Mode::DryRun,
+        (Some(_), false) => Mode::Enforcing,
+    }
 }

@@ -1,6 +1,7 @@
 //! The `node_agent_*` metric families (and the standard `process_*` ones), the methods the
 //! daemon records them through, and the two expositions `/metrics` writes.
 
+mod inspect;
 mod kernel;
 mod kube;
 mod process;
@@ -188,6 +189,8 @@ pub struct Metrics {
     reclaim: reclaim::ReclaimMetrics,
     /// The sources' readiness and the listener's accept errors, in their own module.
     sources: sources::SourceMetrics,
+    /// The inspection endpoint's clients, in their own module.
+    inspect: inspect::InspectMetrics,
 }
 
 impl Metrics {
@@ -226,6 +229,7 @@ impl Metrics {
             executor_refused: Family::default(),
             reclaim: reclaim::ReclaimMetrics::default(),
             sources: sources::SourceMetrics::default(),
+            inspect: inspect::InspectMetrics::default(),
         };
         metrics.precreate();
         Arc::new(metrics.registered())
@@ -326,6 +330,7 @@ impl Metrics {
         let r = self.registry.sub_registry_with_prefix("node_agent");
         self.reclaim.register(r);
         self.sources.register(r);
+        self.inspect.register(r);
         // prometheus-client appends `_total` to counter names and the unit to the others', and
         // a full stop to each help text.
         r.register_with_unit(
@@ -486,6 +491,11 @@ impl Metrics {
     /// Whether the sources deliver, and the listener's accept errors.
     pub fn sources(&self) -> &sources::SourceMetrics {
         &self.sources
+    }
+
+    /// The inspection endpoint's clients.
+    pub fn inspect(&self) -> &inspect::InspectMetrics {
+        &self.inspect
     }
 
     pub fn export_kube_counters(&self, counters: Arc<Counters>) {

@@ -61,6 +61,12 @@ pub struct NodeAgentConfiguration {
     pub metrics_access: Option<MetricsAccess>,
     /// Unix socket where the daemon publishes its event stream for `node-agent trace`.
     pub trace_socket: PathBuf,
+    /// The loopback address `kubectl node-agent` reads (status, the live stream, explain)
+    /// through the API server's `pods/portforward`; `null`: not served. Loopback only: the
+    /// endpoint has no authentication of its own (deploy/ sets `127.0.0.1:9465`, inside the
+    /// pod's own network namespace).
+    #[serde(with = "optional_address")]
+    pub inspect_listen: Option<SocketAddr>,
     /// The cgroup (in the memory hierarchy) whose usage is the node's: `/` for the whole
     /// machine; another path scopes the agent to a subtree (nested nodes, tests).
     pub node_cgroup: String,
@@ -116,6 +122,7 @@ impl Default for NodeAgentConfiguration {
             listen: SocketAddr::from(([0, 0, 0, 0], 9464)),
             metrics_access: None,
             trace_socket: PathBuf::from("/run/node-agent/trace.sock"),
+            inspect_listen: None,
             node_cgroup: "/".into(),
             memory_capacity: None,
             allocatable_memory: None,
@@ -226,6 +233,50 @@ where
     Ok(Some(
         Option::<T>::deserialize(deserializer)?.unwrap_or_default(),
     ))
+}
+
+/// `inspectListen`: an address and port, or null.
+mod optional_address {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(addr: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+        match addr {
+            Some(addr) => s.collect_str(addr),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        struct Visitor;
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = Option<SocketAddr>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("null, or a loopback address and port such as 127.0.0.1:9465")
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_str(self)
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                v.parse().map(Some).map_err(|_| {
+                    E::custom(format_args!(
+                        "{v:?} is not an address and port such as 127.0.0.1:9465"
+                    ))
+                })
+            }
+        }
+        d.deserialize_option(Visitor)
+    }
 }
 
 /// `listen`: an address and port, as `SocketAddr` prints it.

@@ -44,11 +44,7 @@ impl Metrics {
     /// Gauge `node_agent_memory_mechanism{mechanism}`: 1 for the mechanism in use (set once,
     /// at start).
     pub fn set_memory_mechanism(&self, mechanism: MemoryMechanism) {
-        let mechanism = match mechanism {
-            MemoryMechanism::PageCounterFexit => "fexit",
-            MemoryMechanism::CounterSampler => "sampler",
-            MemoryMechanism::Unavailable => "polling",
-        };
+        let mechanism = mechanism.short_name();
         self.memory_mechanism
             .get_or_create(&MechanismLabels { mechanism })
             .set(1);

@@ -265,12 +265,14 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 30] = [
+const COUNTERS: [&str; 32] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
     "node_agent_evictions",
     "node_agent_executor_refused",
+    "node_agent_inspect_clients_closed",
+    "node_agent_inspect_records_skipped",
     "node_agent_kernel_events",
     "node_agent_kube_errors",
     "node_agent_kube_fields_invalid",
