@@ -565,6 +565,8 @@ pub mod kubectl_plugin;
 pub mod oci;
 /// The DaemonSet's pod template as CRI requests.
 pub mod podspec;
+/// Racing the real kubelet on the real cluster (`cargo xtask cluster bench`).
+pub mod race;
 /// The real cluster of `cargo xtask cluster test`: kubectl, namespaces, workload pods, the
 /// agent's pods, metrics and the audit log.
 pub mod real_cluster;
