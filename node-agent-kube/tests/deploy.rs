@@ -238,11 +238,13 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     let spec = ds.spec.as_ref().unwrap();
     let strategy = spec.update_strategy.as_ref().unwrap();
     assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
-    // A new image or config goes one node at a time, each new agent ready for a while first.
-    assert_eq!(
-        strategy.rolling_update.as_ref().unwrap().max_unavailable,
-        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
-    );
+    // A new image or config goes one node at a time, each new agent ready for a while first,
+    // beside the old one: a node never goes without its agent, even when the new one is
+    // refused (maxSurge 1, maxUnavailable 0).
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let rolling = strategy.rolling_update.as_ref().unwrap();
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
     assert!(
         spec.min_ready_seconds.unwrap_or(0) >= 30,
         "{:?}",
