@@ -307,6 +307,18 @@ pub struct Variant {
     pub config: Option<String>,
     /// Extra resources (YAML documents), applied with it.
     pub resources: Vec<String>,
+    /// JSON patches (RFC 6902) on objects of the install, as `patches:` of the kustomization:
+    /// a rule of the ClusterRole or a validation of the admission policy taken away.
+    pub patches: Vec<Patch>,
+}
+
+/// One JSON patch of a [`Variant`] on the object of `kind` named `name`.
+#[derive(Debug, Clone)]
+pub struct Patch {
+    pub kind: String,
+    pub name: String,
+    /// The operations, e.g. `[{"op": "remove", "path": "/rules/1"}]`.
+    pub operations: serde_json::Value,
 }
 
 impl Variant {
@@ -365,6 +377,17 @@ impl RealCluster {
                 text.push_str(&format!(
                     "  - {}\n",
                     up(&root.join("deploy/components").join(c))
+                ));
+            }
+        }
+        if !variant.patches.is_empty() {
+            text.push_str("patches:\n");
+            for p in &variant.patches {
+                // JSON is YAML: the operations as one double-quoted scalar.
+                let ops = serde_json::to_string(&p.operations.to_string())?;
+                text.push_str(&format!(
+                    "  - target: {{kind: {}, name: {}}}\n    patch: {ops}\n",
+                    p.kind, p.name
                 ));
             }
         }
