@@ -391,7 +391,21 @@ impl RealCluster {
                 ));
             }
         }
-        if let Some(config) = &variant.config {
+        // The agent finds the kubelet's pods cgroup directly below `nodeCgroup`: on a node
+        // whose kubelet has a cgroup root of its own (every node of a second cluster on this
+        // host), that root, or the agent would measure another cluster's `/kubepods`.
+        let cgroup_root = self.node0().cgroup_root;
+        let config = match &variant.config {
+            Some(config) if cgroup_root != "/" => {
+                Some(format!("{config}\nnodeCgroup: {cgroup_root}\n"))
+            }
+            None if cgroup_root != "/" => Some(format!(
+                "{}\nnodeCgroup: {cgroup_root}\n",
+                std::fs::read_to_string(root.join("deploy/config.yaml"))?
+            )),
+            other => other.clone(),
+        };
+        if let Some(config) = &config {
             std::fs::write(dir.join("config.yaml"), config)?;
             text.push_str("configMapGenerator:\n  - name: node-agent-config\n    namespace: node-agent\n    behavior: replace\n    files:\n      - config.yaml\n");
         }
