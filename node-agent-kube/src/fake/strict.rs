@@ -47,7 +47,6 @@ const ROUTES: &[(&str, &str, Kind, &str)] = &[
         Kind::NodeStatus,
         "nodes/status",
     ),
-    ("GET", "/api/v1/namespaces/*/pods/*", Kind::Read, "pods"),
     (
         "DELETE",
         "/api/v1/namespaces/*/pods/*",
