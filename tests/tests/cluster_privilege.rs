@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeSet, time::Duration};
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use http::Method;
 use node_agent_tests::{
     agent_access::{
@@ -583,5 +583,350 @@ fn without_list_or_watch_on_pods_the_api_server_source_is_blind() -> anyhow::Res
         eprintln!("{what}: {line}");
         rc.install("base", &Variant::default())?;
     }
+    Ok(())
+}
+
+// --- (b) Every validation of the admission policy is needed ----------------------------------
+
+/// What the tests below ask with the agent's token, around a Node without a kubelet.
+struct Scene<'a> {
+    ghost: GhostNode<'a>,
+    namespace: String,
+    own_node: String,
+    /// A pod on the agent's node, and one bound to the ghost Node; their UIDs.
+    own_pod: (String, String),
+    ghost_pod: (String, String),
+    bound: AgentToken,
+    unbound: AgentToken,
+}
+
+impl<'a> Scene<'a> {
+    fn new(rc: &'a RealCluster, namespace: &str) -> anyhow::Result<Self> {
+        let own_node = rc.node0().name;
+        let ghost = GhostNode::register(rc, "node-agent-ghost")?;
+        let mut own = WorkloadPod::new("own", Qos::BestEffort, "", &["sleep"]);
+        own.node = Some(own_node.clone());
+        let mut far = WorkloadPod::new("far", Qos::BestEffort, "", &["sleep"]);
+        far.node = Some(ghost.name.clone());
+        rc.kubectl.apply(&own.manifest(namespace))?;
+        rc.kubectl.apply(&far.manifest(namespace))?;
+        wait_running(&rc.kubectl, namespace, &["own"], Duration::from_secs(90))?;
+        let uid = |pod: &str| -> anyhow::Result<String> {
+            Ok(rc
+                .kubectl
+                .run(&["-n", namespace, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}"])?
+                .trim()
+                .to_string())
+        };
+        let agent = rc.agent_pod(&own_node, "node-agent")?;
+        let bound = AgentToken::bound_to(rc, &agent)?;
+        assert_eq!(bound.node.as_deref(), Some(own_node.as_str()));
+        Ok(Self {
+            own_pod: ("own".into(), uid("own")?),
+            ghost_pod: ("far".into(), uid("far")?),
+            ghost,
+            namespace: namespace.to_string(),
+            own_node,
+            bound,
+            unbound: AgentToken::unbound(rc)?,
+        })
+    }
+
+    fn evict(&self, token: &AgentToken, pod: &(String, String), with_uid: bool) -> anyhow::Result<Answer> {
+        token.post(
+            &format!(
+                "/api/v1/namespaces/{}/pods/{}/eviction?dryRun=All",
+                self.namespace, pod.0
+            ),
+            &eviction(&self.namespace, &pod.0, with_uid.then_some(pod.1.as_str())),
+        )
+    }
+
+    /// An events.k8s.io/v1 event as the agent writes them, changed by `edit`.
+    fn event(&self, edit: impl FnOnce(&mut Value)) -> Value {
+        let mut e = json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": format!("probe.{}", jiff::Timestamp::now().as_nanosecond()), "namespace": self.namespace},
+            "eventTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
+            "reportingController": "node-agent.io/node-agent",
+            "reportingInstance": format!("node-agent-{}", self.own_node),
+            "action": "Evicting", "reason": "Evicted", "type": "Warning", "note": "probe",
+            "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace,
+                          "name": self.own_pod.0, "uid": self.own_pod.1},
+            "related": {"apiVersion": "v1", "kind": "Node", "name": self.own_node},
+        });
+        edit(&mut e);
+        e
+    }
+
+    fn post_event(&self, event: &Value) -> anyhow::Result<Answer> {
+        self.bound.post(
+            &format!("/apis/events.k8s.io/v1/namespaces/{}/events?dryRun=All", self.namespace),
+            event,
+        )
+    }
+}
+
+/// One validation taken away: what the agent's token then does that the policy forbids.
+struct PolicyRow {
+    /// The validation, by its message.
+    message: &'static str,
+    probe: fn(&Scene) -> anyhow::Result<Answer>,
+}
+
+fn policy_rows() -> Vec<PolicyRow> {
+    vec![
+        PolicyRow {
+            message: "must use the token of its own pod",
+            // A token without the node claim evicts a pod (naming its UID).
+            probe: |s| s.evict(&s.unbound, &s.own_pod, true),
+        },
+        PolicyRow {
+            message: "may change, or reach the kubelet of, only its own node",
+            // Another node's status.
+            probe: |s| {
+                s.bound.merge_patch(
+                    &format!("/api/v1/nodes/{}/status?dryRun=All", s.ghost.name),
+                    &json!({"status": {"conditions": [{"type": "NodeAgentPressure", "status": "True",
+                        "reason": "PressureDetected", "message": "forged"}]}}),
+                )
+            },
+        },
+        PolicyRow {
+            message: "may change only its own taint",
+            // A label on its own node.
+            probe: |s| {
+                s.bound.merge_patch(
+                    &format!("/api/v1/nodes/{}?dryRun=All", s.own_node),
+                    &json!({"metadata": {"labels": {"forged": "yes"}}}),
+                )
+            },
+        },
+        PolicyRow {
+            message: "may delete or update only pods on its own node",
+            // With deploy/override's grants: delete a pod on another node.
+            probe: |s| {
+                s.bound.request(
+                    Method::DELETE,
+                    &format!("/api/v1/namespaces/{}/pods/{}?dryRun=All", s.namespace, s.ghost_pod.0),
+                    None,
+                )
+            },
+        },
+        PolicyRow {
+            message: "must carry the pod's UID as a precondition",
+            probe: |s| s.evict(&s.bound, &s.own_pod, false),
+        },
+        PolicyRow {
+            message: "must come from its own node",
+            // An event speaking for another node's agent, about that node.
+            // (A node's events live in `default`, as the agent writes them.)
+            probe: |s| {
+                let event = s.event(|e| {
+                    e["metadata"]["namespace"] = json!("default");
+                    e["reportingInstance"] = json!(format!("node-agent-{}", s.ghost.name));
+                    e["regarding"] = json!({"apiVersion": "v1", "kind": "Node", "name": s.ghost.name});
+                    e.as_object_mut().map(|o| o.remove("related"));
+                });
+                s.bound.post("/apis/events.k8s.io/v1/namespaces/default/events?dryRun=All", &event)
+            },
+        },
+        PolicyRow {
+            message: "about a pod must name its own node",
+            // An event about a pod with no related node.
+            probe: |s| {
+                s.post_event(&s.event(|e| {
+                    e.as_object_mut().map(|o| o.remove("related"));
+                }))
+            },
+        },
+        PolicyRow {
+            message: "may update only the events it reported",
+            // With a wider grant (core/v1 events, where reportingInstance may change): an
+            // event someone else wrote, rewritten as the agent's.
+            probe: |s| {
+                s.bound.merge_patch(
+                    &format!("/api/v1/namespaces/{}/events/written-by-someone-else?dryRun=All", s.namespace),
+                    &json!({"reportingInstance": format!("node-agent-{}", s.own_node)}),
+                )
+            },
+        },
+    ]
+}
+
+/// The grants two rows need beyond the ClusterRole: deploy/override's (pods delete), and a
+/// wider one on core/v1 events; removed when dropped.
+struct WiderGrants<'a>(&'a RealCluster);
+
+impl WiderGrants<'_> {
+    const CORE_EVENTS: &'static str = "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: node-agent-test-core-events}
+rules:
+  - {apiGroups: [\"\"], resources: [events], verbs: [patch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: node-agent-test-core-events}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: node-agent-test-core-events}
+subjects: [{kind: ServiceAccount, name: node-agent, namespace: node-agent}]
+";
+}
+
+impl Drop for WiderGrants<'_> {
+    fn drop(&mut self) {
+        let override_dir = node_agent_tests::real_cluster::workspace().join("deploy/override");
+        let _ = self.0.kubectl.call(
+            &["delete", "-k", &override_dir.to_string_lossy(), "--ignore-not-found"],
+            None,
+            Duration::from_secs(60),
+        );
+        let _ = self.0.kubectl.call(
+            &["delete", "-f", "-", "--ignore-not-found"],
+            Some(Self::CORE_EVENTS),
+            Duration::from_secs(60),
+        );
+    }
+}
+
+fn is_denial_by(answer: &Answer, message: &str) -> bool {
+    answer.status == 403
+        && answer.body["reason"] == "Forbidden"
+        && answer.message().contains(&policy_denial(""))
+        && answer.message().contains(message)
+}
+
+#[test]
+fn every_validation_of_the_admission_policy_is_needed() -> anyhow::Result<()> {
+    let rc = RealCluster::get();
+    let _base = rc.base_on_drop();
+    rc.install("base", &Variant::default())?;
+    let ns = rc.namespace("policy");
+    let scene = Scene::new(&rc, &ns.name)?;
+    let _grants = WiderGrants(&rc);
+    let override_dir = node_agent_tests::real_cluster::workspace().join("deploy/override");
+    rc.kubectl.run(&["apply", "-k", &override_dir.to_string_lossy()])?;
+    rc.kubectl.apply(WiderGrants::CORE_EVENTS)?;
+    rc.kubectl.apply(&format!(
+        "apiVersion: v1\nkind: Event\nmetadata: {{name: written-by-someone-else, namespace: {ns}}}\ninvolvedObject: {{apiVersion: v1, kind: ConfigMap, name: kube-root-ca.crt, namespace: {ns}}}\nreason: Probe\nmessage: written by an admin\ntype: Normal\nreportingComponent: example.com/admin\nreportingInstance: admin-host\nsource: {{component: admin}}\n",
+        ns = ns.name
+    ))?;
+
+    let rows = policy_rows();
+    let messages = validation_messages();
+    for m in &messages {
+        assert!(
+            rows.iter().any(|r| m.contains(r.message)),
+            "validation {m:?} has no row here that takes it away"
+        );
+    }
+    for row in &rows {
+        let what = format!("the validation {:?}", row.message);
+        // As shipped: refused by that validation, in the API server's words.
+        let answer = rc.kubectl.wait_for(&format!("{what} in force"), Duration::from_secs(60), |_| {
+            let a = (row.probe)(&scene)?;
+            if is_denial_by(&a, row.message) {
+                Ok(Some(a))
+            } else {
+                anyhow::bail!("answered {} {}", a.status, a.text)
+            }
+        })?;
+        eprintln!("{what}, shipped: {} {}", answer.status, answer.message());
+        // Without it: the token does what it forbids.
+        rc.apply_variant(
+            "policy-without",
+            &Variant {
+                patches: vec![without_validation(row.message)],
+                ..Variant::default()
+            },
+        )?;
+        let answer = rc.kubectl.wait_for(&format!("{what} taken away"), Duration::from_secs(60), |_| {
+            let a = (row.probe)(&scene)?;
+            if (200..300).contains(&a.status) {
+                Ok(Some(a))
+            } else {
+                anyhow::bail!("answered {} {}", a.status, a.text)
+            }
+        })?;
+        eprintln!("{what}, taken away: {}", answer.status);
+        rc.apply_variant("base", &Variant::default())?;
+    }
+    Ok(())
+}
+
+// --- (c) The policy as the API server evaluates it --------------------------------------------
+
+#[test]
+fn the_api_server_keeps_the_agents_token_to_its_own_node_except_for_evictions() -> anyhow::Result<()> {
+    let rc = RealCluster::get();
+    let _base = rc.base_on_drop();
+    rc.install("base", &Variant::default())?;
+    let ns = rc.namespace("own-node");
+    let s = Scene::new(&rc, &ns.name)?;
+    let taint = json!({"spec": {"taints": [{"key": "node-agent.io/pressure", "value": "MemoryPressure", "effect": "NoSchedule"}]}});
+
+    // Its own node's taint: allowed; another node's: refused, in these words and this shape.
+    let own = s.bound.merge_patch(&format!("/api/v1/nodes/{}?dryRun=All", s.own_node), &taint)?;
+    assert_eq!(own.status, 200, "the agent's own taint: {}", own.text);
+    let other = s.bound.merge_patch(&format!("/api/v1/nodes/{}", s.ghost.name), &taint)?;
+    let denial = policy_denial("the node agent may change, or reach the kubelet of, only its own node");
+    assert_eq!(other.status, 403, "another node's taint: {}", other.text);
+    assert_eq!(
+        other.body,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("nodes \"{}\" is forbidden: {denial}", s.ghost.name),
+            "reason": "Forbidden",
+            "details": {"name": s.ghost.name, "kind": "nodes", "causes": [{"message": denial}]},
+            "code": 403}),
+        "the API server's refusal"
+    );
+    assert!(
+        pressure_taint(&rc, &s.ghost.name)?.is_none(),
+        "the ghost Node carries no pressure taint"
+    );
+
+    // Events: its own, about a pod on its node, allowed; one about a pod elsewhere that names
+    // another node, refused; an event it did not write, refused.
+    let mine = s.post_event(&s.event(|_| {}))?;
+    assert_eq!(mine.status, 201, "the agent's own event: {}", mine.text);
+    let elsewhere = s.post_event(&s.event(|e| {
+        e["regarding"]["name"] = json!(s.ghost_pod.0);
+        e["regarding"]["uid"] = json!(s.ghost_pod.1);
+        e["related"]["name"] = json!(s.ghost.name);
+    }))?;
+    assert!(
+        is_denial_by(&elsewhere, "the node agent's events about a pod must name its own node"),
+        "an event about a pod on another node: {}",
+        elsewhere.text
+    );
+    rc.kubectl.apply(&format!(
+        "apiVersion: events.k8s.io/v1\nkind: Event\nmetadata: {{name: not-the-agents, namespace: {ns}}}\neventTime: \"{t}\"\nreportingController: example.com/other\nreportingInstance: other-host\naction: Probing\nreason: Probe\ntype: Normal\nnote: written by someone else\nregarding: {{apiVersion: v1, kind: Pod, namespace: {ns}, name: {pod}, uid: {uid}}}\n",
+        ns = ns.name,
+        t = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ"),
+        pod = s.ghost_pod.0,
+        uid = s.ghost_pod.1,
+    ))?;
+    let series = s.bound.merge_patch(
+        &format!("/apis/events.k8s.io/v1/namespaces/{}/events/not-the-agents", ns.name),
+        &json!({"series": {"count": 2, "lastObservedTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}}),
+    )?;
+    assert_eq!(series.status, 403, "an event the agent did not write: {}", series.text);
+    assert!(series.message().contains(&policy_denial("")), "{}", series.text);
+    eprintln!("patching an event it did not write: {}", series.message());
+
+    // Evictions: the policy cannot see the evicted pod's node (the Eviction is all the
+    // request carries), so a pod on another node can be evicted by UID, as
+    // node-agent-kube/README.md says ("What the policy cannot bind"); without the UID, not.
+    let far = s.evict(&s.bound, &s.ghost_pod, true)?;
+    assert_eq!(far.status, 201, "evicting a pod on another node, by UID: {}", far.text);
+    let far = s.evict(&s.bound, &s.ghost_pod, false)?;
+    assert!(
+        is_denial_by(&far, "must carry the pod's UID as a precondition"),
+        "{}",
+        far.text
+    );
+    let near = s.evict(&s.bound, &s.own_pod, true)?;
+    assert_eq!(near.status, 201, "evicting a pod on its node: {}", near.text);
+    drop(s);
     Ok(())
 }
