@@ -36,15 +36,33 @@ pub struct KubeletRestore<'a> {
     rc: &'a RealCluster,
     node: NodeSpec,
     /// Files inside the node removed before the kubelet restarts with its defaults (what the
-    /// other settings made, e.g. a bootstrapped serving certificate).
+    /// other settings made, e.g. a bootstrapped serving certificate); a name ending in `*`
+    /// stands for every file of its directory that starts with the rest.
     pub before_restart: Vec<String>,
 }
 
 impl Drop for KubeletRestore<'_> {
     fn drop(&mut self) {
         for path in &self.before_restart {
-            if let Ok(host) = self.rc.cluster.node_path(&self.node, path) {
-                let _ = std::fs::remove_file(host);
+            let Ok(host) = self.rc.cluster.node_path(&self.node, path) else {
+                continue;
+            };
+            match path.strip_suffix('*') {
+                None => {
+                    let _ = std::fs::remove_file(host);
+                }
+                Some(_) => {
+                    let prefix = host
+                        .file_name()
+                        .map(|n| n.to_string_lossy().trim_end_matches('*').to_string())
+                        .unwrap_or_default();
+                    let dir = host.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+                    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                            let _ = std::fs::remove_file(entry.path());
+                        }
+                    }
+                }
             }
         }
         if let Err(e) = self
