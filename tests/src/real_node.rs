@@ -264,3 +264,82 @@ pub fn pressure_taint(rc: &RealCluster, node: &str) -> anyhow::Result<Option<Val
         .into_iter()
         .find(|t| t["key"] == "node-agent.io/pressure"))
 }
+
+/// The kubelet's own `allocatableMemory.available`, in bytes: its pods cgroup's available
+/// memory in its `/stats/summary` (the cgroup's limit less its working set), read through the
+/// API server's node proxy as an admin.
+pub fn kubelet_allocatable_available(rc: &RealCluster, node: &str) -> anyhow::Result<f64> {
+    let summary: Value = serde_json::from_str(&rc.kubectl.run(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/nodes/{node}/proxy/stats/summary"),
+    ])?)?;
+    summary["node"]["systemContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "pods")
+        .and_then(|c| c["memory"]["availableBytes"].as_f64())
+        .context("the kubelet's summary has no pods container with availableBytes")
+}
+
+/// How much higher the kubelet's `allocatableMemory.available` reads than the agent's: its
+/// pods cgroup's memory limit (what the kubelet measures against) less the Node's
+/// `status.allocatable.memory` (what the agent measures against), in bytes. Read from the
+/// cgroup and the Node at once, where the kubelet's `/stats/summary` lags by its housekeeping.
+pub fn kubelet_allocatable_offset(rc: &RealCluster, node: &NodeSpec) -> anyhow::Result<f64> {
+    let limit_file = format!(
+        "/sys/fs/cgroup/memory/{}/kubepods/memory.limit_in_bytes",
+        node.cgroup_root.trim_matches('/')
+    )
+    .replace("memory//kubepods", "memory/kubepods");
+    let limit: f64 = std::fs::read_to_string(&limit_file)
+        .with_context(|| format!("reading {limit_file}"))?
+        .trim()
+        .parse()?;
+    let allocatable = rc.kubectl.run(&[
+        "get",
+        "node",
+        &node.name,
+        "-o",
+        "jsonpath={.status.allocatable.memory}",
+    ])?;
+    Ok(limit - quantity_bytes(allocatable.trim())?)
+}
+
+/// A memory quantity as the API server prints one (`3996Mi`, `4190109696`, `4092Ki`).
+pub fn quantity_bytes(text: &str) -> anyhow::Result<f64> {
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((text, ""), |i| text.split_at(i));
+    let scale = match unit {
+        "" => 1.0,
+        "Ki" => 1024.0,
+        "Mi" => 1048576.0,
+        "Gi" => 1073741824.0,
+        other => bail!("quantity {text:?}: unit {other:?} not read here"),
+    };
+    Ok(number.parse::<f64>()? * scale)
+}
+
+/// The kubelet's `allocatableMemory.available` as it computes it (cAdvisor's figures for its
+/// pods cgroup): the cgroup's memory limit less its working set (usage less inactive file
+/// pages), read from the cgroup now, in bytes. The kubelet's `/stats/summary` says the same,
+/// up to its housekeeping period late.
+pub fn pods_cgroup_available(node: &NodeSpec) -> anyhow::Result<f64> {
+    let dir = std::path::Path::new("/sys/fs/cgroup/memory")
+        .join(node.cgroup_root.trim_start_matches('/'))
+        .join("kubepods");
+    let read = |file: &str| -> anyhow::Result<String> {
+        std::fs::read_to_string(dir.join(file)).with_context(|| format!("reading {}/{file}", dir.display()))
+    };
+    let limit: f64 = read("memory.limit_in_bytes")?.trim().parse()?;
+    let usage: f64 = read("memory.usage_in_bytes")?.trim().parse()?;
+    let inactive_file: f64 = read("memory.stat")?
+        .lines()
+        .find_map(|l| l.strip_prefix("total_inactive_file "))
+        .context("memory.stat has no total_inactive_file")?
+        .trim()
+        .parse()?;
+    Ok(limit - (usage - inactive_file).max(0.0))
+}
