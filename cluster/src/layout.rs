@@ -22,7 +22,7 @@ pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 /// Pods' addresses: `10.244.<node>.0/24` on each node (kubeadm with flannel's usual CIDR).
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// The size of each node's disk (sparse; what it holds is what it costs).
-pub const NODE_DISK_BYTES: u64 = 8 << 30;
+pub const NODE_DISK_BYTES: u64 = 4 << 30;
 
 /// One node's fixed facts.
 #[derive(Debug, Clone)]

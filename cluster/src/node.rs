@@ -176,3 +176,73 @@ pub fn filesystems(layout: &Layout, node: &NodeSpec, ns: Namespaces) -> anyhow::
     }
     Ok(())
 }
+
+/// An HTTP/1.1 GET from inside a node's network namespace (where pods' addresses are
+/// reachable), as a scraper on the node would make it: `bearer` as its Authorization. Returns
+/// the status code and the body (at most 16 MiB); bounded by 10 s.
+pub fn http_get(
+    ns: Namespaces,
+    addr: std::net::SocketAddr,
+    path: &str,
+    bearer: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
+    use std::io::{Read as _, Write as _};
+    let net = std::fs::File::open(format!("/proc/{}/ns/net", ns.holder))
+        .context("opening the node's network namespace")?;
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{}\r\n",
+        bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"))
+    );
+    // A thread of its own enters the namespace; the socket it makes stays there.
+    let stream = std::thread::spawn(move || -> std::io::Result<std::net::TcpStream> {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: setns(2) on this thread only, with a namespace descriptor.
+        if unsafe { libc::setns(net.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the connecting thread panicked"))?
+    .with_context(|| format!("connecting to {addr} inside the node"))?;
+    let mut stream = stream;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    stream.write_all(request.as_bytes())?;
+    let mut raw = Vec::new();
+    stream
+        .take(16 << 20)
+        .read_to_end(&mut raw)
+        .with_context(|| format!("reading {path} from {addr}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .with_context(|| format!("no HTTP status from {addr}{path}: {head:?}"))?;
+    // Chunked bodies (the agent's answers are not chunked, but a proxy's may be): joined.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((code, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}

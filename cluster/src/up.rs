@@ -353,10 +353,13 @@ impl Cluster {
         let result = kubectl.wait_for(&format!("DaemonSet {name} ready"), limit, |k| {
             let ds = k.get_json(&["-n", "node-agent", "daemonset", name])?;
             let status = &ds["status"];
+            // The controller has seen this generation (a DaemonSet no node matches, as the
+            // enforcing one before any node is labelled, is ready with 0 of 0).
+            let seen = status["observedGeneration"] == ds["metadata"]["generation"];
             let want = status["desiredNumberScheduled"].as_i64().unwrap_or(-1);
             let ready = status["numberReady"].as_i64().unwrap_or(0);
             let updated = status["updatedNumberScheduled"].as_i64().unwrap_or(0);
-            Ok((want > 0 && ready == want && updated == want).then_some(()))
+            Ok((seen && want >= 0 && ready == want && updated == want).then_some(()))
         });
         if let Err(e) = result {
             let pods = kubectl
@@ -390,6 +393,33 @@ impl Cluster {
                 })
                 .unwrap_or_default();
             bail!("{e:#}\npods:\n{pods}\nagent logs:\n{logs}\nevents:\n{describe}");
+        }
+        Ok(())
+    }
+
+    /// Imports a newer build of the agent's image (same name and tag), and of the workload and
+    /// sandbox images, into every node and restarts the agent's DaemonSets so their pods run
+    /// it: for working against a cluster that stays up.
+    pub fn refresh_agent_image(&self, archive: &Archive) -> anyhow::Result<()> {
+        // The workload and sandbox images too: the tests may need what a newer pod-workload does.
+        let mut archives = images::build(&self.workspace, &self.layout)?;
+        archives.push(archive.clone());
+        for node in self.nodes() {
+            images::import(self.node_ns(&node)?, &archives)?;
+        }
+        let kubectl = self.kubectl();
+        let list = kubectl.get_json(&["-n", "node-agent", "daemonsets"])?;
+        for ds in list["items"].as_array().into_iter().flatten() {
+            if let Some(name) = ds["metadata"]["name"].as_str() {
+                kubectl.run(&[
+                    "-n",
+                    "node-agent",
+                    "rollout",
+                    "restart",
+                    &format!("daemonset/{name}"),
+                ])?;
+                self.wait_agent_ready(name, Duration::from_secs(240))?;
+            }
         }
         Ok(())
     }

@@ -45,10 +45,16 @@ pub enum Action {
 pub struct Unnamed {
     pub container_id: String,
     pub pod_uid: String,
+    /// The pod's namespace and name when the pod source has listed the pod but not yet this
+    /// container of it (a container that has just started): its event stays on the pod
+    /// even if the runtime cannot name the container.
+    pub pod: Option<(String, String)>,
     pub pid: u32,
     pub comm: String,
     pub cause: OomCause,
     pub saw_before: String,
+    /// The agent saw memory pressure in the minute before (`node_agent_oom_kills_foreseen_total`).
+    pub foreseen: bool,
 }
 
 impl PodOomEvent {
@@ -67,6 +73,22 @@ impl PodOomEvent {
 }
 
 impl Unnamed {
+    /// The kill, on its pod but with its container unnamed: the runtime could not name it.
+    pub fn on_pod(self) -> Option<PodOomKill> {
+        let (namespace, name) = self.pod?;
+        Some(PodOomKill {
+            namespace,
+            name,
+            uid: self.pod_uid,
+            container: None,
+            pid: self.pid,
+            comm: self.comm,
+            cause: self.cause,
+            saw_before: self.saw_before,
+            named_late: false,
+        })
+    }
+
     /// The kill, named.
     pub fn named(self, who: Identity) -> PodOomKill {
         PodOomKill {
@@ -149,6 +171,12 @@ pub enum Outcome {
     ImagesDetected(Result<Detected, RuntimeError>),
     /// An action no lane took.
     Refused(Refused),
+    /// An eviction the eviction lane could not take (full): never attempted, so nothing about
+    /// the pod; the plan tries it again shortly.
+    EvictionShed {
+        evict: Box<Evict>,
+        refused: Refused,
+    },
     /// Whose container an OOM kill was in, or why the runtime could not say.
     Identified {
         kill: Box<Unnamed>,

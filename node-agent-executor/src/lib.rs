@@ -25,4 +25,6 @@ mod run;
 pub use action::{Action, Evict, NodeEvent, Outcome, PodOomEvent, Report, StatusReport, Unnamed};
 pub use lanes::{Refused, LANES};
 pub use reclaim::Identity;
-pub use run::{Executor, Settings, CONDITION_HEARTBEAT, EVENT_BACKLOG, STOPPED_REASON};
+pub use run::{
+    Executor, Settings, CONDITION_HEARTBEAT, EVENT_BACKLOG, EVICTION_CAPACITY, STOPPED_REASON,
+};

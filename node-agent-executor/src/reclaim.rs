@@ -385,17 +385,7 @@ pub fn build_reclaim_event(node: &str, outcome: &ReclaimOutcome, now: SystemTime
     e.type_ = Some(type_.into());
     e.action = Some("Reclaiming".into());
     e.reason = Some(reason.into());
-    // events.k8s.io caps a note at 1 kB.
-    let mut note = outcome.summary();
-    if note.len() > 1024 {
-        let mut end = 1021;
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push('…');
-    }
-    e.note = Some(note);
+    e.note = Some(events::note(outcome.summary()));
     Some(e)
 }
 

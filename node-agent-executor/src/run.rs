@@ -6,17 +6,24 @@
 //! kind of work: evictions (with the pod's `Evicted` event), node events, the node's status
 //! (condition, then taint; latest wins), and the runtime (reclaim, image detection). A runtime
 //! that never answers, or an API server slow to take events during an OOM storm, never delays
-//! an eviction.
+//! an eviction. Within the eviction lane each eviction is a request of its own, up to
+//! [`EVICTION_CAPACITY`] at once: a memory eviction never waits behind evictions for local
+//! storage limits on a slow API server.
 //!
 //! [`Executor::submit`] never waits. The eviction and runtime lanes hold what the plan can have
-//! in flight; the events lane holds [`EVENT_BACKLOG`] and refuses more (a burst of node events),
-//! reported as [`Outcome::Refused`]; the status lane keeps only the latest wish. Outcomes go on
-//! an unbounded channel whose length is bounded by the actions the lanes accepted.
+//! in flight (an eviction past the lane's capacity is shed and reported as
+//! [`Outcome::EvictionShed`], never as a failed eviction); the events lane holds
+//! [`EVENT_BACKLOG`] and refuses more (a burst of node events), reported as
+//! [`Outcome::Refused`]; the status lane keeps only the latest wish. Outcomes go on an unbounded
+//! channel whose length is bounded by the actions the lanes accepted.
 //!
 //! Settings come through a `watch` channel and are read again before every request, so a
 //! reload to dry run holds from that moment, between the retries of a request too.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use node_agent_kube::{
     api::{ApiError, Context},
@@ -28,8 +35,8 @@ use node_agent_kube::{
 };
 use node_agent_policy::{Eligibility, NodeCondition};
 use tokio::{
-    sync::{mpsc, watch},
-    task::JoinHandle,
+    sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore},
+    task::{JoinHandle, JoinSet},
 };
 
 use crate::{
@@ -38,9 +45,10 @@ use crate::{
     reclaim::{self, NodeReclaimer, Reclaim, ReclaimOutcome, Runtime, RuntimeError},
 };
 
-/// Evictions queued at most: more than any plan hands over at once (one for a threshold; for
-/// local storage limits, at most the pacing burst).
-const EVICTION_BACKLOG: usize = 64;
+/// Evictions the lane carries at once, each its own request: more than the plan hands over
+/// at once (one for a threshold, and at most `plan::LOCAL_STORAGE_IN_FLIGHT` for local storage
+/// limits), so an eviction is shed only if that rule is broken.
+pub const EVICTION_CAPACITY: usize = 64;
 /// Node events queued at most; a burst beyond (an OOM storm against a slow API server) is
 /// refused and counted rather than held without bound.
 pub const EVENT_BACKLOG: usize = 64;
@@ -99,7 +107,9 @@ enum RuntimeJob {
 
 /// The handle the loop acts through; dropping it stops every lane.
 pub struct Executor {
-    evictions: mpsc::Sender<Evict>,
+    /// Each eviction with the slot it holds in the lane until its outcome is out.
+    evictions: mpsc::UnboundedSender<(Evict, OwnedSemaphorePermit)>,
+    eviction_slots: Arc<Semaphore>,
     events: mpsc::Sender<EventJob>,
     status: watch::Sender<Option<Wish>>,
     runtime: mpsc::Sender<RuntimeJob>,
@@ -120,7 +130,8 @@ impl Executor {
     /// Starts the lanes; the receiver gives every outcome.
     pub fn spawn(settings: watch::Receiver<Settings>) -> (Self, mpsc::UnboundedReceiver<Outcome>) {
         let (outcomes, outcome_rx) = mpsc::unbounded_channel();
-        let (evictions, eviction_rx) = mpsc::channel(EVICTION_BACKLOG);
+        let (evictions, eviction_rx) = mpsc::unbounded_channel();
+        let eviction_slots = Arc::new(Semaphore::new(EVICTION_CAPACITY));
         let (events, event_rx) = mpsc::channel(EVENT_BACKLOG);
         let (status, status_rx) = watch::channel(None);
         let (runtime, runtime_rx) = mpsc::channel(RUNTIME_BACKLOG);
@@ -136,6 +147,7 @@ impl Executor {
         ];
         let executor = Self {
             evictions,
+            eviction_slots,
             events,
             status,
             runtime,
@@ -146,8 +158,9 @@ impl Executor {
     }
 
     /// Hands an action to its lane; never waits. What a full lane cannot take is reported as
-    /// an outcome at once: an eviction or a reclaim as one that did not happen (so the plan
-    /// moves on), anything else as [`Outcome::Refused`].
+    /// an outcome at once: an eviction as shed ([`Outcome::EvictionShed`]: not attempted, so the
+    /// plan tries it again), a reclaim as one that did not happen, anything else as
+    /// [`Outcome::Refused`].
     pub fn submit(&self, action: Action) {
         let refused = |lane, capacity, action| Refused {
             lane,
@@ -155,17 +168,19 @@ impl Executor {
             action,
         };
         let outcome = match action {
-            Action::Evict(evict) => match self.evictions.try_send(*evict) {
-                Ok(()) => return,
-                Err(e) => {
-                    let evict = into_inner(e);
-                    let why = refused("eviction", EVICTION_BACKLOG, "eviction");
-                    Outcome::Eviction(Box::new(report(
-                        evict,
-                        Attempt::new(EvictionResult::Failed, why.to_string()),
-                        None,
-                    )))
-                }
+            Action::Evict(evict) => match self.eviction_slots.clone().try_acquire_owned() {
+                Ok(slot) => match self.evictions.send((*evict, slot)) {
+                    Ok(()) => return,
+                    // The lane is gone (the executor stopping): shed as if full.
+                    Err(mpsc::error::SendError((evict, _))) => Outcome::EvictionShed {
+                        evict: Box::new(evict),
+                        refused: refused("eviction", EVICTION_CAPACITY, "eviction"),
+                    },
+                },
+                Err(_) => Outcome::EvictionShed {
+                    evict,
+                    refused: refused("eviction", EVICTION_CAPACITY, "eviction"),
+                },
             },
             Action::NodeEvent(event) => match self.events.try_send(EventJob::Node(event)) {
                 Ok(()) => return,
@@ -266,16 +281,33 @@ fn report(evict: Evict, attempt: Attempt, event_error: Option<ApiError>) -> Repo
     }
 }
 
-/// A lane ends when the executor's handle is dropped or the loop stops taking outcomes.
+/// A lane ends when the executor's handle is dropped or the loop stops taking outcomes. Each
+/// eviction runs as a task of its own (dropped with the lane), holding its slot until its
+/// outcome is sent.
 async fn eviction_lane(
     settings: watch::Receiver<Settings>,
-    mut evictions: mpsc::Receiver<Evict>,
+    mut evictions: mpsc::UnboundedReceiver<(Evict, OwnedSemaphorePermit)>,
     outcomes: mpsc::UnboundedSender<Outcome>,
 ) {
-    while let Some(action) = evictions.recv().await {
-        let report = evict_one(&settings, action).await;
-        if outcomes.send(Outcome::Eviction(Box::new(report))).is_err() {
-            return;
+    let mut running = JoinSet::new();
+    loop {
+        tokio::select! {
+            next = evictions.recv() => {
+                let Some((action, slot)) = next else { return };
+                let settings = settings.clone();
+                let outcomes = outcomes.clone();
+                running.spawn(async move {
+                    let report = evict_one(&settings, action).await;
+                    let sent = outcomes.send(Outcome::Eviction(Box::new(report)));
+                    drop(slot);
+                    sent.is_ok()
+                });
+            }
+            Some(done) = running.join_next(), if !running.is_empty() => {
+                if matches!(done, Ok(false)) {
+                    return;
+                }
+            }
         }
     }
 }

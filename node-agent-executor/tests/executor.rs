@@ -36,6 +36,7 @@ fn kind(o: &Outcome) -> &'static str {
         Outcome::Reclaim(_) => "reclaim",
         Outcome::ImagesDetected(_) => "images",
         Outcome::Refused(_) => "refused",
+        Outcome::EvictionShed { .. } => "shed",
     }
 }
 
@@ -606,12 +607,16 @@ async fn the_strict_fake_refuses_what_the_api_server_refuses() {
             ("a path the agent never uses", ApiRequest::get("/api/v1/secrets"), 404),
             ("a method the path does not serve", ApiRequest::with_json(http::Method::PUT, format!("/api/v1/nodes/{NODE}"), "application/json", &json!({})), 405),
             ("a pod list of every node", ApiRequest::get("/api/v1/pods"), 400),
+            ("a TokenReview without a token", ApiRequest::with_json(http::Method::POST, "/apis/authentication.k8s.io/v1/tokenreviews", "application/json",
+                &body(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {}}))), 422),
+            ("a SubjectAccessReview of nobody, about nothing", ApiRequest::with_json(http::Method::POST, "/apis/authorization.k8s.io/v1/subjectaccessreviews", "application/json",
+                &body(json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {}}))), 422),
         ];
         for (what, req, code) in rows {
             let resp = transport.send(&req).await.unwrap();
             assert_eq!(resp.status.as_u16(), code, "{what}: {}", resp.excerpt());
         }
-        assert_eq!(fake.rejected().len(), 8);
+        assert_eq!(fake.rejected().len(), 10);
     })
     .await;
 }
@@ -832,6 +837,122 @@ async fn a_pod_oom_storm_is_one_event_on_the_pod_counted_in_its_series() {
             Outcome::PodOomEvent { result: Ok(()), .. }
         ));
         assert!(quiet.calls().is_empty(), "{:?}", quiet.calls());
+    })
+    .await;
+}
+
+/// A legitimate pod with ten containers of 63-character names: the kubelet's message names each
+/// one, about 1.5 kB in all (1486 bytes in the probe's), past the 1024 bytes events.k8s.io takes in a note. The pod's status
+/// gets the whole message; the `Evicted` event's note is cut (as the OOM event's is), so the API
+/// server takes the event instead of refusing it.
+#[tokio::test]
+async fn an_evicted_events_note_is_cut_to_what_the_api_server_takes() {
+    bounded(async {
+        let fake = Fake::start(api(Reply::json(201, "{}"))).await;
+        let mut ex = start(settings(&fake, PdbPolicy::Respect, false));
+        let mut long = decision(false);
+        long.message = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 61440Ki. ".into();
+        long.offending_containers.clear();
+        for i in 0..10 {
+            let name = format!("{i}{}", "c".repeat(62));
+            long.message.push_str(&format!(
+                "Container {name} was using 192Mi, request is 128Mi, has larger consumption of memory. "
+            ));
+            long.offending_containers.push(OffendingContainer {
+                name,
+                usage: Quantity::from_int(192 << 20, Format::BinarySi),
+            });
+        }
+        assert!(long.message.len() > 1400, "{} bytes", long.message.len());
+        let report = ex.evict(long.clone(), pod()).await;
+        assert_eq!(report.attempt.result, EvictionResult::Evicted);
+        assert!(report.event_error.is_none(), "the event was refused: {:?}", report.event_error);
+        assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+        let seen = fake.seen();
+        let note = seen[1].body["note"].as_str().expect("a note").to_string();
+        assert!(note.len() <= 1024, "{} bytes", note.len());
+        assert!(note.ends_with('…'), "cut, and said so: {note}");
+        assert!(
+            long.message.starts_with(note.trim_end_matches('…')),
+            "the message's beginning: {note}"
+        );
+    })
+    .await;
+}
+
+/// Evictions are requests of their own, up to the lane's capacity at once: one handed over
+/// while others wait on a slow API server goes out at once (a memory eviction never waits
+/// behind local storage evictions); past the capacity the lane sheds, and says so as a refusal
+/// of its own (counted as such), never as a failed eviction.
+#[tokio::test]
+async fn evictions_never_queue_behind_one_another_and_a_full_lane_sheds_as_a_refusal() {
+    bounded(async {
+        let fake = Fake::start(|s: &Seen, _| {
+            let mut reply = api(Reply::json(201, "{}"))(s, 0);
+            if s.path.contains("/pods/slow-") {
+                reply.delay = Duration::from_millis(1500);
+            }
+            reply
+        })
+        .await;
+        let mut ex = start(settings(&fake, PdbPolicy::Respect, false));
+        let named = |name: &str| {
+            let e = Eviction {
+                name: name.into(),
+                uid: Some(format!("uid-{name}")),
+                ..decision(true)
+            };
+            let p = PodInfo {
+                name: name.into(),
+                uid: Some(format!("uid-{name}")),
+                ..pod()
+            };
+            Action::Evict(Box::new(Evict {
+                eviction: e,
+                pod: p,
+                trigger_ktime_ns: None,
+            }))
+        };
+        for i in 0..5 {
+            ex.executor.submit(named(&format!("slow-{i}")));
+        }
+        let started = std::time::Instant::now();
+        ex.executor.submit(named("memory"));
+        match ex.outcomes.recv().await.unwrap() {
+            Outcome::Eviction(r) => assert_eq!(
+                (r.eviction.name.as_str(), r.attempt.result),
+                ("memory", EvictionResult::Evicted)
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "queued behind the slow ones: {:?}",
+            started.elapsed()
+        );
+        // The fast one's event is its own outcome's part; fill the lane with slow ones.
+        for i in 5..node_agent_executor::EVICTION_CAPACITY {
+            ex.executor.submit(named(&format!("slow-{i}")));
+        }
+        ex.executor.submit(named("one-too-many"));
+        match ex.outcomes.recv().await.unwrap() {
+            Outcome::EvictionShed { evict, refused } => {
+                assert_eq!(evict.eviction.name, "one-too-many");
+                assert_eq!(refused.lane, "eviction");
+            }
+            other => panic!("a full lane sheds, as a refusal: {other:?}"),
+        }
+        let mut results = Vec::new();
+        while results.len() < node_agent_executor::EVICTION_CAPACITY {
+            if let Outcome::Eviction(r) = ex.outcomes.recv().await.unwrap() {
+                results.push(r.attempt.result);
+            }
+        }
+        assert!(
+            results.iter().all(|r| *r == EvictionResult::Evicted),
+            "{results:?}"
+        );
+        assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
     })
     .await;
 }

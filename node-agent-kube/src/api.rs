@@ -236,7 +236,7 @@ pub fn status_message(resp: &HttpResponse) -> String {
         .and_then(|v| {
             v.get("message")
                 .and_then(|m| m.as_str())
-                .map(str::to_string)
+                .map(|m| node_agent_policy::shown(m, crate::transport::EXCERPT).into_owned())
         })
         .unwrap_or_else(|| resp.excerpt())
 }

@@ -42,6 +42,27 @@ pub struct OomKill {
     pub pod_uid: Option<String>,
 }
 
+/// The most an event's note may hold: events.k8s.io refuses a longer one (`NoteLengthLimit`,
+/// in bytes).
+pub const NOTE_LIMIT: usize = 1024;
+
+/// `text` as an event's note: whole when it fits [`NOTE_LIMIT`], else cut at a character
+/// boundary and ended with `…`, so the API server takes the event instead of refusing it. Every
+/// note this agent writes goes through here.
+pub fn note(mut text: String) -> String {
+    const MORE: char = '…';
+    if text.len() <= NOTE_LIMIT {
+        return text;
+    }
+    let mut end = NOTE_LIMIT - MORE.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push(MORE);
+    text
+}
+
 /// An event's name as client-go gives it: the object's name and the time in hex nanoseconds.
 pub fn event_name(object_name: &str, at: SystemTime) -> String {
     format!("{object_name}.{:x}", unix_nanos(at))
@@ -122,7 +143,8 @@ pub fn build_pod_evicted(decision: &Eviction, node: &str, now: SystemTime) -> Ev
     }
     e.action = Some("Evicting".into());
     e.reason = Some("Evicted".into());
-    e.note = Some(decision.message.clone());
+    // The pod's status keeps the whole message; the event's note is what events.k8s.io takes.
+    e.note = Some(note(decision.message.clone()));
     e
 }
 
@@ -131,7 +153,7 @@ pub fn build_threshold_met(node: &str, starved_resource: &str, now: SystemTime) 
     let mut e = base(NODE_EVENT_NAMESPACE, node, node, now, node_ref(node));
     e.action = Some("Reclaiming".into());
     e.reason = Some("EvictionThresholdMet".into());
-    e.note = Some(format!("Attempting to reclaim {starved_resource}"));
+    e.note = Some(note(format!("Attempting to reclaim {starved_resource}")));
     e
 }
 
@@ -152,10 +174,10 @@ pub fn build_oom_kill(node: &str, kill: &OomKill, now: SystemTime) -> Event {
         ),
         None => String::new(),
     };
-    e.note = Some(format!(
+    e.note = Some(note(format!(
         "Out of memory: killed process {} ({}){pod}",
         kill.pid, kill.comm
-    ));
+    )));
     e
 }
 
@@ -259,20 +281,10 @@ pub fn build_pod_oom_kill(
     } else {
         ""
     };
-    let mut note = format!(
+    e.note = Some(note(format!(
         "Out of memory: killed process {} ({}) in {container}{late}: {cause}. {}",
         kill.pid, kill.comm, kill.saw_before
-    );
-    // events.k8s.io caps a note at 1 kB.
-    if note.len() > 1024 {
-        let mut end = 1021;
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push('…');
-    }
-    e.note = Some(note);
+    )));
     e.series = repeats
         .filter(|(count, _)| *count >= 2)
         .map(|(count, last)| EventSeries {
@@ -304,7 +316,8 @@ pub async fn patch_series(
         ),
         "application/merge-patch+json",
         &body,
-    );
+    )
+    .status_decides();
     let result = call(&ctx.transport, &req, &[StatusCode::OK]).await;
     if let Err(e) = &result {
         Counters::bump(&ctx.counters.request_failures);
@@ -326,7 +339,8 @@ pub async fn post(ctx: &Context, event: &Event) -> Result<(), ApiError> {
         events_path(namespace),
         "application/json",
         &body,
-    );
+    )
+    .status_decides();
     let result = call(&ctx.transport, &req, &[StatusCode::OK, StatusCode::CREATED]).await;
     if let Err(e) = &result {
         Counters::bump(&ctx.counters.request_failures);
@@ -334,4 +348,31 @@ pub async fn post(ctx: &Context, event: &Event) -> Result<(), ApiError> {
         tracing::debug!(error = %e, reason = ?event.reason, "event POST failed");
     }
     result.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_note_fits_what_events_k8s_io_takes() {
+        let rows: [(&str, String, usize, bool); 5] = [
+            ("short: whole", "a".repeat(10), 10, false),
+            ("at the limit: whole", "a".repeat(1024), 1024, false),
+            ("one past: cut", "a".repeat(1025), 1024, true),
+            (
+                "cut between the bytes of a character",
+                format!("{}é{}", "a".repeat(1020), "b".repeat(10)),
+                1020 + 3,
+                true,
+            ),
+            ("far past", "x".repeat(1 << 20), 1024, true),
+        ];
+        for (what, text, len, cut) in rows {
+            let got = note(text.clone());
+            assert_eq!(got.len(), len, "{what}");
+            assert_eq!(got.ends_with('…'), cut, "{what}");
+            assert!(text.starts_with(got.trim_end_matches('…')), "{what}");
+        }
+    }
 }

@@ -8,6 +8,7 @@
 //! stamped with the time they were observed; the daemon's policy decides; the executor acts
 //! through [`evict`], [`events`], [`condition`] and [`taint`].
 
+pub mod access;
 pub mod allocatable;
 pub mod api;
 pub mod condition;
@@ -16,6 +17,7 @@ pub mod events;
 pub mod evict;
 #[cfg(feature = "fake")]
 pub mod fake;
+pub mod handover;
 pub mod kubelet;
 pub mod pods;
 pub mod taint;

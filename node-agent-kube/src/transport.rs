@@ -241,16 +241,30 @@ pub struct HttpResponse {
     pub body: Vec<u8>,
 }
 
+/// How much of an answer a message quotes, in bytes.
+pub const EXCERPT: usize = 512;
+
 impl HttpResponse {
-    /// The body for error messages: UTF-8, cut to 512 bytes.
+    /// The body for error messages: UTF-8, cut to [`EXCERPT`] bytes.
     pub fn excerpt(&self) -> String {
         let text = String::from_utf8_lossy(&self.body);
-        let mut end = text.len().min(512);
+        let mut end = text.len().min(EXCERPT);
         while !text.is_char_boundary(end) {
             end -= 1;
         }
         text[..end].to_string()
     }
+}
+
+/// What an answer past its cap becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PastCap {
+    /// Refused ([`TransportError::TooLarge`]): the caller needs the whole body.
+    #[default]
+    Refused,
+    /// Cut at the cap, the rest never read: the status decides (an eviction the server
+    /// accepted is accepted, whatever it wrote after).
+    Cut,
 }
 
 /// A request to send: method, path with query, optional body with its content type, and the
@@ -262,6 +276,8 @@ pub struct ApiRequest {
     pub body: Option<(&'static str, Vec<u8>)>,
     /// The answer's cap in bytes ([`OBJECT_CAP`] unless the request says otherwise).
     pub max_body: usize,
+    /// What an answer past `max_body` becomes.
+    pub past_cap: PastCap,
 }
 
 impl ApiRequest {
@@ -271,12 +287,20 @@ impl ApiRequest {
             path: path.into(),
             body: None,
             max_body: OBJECT_CAP,
+            past_cap: PastCap::Refused,
         }
     }
 
     /// The same request with another cap on its answer.
     pub fn capped(mut self, max_body: usize) -> Self {
         self.max_body = max_body;
+        self
+    }
+
+    /// The same request, its answer cut at the cap rather than refused: for a write whose
+    /// status says what happened.
+    pub fn status_decides(mut self) -> Self {
+        self.past_cap = PastCap::Cut;
         self
     }
 
@@ -291,6 +315,7 @@ impl ApiRequest {
             path: path.into(),
             body: Some((content_type, body.to_string().into_bytes())),
             max_body: OBJECT_CAP,
+            past_cap: PastCap::Refused,
         }
     }
 }
@@ -436,10 +461,11 @@ impl Transport {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok());
-        if declared.is_some_and(|n| n > cap as u64) {
+        let cut = req.past_cap == PastCap::Cut;
+        if declared.is_some_and(|n| n > cap as u64) && !cut {
             return Err(too_large(declared));
         }
-        let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+        let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize).min(cap));
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|source| TransportError::ReadBody {
                 endpoint: self.endpoint.name,
@@ -451,6 +477,11 @@ impl Transport {
                 continue;
             };
             if buf.len() + data.len() > cap {
+                if cut {
+                    // The rest is never read; the connection goes with the body.
+                    buf.extend_from_slice(&data[..cap - buf.len()]);
+                    return Ok(buf);
+                }
                 return Err(too_large(declared));
             }
             buf.extend_from_slice(&data);

@@ -495,6 +495,17 @@ fn the_policy_matches_every_write_the_agent_may_make_and_is_enforced() {
             "{operation} {group}/{resource} is not matched"
         );
     }
+    // The reviews behind metricsAccess: kubernetes change nothing and name no node: left
+    // unmatched, so the policy can never refuse the agent the means to tell who may read it.
+    for (group, resource) in [
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+    ] {
+        assert!(
+            !covered(group, resource, "CREATE"),
+            "{group}/{resource} is matched"
+        );
+    }
 
     let binding: ValidatingAdmissionPolicyBinding =
         the("admission-policy.yaml", "ValidatingAdmissionPolicyBinding");

@@ -174,6 +174,9 @@ fn rbac_grants_exactly_the_intended_verbs() {
         ("", "nodes/stats", &["get"]),
         ("", "nodes/pods", &["get"]),
         ("events.k8s.io", "events", &["create", "patch"]),
+        // metricsAccess: kubernetes: who may read /metrics.
+        ("authentication.k8s.io", "tokenreviews", &["create"]),
+        ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
     ]
     .into_iter()
     .map(|(g, r, v)| {

@@ -232,3 +232,64 @@ async fn an_answer_that_trickles_is_cut_at_the_request_timeout() {
     })
     .await;
 }
+
+/// An eviction the API server accepted (201) with an answer past the 4 MiB cap, declared or
+/// chunked: the status decides, so the pod is reported evicted; the body past the cap is not
+/// read. The Status message of a refusal is cut for the log line it ends up in.
+#[tokio::test]
+async fn an_eviction_answer_past_its_cap_is_decided_by_its_status() {
+    bounded(async {
+        let never = || false;
+        let decision = Eviction {
+            name: "web".into(),
+            ..hostile_eviction(true)
+        };
+        let padding = " ".repeat(5 << 20);
+        let rows: Vec<(&str, Reply, EvictionResult)> = vec![
+            (
+                "201, 5 MiB declared",
+                Reply::json(201, format!("{{\"kind\": \"Status\"{padding}}}")),
+                EvictionResult::Evicted,
+            ),
+            (
+                "201, endless and chunked",
+                Reply {
+                    status: 201,
+                    ..Reply::endless(" ".repeat(256 << 10), Duration::ZERO)
+                },
+                EvictionResult::Evicted,
+            ),
+            (
+                "403 with a 5 MiB message",
+                Reply::status(403, "Forbidden", &"no ".repeat((5 << 20) / 3)),
+                EvictionResult::Refused,
+            ),
+        ];
+        for (what, reply, want) in rows {
+            let fake = Fake::start(move |_, _| reply.clone()).await;
+            let ctx = fake.context("api server", 1, "worker-1");
+            let attempt = evict::evict(
+                &ctx,
+                &decision,
+                PdbPolicy::Respect,
+                &never,
+                SystemTime::now(),
+            )
+            .await;
+            assert_eq!(
+                attempt.result,
+                want,
+                "{what}: {:?}",
+                attempt.detail.as_deref().map(|d| &d[..d.len().min(300)])
+            );
+            let detail = attempt.detail.unwrap_or_default();
+            assert!(
+                detail.len() <= 1024,
+                "{what}: a detail of {} bytes",
+                detail.len()
+            );
+            assert_eq!(fake.calls().len(), 1, "{what}: asked once");
+        }
+    })
+    .await;
+}

@@ -78,6 +78,9 @@ impl LabelSelector {
 /// for as long as it holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum NotEvictableNow {
+    /// Its eviction is on its way: handed over and not answered yet, or chosen in this very
+    /// evaluation for a local storage limit.
+    Evicting,
     /// Evicted already, and still terminating.
     Terminating,
     /// The Eviction API answered that a PodDisruptionBudget forbids it.
@@ -92,6 +95,7 @@ pub enum NotEvictableNow {
 impl NotEvictableNow {
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Evicting => "evicting",
             Self::Terminating => "terminating",
             Self::BlockedByDisruptionBudget => "blocked_by_pdb",
             Self::Refused => "refused",
@@ -144,6 +148,7 @@ impl std::fmt::Display for PassReason {
             Self::OwnPod => "the agent's own pod",
             Self::ExcludedNamespace => "its namespace is in kubernetes.exclusions.namespaces",
             Self::ExcludedByLabelSelector => "it matches kubernetes.exclusions.labelSelector",
+            Self::NotEvictableNow(NotEvictableNow::Evicting) => "its eviction is on its way",
             Self::NotEvictableNow(NotEvictableNow::Terminating) => "already terminating",
             Self::NotEvictableNow(NotEvictableNow::BlockedByDisruptionBudget) => {
                 "its PodDisruptionBudget blocked the last eviction"

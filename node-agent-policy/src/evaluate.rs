@@ -1,7 +1,9 @@
 //! The policy core: one evaluation of (config, node, observations, pods, now, previous state),
 //! in the order of the kubelet's `synchronize`: thresholds met, minimum reclaim, grace
-//! periods, node conditions, then the pods to evict: every pod over a local storage limit, or
-//! for the threshold to reclaim at most one.
+//! periods, node conditions, then the pods to evict: every pod over a local storage limit, and
+//! for the threshold to reclaim at most one more. (The kubelet's periodic synchronize returns
+//! after a local storage round, but its memory notifier synchronizes beside it: a memory
+//! eviction never waits for the pods over their limits, and here it does not either.)
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -98,13 +100,13 @@ pub struct Decision {
     /// The signal being reclaimed, when a threshold is past its grace period.
     pub reclaim: Option<Signal>,
     /// The pods to evict: every pod over a local storage limit that may be evicted (the
-    /// kubelet's `localStorageEviction` evicts them all in one synchronize), else at most one
-    /// for the threshold being reclaimed.
+    /// kubelet's `localStorageEviction` evicts them all in one synchronize), then at most one
+    /// for the threshold being reclaimed (never one of those).
     pub evictions: Vec<Eviction>,
     /// Pods ranked ahead of the evicted one (or of none) and passed over, in rank order.
     pub passed_over: Vec<PassedOver>,
     /// Pods over a local storage limit that may not be evicted (critical, excluded, not
-    /// evictable now; terminating ones left out), with the limit, in pod order.
+    /// evictable now; those terminating or being evicted left out), with the limit, in pod order.
     pub over_limit_passed_over: Vec<(PassedOver, StorageLimit)>,
 }
 
@@ -120,7 +122,14 @@ impl Decision {
     /// A threshold is past its grace period and no pod may be evicted for it: the kubelet's
     /// "unable to evict any pods from the node".
     pub fn no_evictable_pod(&self) -> bool {
-        self.reclaim.is_some() && self.evictions.is_empty()
+        self.reclaim.is_some() && self.threshold_eviction().is_none()
+    }
+
+    /// The eviction for the threshold being reclaimed, if a pod may go for it.
+    pub fn threshold_eviction(&self) -> Option<&Eviction> {
+        self.evictions
+            .iter()
+            .find(|e| e.signal.threshold().is_some())
     }
 }
 
@@ -249,14 +258,21 @@ pub fn evaluate_among(
         ..Decision::default()
     };
 
-    // Local storage limits go first, whatever the thresholds (the kubelet evicts for them and
-    // skips the rest of its synchronize).
+    // Local storage limits, whatever the thresholds: every pod over one goes.
     let over = over_local_storage_limits(pods, node.has_imagefs, eligibility);
     decision.over_limit_passed_over = over.kept;
-    if !over.evict.is_empty() {
-        decision.evictions = over.evict;
-        return (decision, next_state);
-    }
+    decision.evictions = over.evict;
+    // The threshold's pod is ranked among the rest: those going for their limit are passed
+    // over as being evicted, so the threshold never waits for them nor picks one of them.
+    let going: Vec<String> = decision.evictions.iter().map(Eviction::pod_id).collect();
+    let eligibility = &if going.is_empty() {
+        eligibility.clone()
+    } else {
+        let mut e = eligibility.clone();
+        e.not_evictable_now
+            .extend(going.into_iter().map(|id| (id, NotEvictableNow::Evicting)));
+        e
+    };
 
     let Some(&reclaim_index) = acted_on.first() else {
         return (decision, next_state);
@@ -300,7 +316,8 @@ pub fn evaluate_among(
 }
 
 /// What the local storage limits ask for: every pod, in pod order, over a limit that may be
-/// evicted, and every pod over a limit that may not (pods already terminating left out).
+/// evicted, and every pod over a limit that may not (pods terminating or being evicted left
+/// out).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OverLimits {
     pub evict: Vec<Eviction>,
@@ -322,8 +339,11 @@ pub fn over_local_storage_limits(
             continue;
         };
         match eligibility.check(pod) {
-            // A pod on its way out is not kept: nothing to say about it.
-            Some(PassReason::NotEvictableNow(NotEvictableNow::Terminating)) => {}
+            // A pod on its way out (evicted, or its eviction on its way) is not kept: nothing to
+            // say about it, nor to evict again.
+            Some(PassReason::NotEvictableNow(
+                NotEvictableNow::Terminating | NotEvictableNow::Evicting,
+            )) => {}
             Some(reason) => over.kept.push((
                 PassedOver {
                     namespace: pod.namespace.clone(),

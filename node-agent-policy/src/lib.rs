@@ -30,6 +30,20 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         .join(": ")
 }
 
+/// `text` as a message shows it: whole when it is at most `max` bytes, else its first `max`
+/// bytes (at a character boundary) and how long it was. For what comes from outside (names,
+/// answers) and ends up in a log line, an error or an event.
+pub fn shown(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…({} bytes)", &text[..end], text.len()))
+}
+
 pub use config::{
     ConfigError, EvictionConfig, EvictionFields, EvictionFlags, SignalMap, Threshold,
     ThresholdValue,

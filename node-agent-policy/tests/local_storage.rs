@@ -1,5 +1,5 @@
-//! Local storage eviction inside one evaluation: limits go before thresholds, under the same
-//! rules for who may be evicted.
+//! Local storage eviction inside one evaluation: every pod over a limit, beside the threshold's
+//! eviction, under the same rules for who may be evicted.
 
 use std::time::Duration;
 
@@ -70,13 +70,64 @@ fn evaluate(
     .0
 }
 
+/// As the kubelet's eviction manager, every pod over a limit goes in one evaluation, and the
+/// thresholds are still acted on in that same evaluation (the kubelet's memory notifier
+/// synchronizes beside its local storage round): the threshold's pod is ranked among the
+/// others, a pod already going for its limit passed over.
 #[test]
-fn a_pod_over_a_limit_goes_before_any_threshold_eviction_and_whatever_the_node() {
+fn the_threshold_eviction_goes_beside_the_pods_over_a_limit_never_after_them() {
+    let pods = [
+        pod("hungry", 4000, 150),
+        pod("filler", 10, 150),
+        pod("next", 3000, 0),
+    ];
+    let d = evaluate(&pods, &Eligibility::default(), true);
+    let goes: Vec<(&str, EvictionSignal)> = d
+        .evictions
+        .iter()
+        .map(|e| (e.name.as_str(), e.signal))
+        .collect();
+    assert_eq!(
+        goes,
+        [
+            ("hungry", EvictionSignal::Limit(StorageLimit::EmptyDir)),
+            ("filler", EvictionSignal::Limit(StorageLimit::EmptyDir)),
+            ("next", EvictionSignal::Threshold(Signal::MemoryAvailable)),
+        ],
+        "every pod over its limit, and for memory the next-ranked pod, not one going already"
+    );
+    assert_eq!(d.reclaim, Some(Signal::MemoryAvailable));
+    assert!(!d.no_evictable_pod());
+    let passed: Vec<(&str, PassReason)> = d
+        .passed_over
+        .iter()
+        .map(|p| (p.name.as_str(), p.reason))
+        .collect();
+    assert_eq!(
+        passed,
+        [(
+            "hungry",
+            PassReason::NotEvictableNow(NotEvictableNow::Evicting)
+        )]
+    );
+    // Only pods over a limit left for the threshold: none may go for it, said as such.
+    let d = evaluate(&pods[..2], &Eligibility::default(), true);
+    assert_eq!(d.evictions.len(), 2);
+    assert!(d.no_evictable_pod(), "{:?}", d.evictions);
+}
+
+#[test]
+fn a_pod_over_a_limit_goes_whatever_the_node() {
     let pods = [pod("hungry", 4000, 0), pod("filler", 10, 150)];
     for memory_met in [true, false] {
         let d = evaluate(&pods, &Eligibility::default(), memory_met);
         let e = d.evictions.first().expect("an eviction");
         assert_eq!(e.name, "filler", "memory met: {memory_met}");
+        assert_eq!(
+            d.evictions.get(1).map(|e| e.name.as_str()),
+            memory_met.then_some("hungry"),
+            "and for memory, when met, the pod the threshold ranks first"
+        );
         assert_eq!(e.signal, EvictionSignal::Limit(StorageLimit::EmptyDir));
         assert_eq!(
             e.grace_period_seconds, 1,
@@ -91,10 +142,7 @@ fn a_pod_over_a_limit_goes_before_any_threshold_eviction_and_whatever_the_node()
         assert_eq!(e.available.value(), (150 * MI) as i64, "the usage");
         assert_eq!(e.threshold_quantity.value(), (100 * MI) as i64, "the limit");
         // The thresholds and conditions are still those of the node.
-        assert_eq!(
-            d.reclaim, None,
-            "no threshold is reclaimed in this evaluation"
-        );
+        assert_eq!(d.reclaim, memory_met.then_some(Signal::MemoryAvailable));
         assert_eq!(!d.thresholds_met.is_empty(), memory_met);
         assert_eq!(d.conditions == [NodeCondition::MemoryPressure], memory_met);
     }
@@ -122,7 +170,18 @@ fn pods_over_a_limit_that_may_not_go_are_passed_over_and_noted() {
         .into(),
         ..Eligibility::default()
     };
+    let evicting = Eligibility {
+        not_evictable_now: [("uid-first".to_string(), NotEvictableNow::Evicting)].into(),
+        ..Eligibility::default()
+    };
     let rows: Vec<Row> = vec![
+        (
+            "a pod whose eviction is on its way is neither evicted again nor said to be kept",
+            evicting,
+            |_| {},
+            vec!["second"],
+            vec![],
+        ),
         (
             "every pod over its limit, in pod order, in one evaluation (the kubelet's localStorageEviction)",
             Eligibility::default(),
@@ -151,7 +210,7 @@ fn pods_over_a_limit_that_may_not_go_are_passed_over_and_noted() {
                 p[1].priority = 2_000_000_000;
                 p[2].is_mirror = true;
             },
-            vec!["hungry"],
+            vec![],
             vec![
                 ("first", PassReason::CriticalPriority),
                 ("second", PassReason::Mirror),
@@ -185,7 +244,12 @@ fn pods_over_a_limit_that_may_not_go_are_passed_over_and_noted() {
         ];
         tweak(&mut pods);
         let d = evaluate(&pods, &eligibility, true);
-        let evicted: Vec<&str> = d.evictions.iter().map(|e| e.name.as_str()).collect();
+        let evicted: Vec<&str> = d
+            .evictions
+            .iter()
+            .filter(|e| e.signal.threshold().is_none())
+            .map(|e| e.name.as_str())
+            .collect();
         assert_eq!(evicted, want, "{behaviour}");
         let passed: Vec<(&str, PassReason)> = d
             .over_limit_passed_over

@@ -6,12 +6,15 @@ pub mod btf;
 pub mod cgroup;
 pub mod daemon;
 pub mod ebpf;
+pub mod fs_helper;
+pub mod inspect;
 pub mod kernel;
 pub mod logging;
 pub mod simulate;
 pub mod sys;
 pub mod telemetry;
 pub mod trace;
+pub mod yaml;
 
 /// `node-agent --version`: the crate's version, the commit it was built from (or why that is
 /// not known) and the compiler.

@@ -31,10 +31,21 @@ enum Command {
     /// Check a config file as the agent reads it, and print it with every default filled in
     /// and the comparison with the kubelet's thresholds. Exit status 0: valid; 1: refused.
     CheckConfig(node_agent::daemon::config::check::CheckArgs),
+    /// The agent's own helper process for filesystem calls that may hang (not for people).
+    #[command(name = "fs-helper", hide = true)]
+    FsHelper,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    match cli.command {
+        Command::FsHelper => return node_agent::fs_helper::serve(),
+        // A filesystem call stuck in the kernel must not hold the agent's own process.
+        Command::Run(_) | Command::CheckConfig(_) => {
+            node_agent::fs_helper::use_helper("/proc/self/exe".into());
+        }
+        Command::Trace(_) | Command::Simulate(_) => {}
+    }
     // check-config's report is its output: only warnings besides it, unless asked.
     let default_level = match cli.command {
         Command::CheckConfig(_) => "warn",
@@ -62,6 +73,7 @@ fn main() -> ExitCode {
         Command::Run(args) => node_agent::daemon::run(args).map_err(Into::into),
         Command::Trace(args) => node_agent::trace::run(args).map_err(Into::into),
         Command::CheckConfig(args) => return node_agent::daemon::config::check::run(&args),
+        Command::FsHelper => unreachable!("answered above"),
         // Its own exit codes: 2 for an invalid scenario, as for any other bad input.
         Command::Simulate(args) => {
             return match node_agent::simulate::run(&args) {

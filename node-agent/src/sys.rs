@@ -79,8 +79,15 @@ pub fn page_size() -> u64 {
 
 /// min(pid_max, threads-max): the PID limit the kubelet's `pid.available` is measured against.
 pub fn pid_limit() -> Result<i64, SysError> {
+    pid_limit_with(&|p| std::fs::read_to_string(p))
+}
+
+/// [`pid_limit`], each file read through `read_file` (held open by the daemon: [`HeldFiles`]).
+pub fn pid_limit_with(
+    read_file: &dyn Fn(&std::path::Path) -> std::io::Result<String>,
+) -> Result<i64, SysError> {
     let read = |path: &str| -> Result<i64, SysError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SysError::Read {
+        let text = read_file(std::path::Path::new(path)).map_err(|source| SysError::Read {
             path: path.into(),
             source,
         })?;
@@ -90,6 +97,76 @@ pub fn pid_limit() -> Result<i64, SysError> {
         })
     };
     Ok(read("/proc/sys/kernel/pid_max")?.min(read("/proc/sys/kernel/threads-max")?))
+}
+
+/// Files the daemon reads again and again (`/proc/meminfo`, the node's and the pods cgroup's
+/// memory files, the PID limits): each opened once and read from its start every time
+/// (`pread`; procfs and cgroupfs files are generated anew at offset 0), so that a shortage of
+/// descriptors (`EMFILE`) never blinds a signal that could be read before it. A descriptor that
+/// stops answering (its cgroup removed and made again) is dropped and the file opened anew.
+#[derive(Debug, Default)]
+pub struct HeldFiles {
+    files: std::cell::RefCell<std::collections::HashMap<PathBuf, std::fs::File>>,
+}
+
+impl HeldFiles {
+    /// The most files held: the daemon reads a handful; a path past them is read as usual.
+    const MAX: usize = 32;
+    /// The most read of one file: these hold a few kilobytes.
+    const MAX_BYTES: usize = 1 << 20;
+
+    /// The whole file, through its held descriptor (opened, and held, the first time). The
+    /// path is looked up each time (`stat`, which needs no descriptor): a file replaced, or a
+    /// cgroup removed and made again, is opened anew.
+    pub fn read(&self, path: &std::path::Path) -> std::io::Result<String> {
+        use std::os::unix::fs::MetadataExt as _;
+        let mut files = self.files.borrow_mut();
+        let now = std::fs::metadata(path)?;
+        if let Some(file) = files.get(path) {
+            let same = file
+                .metadata()
+                .is_ok_and(|held| (held.dev(), held.ino()) == (now.dev(), now.ino()));
+            match read_from_start(file) {
+                Ok(text) if same => return Ok(text),
+                _ => {
+                    files.remove(path);
+                }
+            }
+        }
+        let file = std::fs::File::open(path)?;
+        let text = read_from_start(&file)?;
+        if files.len() < Self::MAX {
+            files.insert(path.to_path_buf(), file);
+        }
+        Ok(text)
+    }
+
+    /// How many descriptors are held.
+    pub fn held(&self) -> usize {
+        self.files.borrow().len()
+    }
+}
+
+fn read_from_start(file: &std::fs::File) -> std::io::Result<String> {
+    use std::os::unix::fs::FileExt as _;
+    let mut bytes = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == bytes.len() {
+            if len >= HeldFiles::MAX_BYTES {
+                return Err(std::io::Error::other("larger than 1 MiB"));
+            }
+            bytes.resize(len * 2, 0);
+        }
+        match file.read_at(&mut bytes[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    bytes.truncate(len);
+    String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// The time slice the threads waiting for kernel events ask for: the shortest the kernel
@@ -153,6 +230,33 @@ pub fn ask_for_short_slice() -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    /// Each reading is the file as it is now, through the one descriptor opened the first
+    /// time; a file that goes is an error, and one made again is opened anew.
+    #[test]
+    fn held_files_read_the_file_as_it_is_now_through_one_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory.current");
+        let held = super::HeldFiles::default();
+        std::fs::write(&path, "1048576\n").unwrap();
+        assert_eq!(held.read(&path).unwrap(), "1048576\n");
+        std::fs::write(&path, "2\n").unwrap();
+        assert_eq!(
+            held.read(&path).unwrap(),
+            "2\n",
+            "shorter now: no stale tail"
+        );
+        assert_eq!(held.held(), 1);
+        let meminfo = held.read(std::path::Path::new("/proc/meminfo")).unwrap();
+        assert!(meminfo.starts_with("MemTotal:"), "{meminfo}");
+        let again = held.read(std::path::Path::new("/proc/meminfo")).unwrap();
+        assert!(again.starts_with("MemTotal:") && again.contains("Inactive(file)"));
+        assert_eq!(held.held(), 2);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "3\n").unwrap();
+        assert_eq!(held.read(&path).unwrap(), "3\n", "made again: read anew");
+        assert!(held.read(&dir.path().join("absent")).is_err());
+    }
+
     #[test]
     fn formats_timestamps_as_rfc3339_utc() {
         let cases = [

@@ -283,7 +283,7 @@ impl Config<'_> {
              kubernetes:\n  podSource: kubelet\n  nodeName: {NODE}\n  podRefreshInterval: 200ms\n  \
              kubelet: {{url: '{url}', caFile: '{ca}', clusterCA: false}}\n  \
              apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n{kube}\
-             listen: '127.0.0.1:{port}'\ntraceSocket: '{socket}'\nnodeCgroup: '{cg}'\nmemoryCapacity: 1Gi\n\
+             listen: '127.0.0.1:{port}'\nmetricsAccess: loopback\ntraceSocket: '{socket}'\nnodeCgroup: '{cg}'\nmemoryCapacity: 1Gi\n\
              resyncInterval: 60s\nforkLimit: 0\n{agent}",
             threshold = self.threshold,
             url = self.fake.url(),
@@ -400,6 +400,15 @@ impl Daemon {
         http_get(self.port, path)
     }
 
+    /// `GET path` with a bearer token.
+    pub fn get_as(&self, path: &str, token: &str) -> anyhow::Result<String> {
+        http_get_with(
+            self.port,
+            path,
+            &format!("Authorization: Bearer {token}\r\n"),
+        )
+    }
+
     /// The value of the first `/metrics` sample line starting with `series` (name and labels).
     pub fn metric(&self, series: &str) -> anyhow::Result<Option<f64>> {
         let text = self.get("/metrics")?;
@@ -450,13 +459,18 @@ impl Daemon {
 }
 
 pub fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    http_get_with(port, path, "")
+}
+
+/// `GET path` with extra header lines (each ending in CRLF).
+pub fn http_get_with(port: u16, path: &str, headers: &str) -> anyhow::Result<String> {
     use std::io::{Read as _, Write as _};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
         .context("connecting to the agent's listener")?;
     s.set_read_timeout(Some(crate::scaled(Duration::from_secs(5))))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{headers}Connection: close\r\n\r\n"
     )?;
     let mut out = String::new();
     s.read_to_string(&mut out)?;

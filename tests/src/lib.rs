@@ -453,7 +453,7 @@ impl Drop for AgentProcess {
 }
 
 /// Each line of `reader` that `map` keeps, on a channel fed by a thread.
-fn lines<T: Send + 'static>(
+pub(crate) fn lines<T: Send + 'static>(
     reader: impl std::io::Read + Send + 'static,
     map: impl Fn(String) -> Option<T> + Send + 'static,
 ) -> std::sync::mpsc::Receiver<T> {
@@ -562,10 +562,14 @@ pub mod cluster;
 pub mod containerd;
 /// A FUSE filesystem whose `statfs` never answers (a hung filesystem).
 pub mod fuse;
+/// `kubectl node-agent` on the real cluster, and guards for what its tests change there.
+pub mod kubectl_plugin;
 /// OCI image tars written by the tests.
 pub mod oci;
 /// The DaemonSet's pod template as CRI requests.
 pub mod podspec;
+/// Racing the real kubelet on the real cluster (`cargo xtask cluster bench`).
+pub mod race;
 /// The real cluster of `cargo xtask cluster test`: kubectl, namespaces, workload pods, the
 /// agent's pods, metrics and the audit log.
 pub mod real_cluster;

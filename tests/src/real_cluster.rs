@@ -18,6 +18,30 @@ use serde_json::Value;
 pub const AGENT_NS: &str = "node-agent";
 pub const AGENT_SA: &str = "system:serviceaccount:node-agent:node-agent";
 
+/// The tests' scraper: a service account allowed what deploy/components/monitoring allows
+/// Prometheus.
+const SCRAPER: &str = "apiVersion: v1
+kind: Namespace
+metadata: {name: node-agent-tests}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: scraper, namespace: node-agent-tests}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: node-agent-tests-scraper}
+rules:
+  - nonResourceURLs: [/metrics, /readyz]
+    verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: node-agent-tests-scraper}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: node-agent-tests-scraper}
+subjects: [{kind: ServiceAccount, name: scraper, namespace: node-agent-tests}]
+";
+
 /// The cluster of this test run.
 pub struct RealCluster {
     pub cluster: Cluster,
@@ -110,13 +134,62 @@ impl RealCluster {
             .with_context(|| format!("no running pod of {instance} on {node}"))
     }
 
-    /// The agent's `/metrics`, through the API server's pod proxy.
+    /// The agent's `/metrics`, scraped as Prometheus scrapes it: at the pod's address, with
+    /// a service account token the API server vouches for (`metricsAccess: kubernetes`, the
+    /// default): [`RealCluster::metrics_token`]. (The API server's pod proxy drops the
+    /// caller's credentials, so the agent would refuse it.)
     pub fn agent_metrics(&self, pod: &str) -> anyhow::Result<String> {
-        self.kubectl.run(&[
-            "get",
-            "--raw",
-            &format!("/api/v1/namespaces/{AGENT_NS}/pods/{pod}:9464/proxy/metrics"),
-        ])
+        let (code, body) = self.agent_get(pod, "/metrics", Some(&self.metrics_token()?))?;
+        if code != 200 {
+            bail!("GET /metrics of {pod} answered {code}: {body}");
+        }
+        Ok(body)
+    }
+
+    /// A GET of the agent pod's port 9464 from inside its node.
+    pub fn agent_get(
+        &self,
+        pod: &str,
+        path: &str,
+        bearer: Option<&str>,
+    ) -> anyhow::Result<(u16, String)> {
+        let p = self.kubectl.get_json(&["-n", AGENT_NS, "pod", pod])?;
+        let ip = p["status"]["podIP"]
+            .as_str()
+            .context("the agent pod has no IP yet")?;
+        let node = p["spec"]["nodeName"]
+            .as_str()
+            .context("the agent pod is not bound")?;
+        let index: u8 = node
+            .rsplit('-')
+            .next()
+            .and_then(|i| i.parse().ok())
+            .with_context(|| format!("{node} is not a node of this cluster"))?;
+        let ns = self.cluster.node_ns(&self.cluster.layout.node(index))?;
+        node_agent_cluster::node::http_get(ns, format!("{ip}:9464").parse()?, path, bearer)
+    }
+
+    /// A token of the tests' scraper, `node-agent-tests/scraper`, granted `get` on the agent's
+    /// `/metrics` and `/readyz` (as deploy/components/monitoring grants Prometheus); made once.
+    pub fn metrics_token(&self) -> anyhow::Result<String> {
+        static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        if let Some(t) = TOKEN.get() {
+            return Ok(t.clone());
+        }
+        self.kubectl.apply(SCRAPER)?;
+        let token = self
+            .kubectl
+            .run(&[
+                "-n",
+                "node-agent-tests",
+                "create",
+                "token",
+                "scraper",
+                "--duration=2h",
+            ])?
+            .trim()
+            .to_string();
+        Ok(TOKEN.get_or_init(|| token).clone())
     }
 
     /// One sample of `/metrics`: the value of the series whose name and labels start with
@@ -223,8 +296,9 @@ impl WorkloadPod {
 
     pub fn manifest(&self, namespace: &str) -> String {
         let resources = match self.qos {
+            // Half a CPU: a CFS quota of 10m would throttle a growing pod to a few MiB/s.
             Qos::Guaranteed => format!(
-                "      resources:\n        requests: {{cpu: 10m, memory: {m}}}\n        limits: {{cpu: 10m, memory: {m}}}\n",
+                "      resources:\n        requests: {{cpu: 500m, memory: {m}}}\n        limits: {{cpu: 500m, memory: {m}}}\n",
                 m = self.memory
             ),
             Qos::Burstable => {
@@ -310,6 +384,13 @@ pub struct Variant {
     /// JSON patches (RFC 6902) on objects of the install, as `patches:` of the kustomization:
     /// a rule of the ClusterRole or a validation of the admission policy taken away.
     pub patches: Vec<Patch>,
+    /// A strategic-merge patch of the DaemonSet node-agent (YAML), as an operator's overlay
+    /// would carry one.
+    pub daemonset_patch: Option<String>,
+    /// Keep deploy/'s rollout as shipped (`minReadySeconds: 30`). Otherwise the variant rolls
+    /// out with `minReadySeconds: 0`: the tests that are not about rollouts would each wait
+    /// 30 s per change of install for nothing they check.
+    pub shipped_rollout: bool,
 }
 
 /// One JSON patch of a [`Variant`] on the object of `kind` named `name`.
@@ -380,32 +461,29 @@ impl RealCluster {
                 ));
             }
         }
-        if !variant.patches.is_empty() {
-            text.push_str("patches:\n");
-            for p in &variant.patches {
-                // JSON is YAML: the operations as one double-quoted scalar.
-                let ops = serde_json::to_string(&p.operations.to_string())?;
-                text.push_str(&format!(
-                    "  - target: {{kind: {}, name: {}}}\n    patch: {ops}\n",
-                    p.kind, p.name
-                ));
-            }
+        let mut patches = String::new();
+        if let Some(patch) = &variant.daemonset_patch {
+            std::fs::write(dir.join("daemonset-patch.yaml"), patch)?;
+            patches.push_str(
+                "  - path: daemonset-patch.yaml\n    target: {kind: DaemonSet, name: node-agent}\n",
+            );
         }
-        // The agent finds the kubelet's pods cgroup directly below `nodeCgroup`: on a node
-        // whose kubelet has a cgroup root of its own (every node of a second cluster on this
-        // host), that root, or the agent would measure another cluster's `/kubepods`.
-        let cgroup_root = self.node0().cgroup_root;
-        let config = match &variant.config {
-            Some(config) if cgroup_root != "/" => {
-                Some(format!("{config}\nnodeCgroup: {cgroup_root}\n"))
-            }
-            None if cgroup_root != "/" => Some(format!(
-                "{}\nnodeCgroup: {cgroup_root}\n",
-                std::fs::read_to_string(root.join("deploy/config.yaml"))?
-            )),
-            other => other.clone(),
-        };
-        if let Some(config) = &config {
+        if !variant.shipped_rollout {
+            patches.push_str("  - target: {kind: DaemonSet}\n    patch: |-\n      - op: replace\n        path: /spec/minReadySeconds\n        value: 0\n");
+        }
+        for p in &variant.patches {
+            // JSON is YAML: the operations as one double-quoted scalar.
+            let ops = serde_json::to_string(&p.operations.to_string())?;
+            patches.push_str(&format!(
+                "  - target: {{kind: {}, name: {}}}\n    patch: {ops}\n",
+                p.kind, p.name
+            ));
+        }
+        if !patches.is_empty() {
+            text.push_str("patches:\n");
+            text.push_str(&patches);
+        }
+        if let Some(config) = &variant.config {
             std::fs::write(dir.join("config.yaml"), config)?;
             text.push_str("configMapGenerator:\n  - name: node-agent-config\n    namespace: node-agent\n    behavior: replace\n    files:\n      - config.yaml\n");
         }
@@ -428,8 +506,42 @@ impl RealCluster {
         for ds in self.agent_daemonsets()? {
             self.cluster
                 .wait_agent_ready(&ds, Duration::from_secs(240))?;
+            self.kubectl.run(&[
+                "-n",
+                AGENT_NS,
+                "rollout",
+                "status",
+                &format!("daemonset/{ds}"),
+                "--timeout=240s",
+            ])?;
         }
-        Ok(())
+        // A surge leaves the old pod beside the new one until the new one is available: the
+        // rollout is over when every node has one agent pod, Ready, and none is terminating.
+        self.kubectl.wait_for(
+            "one Ready agent pod per node",
+            Duration::from_secs(120),
+            |k| {
+                let pods = k.get_json(&["-n", AGENT_NS, "pods"])?;
+                let mut per_node: std::collections::BTreeMap<String, (usize, bool)> =
+                    Default::default();
+                for p in pods["items"].as_array().into_iter().flatten() {
+                    let node = p["spec"]["nodeName"].as_str().unwrap_or("").to_string();
+                    let ready = p["metadata"]["deletionTimestamp"].is_null()
+                        && p["status"]["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                    let entry = per_node.entry(node).or_insert((0, true));
+                    entry.0 += 1;
+                    entry.1 &= ready;
+                }
+                Ok(
+                    (!per_node.is_empty() && per_node.values().all(|(n, r)| *n == 1 && *r))
+                        .then_some(()),
+                )
+            },
+        )
     }
 
     /// The base install (deploy/ in dry run), as `cargo xtask cluster up` left it: the
@@ -498,4 +610,127 @@ fn relative(from: &std::path::Path, target: &std::path::Path) -> String {
             .map(|c| c.as_os_str().to_string_lossy().into_owned()),
     );
     parts.join("/")
+}
+
+impl RealCluster {
+    /// The agent's headroom on `allocatableMemory.available`, in MiB, from its /metrics.
+    pub fn allocatable_headroom_mib(&self, agent: &str) -> anyhow::Result<f64> {
+        let bytes = self
+            .metric(
+                agent,
+                "node_agent_signal_available_bytes{eviction_signal=\"allocatableMemory.available\"}",
+            )?
+            .context("the agent exports no allocatableMemory.available")?;
+        Ok(bytes / 1048576.0)
+    }
+
+    /// Waits until every named pod's workload printed `phase=held` (it holds its memory).
+    pub fn wait_held(&self, namespace: &str, pods: &[&str], limit: Duration) -> anyhow::Result<()> {
+        self.kubectl
+            .wait_for("the pods hold their memory", limit, |k| {
+                for pod in pods {
+                    if !k
+                        .run(&["-n", namespace, "logs", pod])?
+                        .contains("phase=held")
+                    {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            })
+    }
+
+    /// Starts `name`, a Guaranteed pod that grows (at `rate` MiB/s) until the node's
+    /// allocatable headroom is `left_mib` (the agent's line is 200 MiB, the kubelet's 100),
+    /// within its own request, so that it never ranks first; waits until it runs.
+    pub fn grow_to_headroom(
+        &self,
+        namespace: &str,
+        node: &str,
+        agent: &str,
+        name: &str,
+        left_mib: f64,
+        rate: u64,
+    ) -> anyhow::Result<u64> {
+        // Settle: the other pods' figures reach the agent's reading.
+        std::thread::sleep(Duration::from_secs(3));
+        let headroom = self.allocatable_headroom_mib(agent)?;
+        let target = (headroom - left_mib).floor();
+        if target < 64.0 {
+            bail!("no room to grow: headroom {headroom:.0} MiB");
+        }
+        let target = target as u64;
+        let mut grower = WorkloadPod::new(
+            name,
+            Qos::Guaranteed,
+            &format!("{}Mi", target + 64),
+            &["memory", &target.to_string(), &rate.to_string()],
+        );
+        grower.node = Some(node.to_string());
+        self.kubectl.apply(&grower.manifest(namespace))?;
+        wait_running(&self.kubectl, namespace, &[name], Duration::from_secs(90))?;
+        Ok(target)
+    }
+
+    /// Waits until `pod` is gone from the API (deleted, as an eviction leaves it).
+    pub fn wait_gone(&self, namespace: &str, pod: &str, limit: Duration) -> anyhow::Result<()> {
+        self.kubectl
+            .wait_for(&format!("pod {namespace}/{pod} gone"), limit, |k| {
+                let out = k.call(
+                    &["-n", namespace, "get", "pod", pod],
+                    None,
+                    Duration::from_secs(10),
+                )?;
+                Ok((!out.success && out.stderr.contains("NotFound")).then_some(()))
+            })
+    }
+
+    /// The eviction requests the audit log holds for pods of `namespace`: (pod, answer code,
+    /// user), in order.
+    pub fn eviction_requests(&self, namespace: &str) -> anyhow::Result<Vec<(String, i64, String)>> {
+        Ok(self
+            .audit_events()?
+            .iter()
+            .filter(|e| {
+                e["objectRef"]["subresource"] == "eviction"
+                    && e["objectRef"]["namespace"] == namespace
+                    && e["stage"] == "ResponseComplete"
+            })
+            .map(|e| {
+                (
+                    e["objectRef"]["name"].as_str().unwrap_or("").to_string(),
+                    e["responseStatus"]["code"].as_i64().unwrap_or(0),
+                    e["user"]["username"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect())
+    }
+}
+
+impl RealCluster {
+    /// Waits until `pod` is gone (the agent's eviction deletes it) or Failed with reason
+    /// Evicted (the kubelet's leaves it so).
+    pub fn wait_gone_or_failed(
+        &self,
+        namespace: &str,
+        pod: &str,
+        limit: Duration,
+    ) -> anyhow::Result<()> {
+        self.kubectl
+            .wait_for(&format!("pod {namespace}/{pod} evicted"), limit, |k| {
+                let out = k.call(
+                    &["-n", namespace, "get", "pod", pod, "-o", "json"],
+                    None,
+                    Duration::from_secs(10),
+                )?;
+                if !out.success {
+                    return Ok(out.stderr.contains("NotFound").then_some(()));
+                }
+                let p: Value = serde_json::from_str(&out.stdout)?;
+                Ok(
+                    (p["status"]["phase"] == "Failed" && p["status"]["reason"] == "Evicted")
+                        .then_some(()),
+                )
+            })
+    }
 }

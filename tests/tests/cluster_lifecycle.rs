@@ -1,5 +1,6 @@
-//! The real cluster's own life: `up` after a crash cleans up first, and `down` leaves the host
-//! as `up` found it. `cargo xtask cluster test` runs this file last: it ends the cluster.
+//! The real cluster's own life: `up` after a crash cleans up first, a component that cannot
+//! start is named with its log, and `down` leaves the host as `up` found it. `cargo xtask
+//! cluster test` runs this file last: it ends the cluster.
 
 use std::time::Duration;
 
@@ -51,7 +52,26 @@ fn after_a_crash_up_cleans_up_and_down_leaves_the_host_as_it_found_it() -> anyho
         left.cgroups
     );
 
-    // `up` cleans up what the crash left, then comes up with the agent Ready.
+    // A component that cannot start is named, with the last lines of its log: here the API
+    // server's forward to this host, its port taken by someone else.
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", layout.host_port()))?;
+    let refused = rc
+        .cluster
+        .up(&UpOptions {
+            extra_nodes: 0,
+            kubelet: KubeletOptions::default(),
+            agent_image: None,
+        })
+        .expect_err("up with the API server's port taken");
+    let said = format!("{refused:#}");
+    assert!(
+        said.contains(&format!("127.0.0.1:{}", layout.host_port())) && said.contains("holder-node-agent-0"),
+        "the error names the component and the port: {said}"
+    );
+    drop(squatter);
+
+    // `up` cleans up what the crash and the failed up left, then comes up with the agent
+    // Ready.
     rc.cluster.up(&UpOptions {
         extra_nodes: 0,
         kubelet: KubeletOptions::default(),

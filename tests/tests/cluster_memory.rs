@@ -300,3 +300,55 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
     let _ = AGENT_NS;
     Ok(())
 }
+
+/// The Evicted event of a pod whose containers make its note long (ten containers with
+/// 63-character names: 1486 bytes before it is cut) is one the real API server takes.
+#[test]
+fn a_long_evicted_note_is_cut_to_what_the_api_server_takes() -> anyhow::Result<()> {
+    let rc = RealCluster::get();
+    let _base = rc.base_on_drop();
+    rc.install("long-note", &Variant::enforcing())?;
+    let node = rc.node0().name;
+    let agent = rc.agent_pod(&node, "node-agent")?;
+    let ns = rc.namespace("longnote");
+    let mut wide = WorkloadPod::new("wide", Qos::BestEffort, "", &["memory", "60", "60"]);
+    wide.node = Some(node.clone());
+    // Nine more containers, each named with 63 characters (the longest a name may be).
+    for i in 1..10 {
+        let name = format!("c{i}-{}", "x".repeat(60));
+        wide.extra_spec.push(String::new());
+        wide.extra_container.push(format!(
+            "    - name: {name}\n      image: {}\n      imagePullPolicy: Never\n      args: [\"memory\", \"60\", \"60\"]",
+            node_agent_cluster::images::WORKLOAD_IMAGE
+        ));
+    }
+    wide.extra_spec.retain(|l| !l.is_empty());
+    rc.kubectl.apply(&wide.manifest(&ns.name))?;
+    wait_running(&rc.kubectl, &ns.name, &["wide"], Duration::from_secs(120))?;
+    rc.kubectl.wait_for("every container holds its memory", Duration::from_secs(90), |k| {
+        let p = k.get_json(&["-n", &ns.name, "pod", "wide"])?;
+        let names: Vec<String> = p["spec"]["containers"].as_array().into_iter().flatten().filter_map(|c| c["name"].as_str().map(str::to_string)).collect();
+        for c in &names {
+            if !k.run(&["-n", &ns.name, "logs", "wide", "-c", c])?.contains("phase=held") {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })?;
+    rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 300)?;
+    rc.wait_gone(&ns.name, "wide", Duration::from_secs(120))?;
+    let events = rc.kubectl.get_json(&["-n", &ns.name, "events.v1.events.k8s.io"])?;
+    let evicted: Vec<&Value> = events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["reason"] == "Evicted" && e["regarding"]["name"] == "wide")
+        .collect();
+    assert_eq!(evicted.len(), 1, "the Evicted event was taken: {events}");
+    let note = evicted[0]["note"].as_str().unwrap_or("");
+    assert!(note.len() <= 1024, "cut to 1024 bytes: {}", note.len());
+    assert!(note.contains("c1-"), "it names the containers: {note}");
+    let refused = rc.metric(&agent, "node_agent_kube_errors_total{operation=\"pod event\"}")?;
+    assert_eq!(refused, Some(0.0), "no event refused");
+    Ok(())
+}

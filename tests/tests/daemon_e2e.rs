@@ -342,6 +342,56 @@ fn only_critical_pods_over_the_threshold_log_once_per_transition_and_count() -> 
     daemon.stop()
 }
 
+/// A blind agent (its kubelet answers every pod list with 503, from the start) under memory
+/// pressure says it is blind (`/readyz`, the stale-data line and counter), never that no pod
+/// may be evicted: `NodeAgentNoEvictablePod` would page for the wrong thing. Once the kubelet
+/// answers, the hog goes.
+#[test]
+fn a_blind_agent_says_it_is_blind_not_that_no_pod_may_be_evicted() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("e2e-blind", &[hog(), calm()], MEM_HELPER)?;
+    w.cluster().hook = Some(Arc::new(|seen: &node_agent_kube::fake::Seen| {
+        seen.path
+            .starts_with("/pods")
+            .then(|| Reply::status(503, "ServiceUnavailable", "the kubelet is restarting"))
+    }));
+    std::fs::write(&w.config, w.config("", ""))?;
+    let mut daemon = Daemon::start(&w.config, w.port)?;
+    let _calm = w.load("calm", 120)?;
+    let _hog = w.load("hog", 100)?;
+    daemon.wait_log("the pod data is stale or missing", wait())?;
+    daemon.wait_evaluations(5.0, wait())?;
+    assert_eq!(
+        daemon.log_count("no pod may be evicted"),
+        0,
+        "blind, not 'no pod may be evicted'"
+    );
+    assert_eq!(
+        daemon.metric("node_agent_no_evictable_pod{eviction_signal=\"memory.available\"}")?,
+        Some(0.0)
+    );
+    assert!(
+        daemon
+            .metric("node_agent_stale_data_total{source=\"pods\"}")?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert_eq!(
+        daemon.metric("node_agent_kube_source_ready{source=\"pods\"}")?,
+        Some(0.0)
+    );
+    assert!(w.evictions().is_empty());
+    w.cluster().hook = None;
+    wait_until(
+        wait(),
+        "the eviction request once the pods are seen",
+        || !w.evictions().is_empty(),
+    )?;
+    assert_eq!(w.evictions()[0].0, hog().eviction_path());
+    assert_eq!(daemon.log_count("no pod may be evicted"), 0);
+    daemon.stop()
+}
+
 #[test]
 fn a_reload_to_dry_run_stops_every_further_request() -> anyhow::Result<()> {
     require_root();
@@ -782,5 +832,198 @@ fn a_pod_over_its_local_storage_limit_is_evicted_whatever_the_node() -> anyhow::
     );
     assert_eq!(daemon.log_count(KEPT), 1, "said once while it lasts");
     w.assert_nothing_refused();
+    daemon.stop()
+}
+
+/// Pods over their ephemeral-storage limits never hold up a memory eviction (issue 31's probe:
+/// three such pods with `evictionWaitTimeout: 1s` delayed the memory eviction 27.3 s; five with
+/// the default 30 s wait, past 73 s). Every pod over its limit goes in one round, as the
+/// kubelet's `localStorageEviction` evicts them, with no token of the pacing; the memory
+/// eviction goes at the crossing, paced on its own. Prints the figures.
+#[test]
+fn local_storage_evictions_never_hold_up_a_memory_eviction() -> anyhow::Result<()> {
+    require_root();
+    for (violators, wait_timeout) in [(3usize, "1s"), (5, "30s")] {
+        let mut pods = vec![hog(), calm()];
+        for i in 0..violators {
+            pods.push(PodSpec::new(
+                "shop",
+                &format!("scratch-{i}"),
+                &format!("0f0e0d0c-0b0a-4908-8706-05040302010{i}"),
+                "512Mi",
+                char::from(b'c' + i as u8),
+            ));
+        }
+        let w = World::new(&format!("e2e-ls-{violators}"), &pods, MEM_HELPER)?;
+        {
+            let mut c = w.cluster();
+            for p in c.pods.iter_mut().skip(2) {
+                p["spec"]["containers"][0]["resources"]["limits"] =
+                    serde_json::json!({"ephemeral-storage": "10Mi"});
+            }
+            c.summary_pods = pods[2..]
+                .iter()
+                .map(|p| storage_stats(p, 30 << 20, &[], 10 << 20, 20 << 20))
+                .collect();
+        }
+        let kube = format!("  evictionsPerMinute: 6\n  evictionWaitTimeout: {wait_timeout}\n");
+        let daemon = w.start(&kube, "")?;
+        let trace = attach_trace(&w.socket, &["--kind", "memory_threshold"])?;
+        let _calm = w.load("calm", 120)?;
+        let _hog = w.load("hog", 100)?;
+        let crossing = loop {
+            let v = trace.json.recv_timeout(wait())?;
+            if v["direction"] == "up" {
+                break v["ktime_ns"].as_u64().expect("a crossing's time");
+            }
+        };
+        let hog_path = hog().eviction_path();
+        let sent = |path: &str| {
+            w.cluster()
+                .evictions()
+                .iter()
+                .find(|a| a.path == path)
+                .map(|a| a.at_ns)
+        };
+        let memory = wait_until(
+            scaled(Duration::from_secs(90)),
+            "the memory eviction",
+            || sent(&hog_path).is_some(),
+        );
+        let limits: Vec<u64> = pods[2..]
+            .iter()
+            .filter_map(|p| sent(&p.eviction_path()))
+            .collect();
+        let spread = limits
+            .iter()
+            .max()
+            .zip(limits.iter().min())
+            .map(|(a, b)| a - b);
+        let after = sent(&hog_path).map(|at| at.saturating_sub(crossing) as f64 / 1e9);
+        eprintln!(
+            "{violators} pods over their limits, evictionWaitTimeout {wait_timeout}: memory \
+             eviction {after:?} s after the crossing; {} of {violators} limit evictions sent, \
+             {:?} s apart at most",
+            limits.len(),
+            spread.map(|s| s as f64 / 1e9)
+        );
+        memory?;
+        let after = after.expect("sent");
+        assert!(
+            after < scaled(Duration::from_secs(2)).as_secs_f64(),
+            "the memory eviction waited {after:.1} s"
+        );
+        wait_until(wait(), "every pod over its limit evicted", || {
+            pods[2..].iter().all(|p| sent(&p.eviction_path()).is_some())
+        })?;
+        let limits: Vec<u64> = pods[2..]
+            .iter()
+            .filter_map(|p| sent(&p.eviction_path()))
+            .collect();
+        let spread = limits.iter().max().unwrap() - limits.iter().min().unwrap();
+        assert!(
+            spread < scaled(Duration::from_secs(2)).as_nanos() as u64,
+            "in one round, not paced: {spread} ns apart"
+        );
+        w.assert_nothing_refused();
+        drop(trace);
+        daemon.stop()?;
+    }
+    Ok(())
+}
+
+/// More pods over their limits than the executor's eviction lane holds (70, paced to let them
+/// all go at once, against an API server that takes a second over each of their evictions):
+/// issue 31's probe saw the lane fill, the evictions it could not take counted as failed
+/// evictions (never as the lane's refusals), and a memory eviction not sent within 31 s.
+/// Now the plan hands over no more than the lane holds beside the threshold's, nothing is
+/// counted failed, and the memory eviction goes at the crossing. Prints the figures.
+#[test]
+fn a_lane_full_of_local_storage_evictions_never_holds_up_a_memory_eviction() -> anyhow::Result<()> {
+    require_root();
+    const VIOLATORS: usize = 70;
+    let mut pods = vec![hog(), calm()];
+    for i in 0..VIOLATORS {
+        pods.push(PodSpec::new(
+            "shop",
+            &format!("scratch-{i}"),
+            &format!("0f0e0d0c-0b0a-4908-8706-0504030{i:05}"),
+            "512Mi",
+            'c',
+        ));
+        pods.last_mut().unwrap().container_id = format!("{i:064}");
+    }
+    let w = World::new("e2e-lane", &pods, MEM_HELPER)?;
+    {
+        let mut c = w.cluster();
+        for p in c.pods.iter_mut().skip(2) {
+            p["spec"]["containers"][0]["resources"]["limits"] =
+                serde_json::json!({"ephemeral-storage": "10Mi"});
+        }
+        c.summary_pods = pods[2..]
+            .iter()
+            .map(|p| storage_stats(p, 30 << 20, &[], 10 << 20, 20 << 20))
+            .collect();
+        c.evict_reply = Some(Arc::new(|name: &str| {
+            let ok = Reply::json(
+                201,
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}).to_string(),
+            );
+            if name.starts_with("scratch-") {
+                ok.slow(Duration::from_secs(1))
+            } else {
+                ok
+            }
+        }));
+    }
+    let daemon = w.start("  evictionsPerMinute: 6000\n  evictionBurst: 100\n", "")?;
+    let trace = attach_trace(&w.socket, &["--kind", "memory_threshold"])?;
+    wait_until(wait(), "the first limit evictions", || {
+        w.evictions().len() >= 3
+    })?;
+    let _calm = w.load("calm", 120)?;
+    let _hog = w.load("hog", 100)?;
+    let crossing = loop {
+        let v = trace.json.recv_timeout(wait())?;
+        if v["direction"] == "up" {
+            break v["ktime_ns"].as_u64().expect("a crossing's time");
+        }
+    };
+    let hog_path = hog().eviction_path();
+    let sent = || {
+        w.cluster()
+            .evictions()
+            .iter()
+            .find(|a| a.path == hog_path)
+            .map(|a| a.at_ns)
+    };
+    let memory = wait_until(
+        scaled(Duration::from_secs(60)),
+        "the memory eviction",
+        || sent().is_some(),
+    );
+    let after = sent().map(|at| at.saturating_sub(crossing) as f64 / 1e9);
+    let failed = daemon.metric(
+        "node_agent_evictions_total{eviction_signal=\"ephemeralpodfs.limit\",result=\"failed\"}",
+    )?;
+    let refused = daemon.metric("node_agent_executor_refused_total{lane=\"eviction\"}")?;
+    eprintln!(
+        "{VIOLATORS} pods over their limits against a slow API server: memory eviction {after:?} s \
+         after the crossing; limit evictions counted failed: {failed:?}, the eviction lane's \
+         refusals: {refused:?}"
+    );
+    memory?;
+    let after = after.expect("sent");
+    assert!(
+        after < scaled(Duration::from_secs(2)).as_secs_f64(),
+        "the memory eviction waited {after:.1} s"
+    );
+    assert_eq!(
+        failed,
+        Some(0.0),
+        "nothing failed: the plan hands over what the lane holds"
+    );
+    w.assert_nothing_refused();
+    drop(trace);
     daemon.stop()
 }

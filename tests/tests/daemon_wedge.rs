@@ -168,7 +168,8 @@ fn a_runtime_that_never_answers_never_delays_a_memory_eviction() -> anyhow::Resu
 
 /// The kubelet's filesystem stops answering `statfs` (a hung FUSE mount as `nodefs`): its
 /// signals are unknown and `/readyz` names it, memory decisions go on, and SIGTERM ends the
-/// loop at once (the process itself exits once the filesystem lets go of its one stuck call).
+/// agent within 2 s while the filesystem still hangs (issue 31's probe saw it live until the
+/// filesystem answered): the stuck call is not the agent's to wait for.
 #[test]
 fn a_hung_filesystem_never_stops_memory_decisions() -> anyhow::Result<()> {
     require_root();
@@ -198,11 +199,22 @@ fn a_hung_filesystem_never_stops_memory_decisions() -> anyhow::Result<()> {
         daemon.metric("node_agent_signal_unknown{eviction_signal=\"nodefs.available\"}")?,
         Some(1.0)
     );
+    let asked = std::time::Instant::now();
     daemon.process.signal(libc::SIGTERM);
-    daemon.wait_log("shutting down", scaled(Duration::from_secs(2)))?;
-    // The stuck call holds the process until the filesystem is aborted.
+    let exited = daemon.process.wait_exit(scaled(Duration::from_secs(2)));
+    eprintln!(
+        "SIGTERM with nodefs hung: {} after {:?}",
+        if exited.is_ok() {
+            "exited"
+        } else {
+            "still running"
+        },
+        asked.elapsed()
+    );
+    assert_eq!(fs.statfs_waiting(), 1, "the filesystem still hangs");
+    // Released only now; whatever still waited on it goes too.
     drop(fs);
-    let status = daemon.process.wait_exit(scaled(Duration::from_secs(10)))?;
+    let status = exited?;
     assert!(status.success(), "exit 0: {status}");
     w.assert_nothing_refused();
     Ok(())

@@ -339,8 +339,9 @@ fn a_config_change_is_a_new_configmap_that_rolls_the_daemonset() {
     volume["configMap"]["name"] = old["metadata"]["name"].clone();
     assert_eq!(template, ds_old["spec"]["template"]);
     assert_eq!(
-        ds_new["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
-        1
+        ds_new["spec"]["updateStrategy"]["rollingUpdate"],
+        serde_json::json!({"maxSurge": 1, "maxUnavailable": 0}),
+        "the new pod first, the old one kept until it is ready"
     );
     assert_eq!(ds_new["spec"]["minReadySeconds"], 30);
 }
@@ -641,6 +642,8 @@ tests:
         values: '0 0 0 1 1 1'
       - series: 'node_agent_config_reloads_total{job="node-agent",instance="a:9464",node="n1",result="refused"}'
         values: '0x5'
+      - series: 'node_agent_config_reloads_total{job="node-agent",instance="b:9464",node="n2",result="retrying"}'
+        values: '0 1 2 2 2 2'
       - series: 'node_agent_config_reloads_total{job="node-agent",instance="b:9464",node="n2",result="ok"}'
         values: '0 1 2 3 4 5'
       - series: 'node_agent_no_evictable_pod{job="node-agent",instance="a:9464",node="n1",eviction_signal="memory.available"}'
@@ -806,6 +809,21 @@ fn the_monitoring_component_renders_and_its_alerts_check_and_fire() {
         monitor["spec"]["selector"]["matchLabels"],
         service["metadata"]["labels"]
     );
+    // metricsAccess: kubernetes: Prometheus sends its token, and a role may grant it /metrics.
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    let reader = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ClusterRole" && d["metadata"]["name"] == "node-agent-metrics-reader"
+        })
+        .expect("the metrics reader role");
+    assert_eq!(
+        reader["rules"],
+        serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
 
     // The rules as Prometheus loads them: spec.groups in a rules file.
     let rule = find("PrometheusRule");
@@ -828,4 +846,123 @@ impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The NetworkPolicy component: only Prometheus (kube-prometheus's namespace and labels) may
+/// reach the agents' port, the policy selects the pods of every agent DaemonSet, and leaves
+/// their own calls out.
+#[test]
+fn the_networkpolicy_component_lets_only_prometheus_reach_the_port() {
+    let (_guard, docs) = render_install(
+        "networkpolicy",
+        &["enforce-by-node-label", "networkpolicy"],
+        None,
+    );
+    let policy = docs
+        .iter()
+        .find(|d| d["kind"] == "NetworkPolicy")
+        .expect("a NetworkPolicy");
+    assert_eq!(policy["metadata"]["namespace"], "node-agent");
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+    let selector = &policy["spec"]["podSelector"]["matchLabels"];
+    let agents = daemon_sets(&docs);
+    assert_eq!(agents.len(), 2);
+    for ds in agents {
+        let labels = &ds["spec"]["template"]["metadata"]["labels"];
+        for (k, v) in selector.as_object().expect("matchLabels") {
+            assert_eq!(
+                &labels[k], v,
+                "{k}: the policy selects {}",
+                ds["metadata"]["name"]
+            );
+        }
+        let port = &ds["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"];
+        assert_eq!(&policy["spec"]["ingress"][0]["ports"][0]["port"], port);
+    }
+    let from = &policy["spec"]["ingress"][0]["from"][0];
+    assert_eq!(
+        from["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+    assert_eq!(
+        from["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "prometheus"
+    );
+    assert_eq!(policy["spec"]["ingress"].as_array().map(Vec::len), Some(1));
+}
+
+/// `kubectl node-agent`'s grants (deploy/operator-rbac.yaml, applied on its own): valid, read
+/// only, pods/portforward only in the agent's namespace, and nothing that reaches a shell.
+#[test]
+fn the_plugin_users_roles_validate_read_only_and_forward_only_to_the_agents() {
+    let text = std::fs::read_to_string(deploy_dir().join("operator-rbac.yaml"))
+        .expect("operator-rbac.yaml");
+    validate("operator-rbac", &text);
+    let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).expect("YAML"))
+        .filter(|v| !v.is_null())
+        .collect();
+    let mut granted = std::collections::BTreeSet::new();
+    for role in docs.iter().filter(|d| d["kind"] == "ClusterRole") {
+        for rule in role["rules"].as_array().expect("rules") {
+            for resource in rule["resources"].as_array().expect("resources") {
+                for verb in rule["verbs"].as_array().expect("verbs") {
+                    granted.insert(format!(
+                        "{} {} {}",
+                        role["metadata"]["name"].as_str().unwrap(),
+                        resource.as_str().unwrap(),
+                        verb.as_str().unwrap()
+                    ));
+                }
+            }
+        }
+    }
+    let expected: std::collections::BTreeSet<String> = [
+        "node-agent-operator pods get",
+        "node-agent-operator pods list",
+        "node-agent-operator pods watch",
+        "node-agent-operator pods/portforward get",
+        "node-agent-operator pods/portforward create",
+        "node-agent-operator-nodes nodes list",
+        "node-agent-operator-nodes nodes watch",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(granted, expected, "exactly what the plugin uses");
+    // The role with pods/portforward is bound only in the agent's namespace.
+    let bindings: Vec<(String, String, Option<String>)> = docs
+        .iter()
+        .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Binding")))
+        .map(|d| {
+            (
+                d["kind"].as_str().unwrap().to_string(),
+                d["roleRef"]["name"].as_str().unwrap().to_string(),
+                d["metadata"]["namespace"].as_str().map(String::from),
+            )
+        })
+        .collect();
+    assert_eq!(
+        bindings,
+        [
+            (
+                "RoleBinding".into(),
+                "node-agent-operator".into(),
+                Some("node-agent".into())
+            ),
+            (
+                "ClusterRoleBinding".into(),
+                "node-agent-operator-nodes".into(),
+                None
+            ),
+        ]
+    );
+    // Not part of the base install: operators apply it themselves.
+    let (_, base) = render(&deploy_dir());
+    assert!(!kinds(&base)
+        .iter()
+        .any(|k| k.contains("node-agent-operator")));
 }

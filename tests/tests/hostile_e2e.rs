@@ -17,7 +17,7 @@ use node_agent_kube::{
 };
 use node_agent_tests::{
     cluster::{free_port, wait_until, Daemon, PodSpec},
-    require_root,
+    require_root, scaled,
     world::{wait, World},
     TestCgroup,
 };
@@ -544,6 +544,60 @@ fn one_bad_record_never_blinds_the_agent_nor_shifts_the_eviction_to_an_innocent_
     Ok(())
 }
 
+/// A kubelet that lists a pod with a 10 kB name (the API server refuses names over 253 bytes),
+/// over its ephemeral-storage limit so that it would be evicted at once: issue 31's probe saw
+/// 10.6 kB log lines. The pod is left out and named once, its name cut; no line the agent
+/// writes carries the name whole.
+#[test]
+fn a_10_kb_pod_name_never_makes_a_10_kb_log_line() -> anyhow::Result<()> {
+    require_root();
+    let long = PodSpec {
+        name: "l".repeat(10_000),
+        ..PodSpec::new(
+            "shop",
+            "x",
+            "0e9b5b7e-6c0e-4b8e-9a55-5d1f0e6f2a11",
+            "16Mi",
+            'c',
+        )
+    };
+    let w = World::new("e2e-long-name", &pods(), MEM_HELPER)?;
+    {
+        let mut c = w.cluster();
+        let mut pod = long.json();
+        pod["spec"]["containers"][0]["resources"]["limits"] = json!({"ephemeral-storage": "10Mi"});
+        c.pods.push(pod);
+        c.summary_pods = vec![json!({
+            "podRef": {"name": long.name, "namespace": long.namespace, "uid": long.uid},
+            "containers": [{"name": "app", "rootfs": {"usedBytes": 10 << 20}, "logs": {"usedBytes": 20 << 20}}],
+            "ephemeral-storage": {"usedBytes": 30 << 20},
+        })];
+    }
+    let mut daemon = w.start("", "")?;
+    const LEFT_OUT: &str = "problem=\"pod_unreadable\"";
+    wait_until(wait(), "the pod left out, or evicted", || {
+        daemon.log_count(LEFT_OUT) > 0 || daemon.log_count("eviction outcome") > 0
+    })?;
+    let lines = daemon.lines();
+    let longest = lines.iter().map(String::len).max().unwrap_or(0);
+    eprintln!("{} log lines, the longest {longest} bytes", lines.len());
+    assert!(
+        longest < 2048,
+        "a line of {longest} bytes: {}…",
+        &lines.iter().find(|l| l.len() == longest).unwrap()[..300]
+    );
+    let said = daemon.wait_log(LEFT_OUT, wait())?;
+    assert!(said.contains("metadata.name is 10000 bytes long"), "{said}");
+    let lists = w.cluster().pod_lists;
+    wait_until(wait(), "two more pod lists", || {
+        w.cluster().pod_lists >= lists + 2
+    })?;
+    assert_eq!(daemon.log_count(LEFT_OUT), 1, "said once, not per list");
+    assert!(w.evictions().is_empty(), "{:?}", w.evictions().len());
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
 /// LIST and WATCH requests of the node's pods so far.
 fn pod_requests(w: &World) -> usize {
     w.fake
@@ -691,6 +745,233 @@ fn out_of_descriptors_the_metrics_listener_says_so_once_each_way() -> anyhow::Re
             .unwrap_or(0.0)
             >= 3.0,
         "each failure counted"
+    );
+    daemon.stop()
+}
+
+/// Out of descriptors (the agent's limit lowered to what it holds) while a SIGHUP asks for a
+/// new config and the loop re-reads the node every second: issue 31's probe saw the reading
+/// counted `result="invalid"` and `memory.available` go unknown. A shortage of the moment is no
+/// invalid config: it is said as what it is, counted `retrying`, and the reading is tried
+/// again until it succeeds (the new config applied without another SIGHUP); the memory and PID
+/// signals, read through descriptors held open, stay known.
+#[test]
+fn out_of_descriptors_a_reload_is_tried_again_and_the_signals_stay_known() -> anyhow::Result<()> {
+    require_root();
+    let w = world("e2e-emfile-reload")?;
+    let text = w
+        .config("", "")
+        .replace("resyncInterval: 60s", "resyncInterval: 1s");
+    let mut daemon = w.start_text(&text)?;
+    let pid = daemon.process.child.id() as i32;
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit with no new limit only writes `old`, a live local.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    anyhow::ensure!(rc == 0, "prlimit: {}", std::io::Error::last_os_error());
+    std::fs::write(
+        &w.config,
+        text.replace("forkLimit: 0", "forkLimit: 0\ndryRun: true"),
+    )?;
+    // A new descriptor takes the lowest free number, refused at or past the limit: with the
+    // limit at 3 (past stdin, stdout, stderr) every one is refused, those held stay.
+    let tight = libc::rlimit {
+        rlim_cur: 3,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: prlimit reads `tight`, a live local, and writes nothing.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &tight, std::ptr::null_mut()) };
+    anyhow::ensure!(rc == 0, "prlimit: {}", std::io::Error::last_os_error());
+    daemon.process.signal(libc::SIGHUP);
+    let said = daemon.wait_log("Too many open files", wait());
+    // Two re-readings of the node (one a second) while no descriptor is to be had: nothing the
+    // agent serves can be asked meanwhile, so this waits out the time itself.
+    std::thread::sleep(Duration::from_millis(2500));
+    // SAFETY: as above, with the limit the agent had.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &old, std::ptr::null_mut()) };
+    anyhow::ensure!(rc == 0, "prlimit: {}", std::io::Error::last_os_error());
+    let said = said?;
+    eprintln!("out of descriptors: {said}");
+    let reloaded = daemon.wait_log("config reloaded", wait())?;
+    assert!(
+        reloaded.contains("dry_run=true"),
+        "the new file applied: {reloaded}"
+    );
+    assert_eq!(daemon.log_count("invalid config"), 0, "{said}");
+    assert_eq!(
+        daemon.metric("node_agent_config_reloads_total{result=\"invalid\"}")?,
+        Some(0.0)
+    );
+    assert!(
+        daemon
+            .metric("node_agent_config_reloads_total{result=\"retrying\"}")?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    for source in ["memory", "pids"] {
+        assert_eq!(
+            daemon.log_count(&format!("source=\"{source}\"")),
+            0,
+            "{source} stayed known"
+        );
+    }
+    assert_eq!(
+        daemon.metric("node_agent_signal_unknown{eviction_signal=\"memory.available\"}")?,
+        Some(0.0)
+    );
+    daemon.stop()
+}
+
+/// A reload of a file nested 80 000 levels deep (160 kB, far under the 1 MiB cap), then 2 s
+/// later the emergency brake, `dryRun: true`: issue 31's probe saw the deep file burn 24.7 s
+/// of CPU and the brake applied 23.6 s after its SIGHUP. The deep file is refused at once,
+/// naming where, and the brake applies at once. Prints the figure.
+#[test]
+fn a_deeply_nested_file_never_delays_the_emergency_brake() -> anyhow::Result<()> {
+    require_root();
+    let w = world("e2e-deep-yaml")?;
+    let mut daemon = w.start("", "")?;
+    let depth = 80_000;
+    std::fs::write(
+        &w.config,
+        format!(
+            "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\neviction: {}{}\n",
+            "[".repeat(depth),
+            "]".repeat(depth)
+        ),
+    )?;
+    daemon.process.signal(libc::SIGHUP);
+    // The probe's timing: the good file two seconds after the bad one.
+    std::thread::sleep(Duration::from_secs(2));
+    std::fs::write(&w.config, w.config("", "dryRun: true\n"))?;
+    let asked = Instant::now();
+    daemon.process.signal(libc::SIGHUP);
+    let reloaded = daemon.wait_log("config reloaded", scaled(Duration::from_secs(60)));
+    let took = asked.elapsed();
+    eprintln!("the brake applied {took:?} after its SIGHUP, behind a file nested {depth} deep");
+    let reloaded = reloaded?;
+    assert!(reloaded.contains("dry_run=true"), "{reloaded}");
+    assert!(took < scaled(Duration::from_secs(2)), "{took:?}");
+    let refused = daemon.wait_log("invalid config", wait())?;
+    assert!(
+        refused.contains("nested more than 32 levels deep at line 3"),
+        "{refused}"
+    );
+    daemon.stop()
+}
+
+/// Who may read what the agent knows (issue 31: the open listener gave anyone who reaches a pod
+/// address the namespaces and containers of the OOM series, and on `/readyz` the kubelet's URL
+/// and CA path). Under the default `metricsAccess: kubernetes` `/metrics` wants a bearer token
+/// the API server authenticates (TokenReview) whose user RBAC lets `get /metrics`
+/// (SubjectAccessReview); the kubelet's probes need nothing, and `/readyz` tells them what is
+/// wrong (here: the kubelet's certificate) without the URL, address or path, which a caller
+/// the API server vouches for still gets.
+#[test]
+fn metrics_go_to_callers_the_api_server_vouches_for_and_readyz_names_no_url_or_path(
+) -> anyhow::Result<()> {
+    require_root();
+    const PROMETHEUS: &str = "system:serviceaccount:monitoring:prometheus-k8s";
+    let w = world("e2e-metrics-access")?;
+    let other = node_agent_kube::fake::Pki::new();
+    // The default access; the kubelet's CA one that did not sign it (its line comes first).
+    let text = w
+        .config("", "")
+        .replace("metricsAccess: loopback\n", "")
+        .replacen(
+            &w.fake.pki.ca_file.display().to_string(),
+            &other.ca_file.display().to_string(),
+            1,
+        );
+    let mut daemon = start(&w, &text, None)?;
+    w.fake.add_user(
+        "scraper",
+        PROMETHEUS,
+        &["system:serviceaccounts", "system:authenticated"],
+    );
+    w.fake.add_user(
+        "web-token",
+        "system:serviceaccount:shop:web",
+        &["system:authenticated"],
+    );
+    w.fake.add_user("sre-token", "jane", &["sre"]);
+    w.fake.grant_url("sre", "get", "/readyz");
+    daemon.wait_log("source not ready", wait())?;
+
+    let status = |r: &str| r.split(' ').nth(1).unwrap_or("").to_string();
+    let anonymous = daemon.get("/metrics")?;
+    assert_eq!(status(&anonymous), "401", "{anonymous}");
+    assert!(
+        anonymous.contains("www-authenticate: Bearer"),
+        "{anonymous}"
+    );
+    assert!(
+        !anonymous.contains("node_agent_"),
+        "no metric for the anonymous"
+    );
+    for (what, token, want) in [
+        ("a made-up token", "forged", "401"),
+        ("a user RBAC grants nothing", "web-token", "403"),
+        ("Prometheus before its role is bound", "scraper", "403"),
+    ] {
+        let r = daemon.get_as("/metrics", token)?;
+        assert_eq!(status(&r), want, "{what}: {r}");
+        assert!(!r.contains("node_agent_"), "{what}");
+    }
+    w.fake.grant_url(PROMETHEUS, "get", "/metrics");
+    // A refusal is remembered 30 s (as controller-runtime's): a fresh token of the same user
+    // is reviewed at once.
+    w.fake
+        .add_user("scraper-2", PROMETHEUS, &["system:serviceaccounts"]);
+    let scraped = daemon.get_as("/metrics", "scraper-2")?;
+    assert_eq!(status(&scraped), "200", "{scraped}");
+    assert!(
+        scraped.contains("node_agent_telemetry_authorizations_total{result=\"forbidden\"} 2"),
+        "{scraped}"
+    );
+    assert!(
+        scraped.contains("node_agent_telemetry_authorizations_total{result=\"unauthenticated\"} 2"),
+        "{scraped}"
+    );
+    let reviews = w
+        .fake
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.starts_with("/apis/authentication.k8s.io/"))
+        .collect::<Vec<_>>();
+    assert!(
+        reviews
+            .iter()
+            .all(|s| s.authorization.as_deref() == Some("Bearer token-one")),
+        "reviewed with the agent's own token"
+    );
+
+    // The probes: no credentials needed; /readyz says what is wrong, not where.
+    assert!(daemon.get("/healthz")?.starts_with("HTTP/1.1 200"));
+    let ready = daemon.get("/readyz")?;
+    assert_eq!(status(&ready), "503", "{ready}");
+    assert!(
+        ready.contains("pods: cannot be read") && ready.contains("TLS"),
+        "{ready}"
+    );
+    let ca = other.ca_file.display().to_string();
+    for secret in ["https://", "127.0.0.1", ca.as_str()] {
+        assert!(!ready.contains(secret), "{secret} disclosed: {ready}");
+    }
+    let whole = daemon.get_as("/readyz", "sre-token")?;
+    assert!(
+        whole.contains("https://127.0.0.1:"),
+        "the whole reason for a caller let in: {whole}"
+    );
+    assert!(
+        w.fake
+            .rejected()
+            .iter()
+            .all(|(_, p, _)| !p.contains("review")),
+        "{:?}",
+        w.fake.rejected()
     );
     daemon.stop()
 }

@@ -154,7 +154,9 @@ async fn run_agent_on(
         files,
         env: extra_env,
     } = custom.unwrap_or(Custom {
-        config: "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\nlisten: '0.0.0.0:{port}'\n",
+        // Read from the host over the pod's address: open (who may read /metrics is not what
+        // this test is about).
+        config: "apiVersion: node-agent.io/v1alpha1\nkind: NodeAgentConfiguration\nlisten: '0.0.0.0:{port}'\nmetricsAccess: open\n",
         files: &[],
         env: &[],
     });
@@ -449,7 +451,7 @@ fn kubernetes_mode() -> (String, Vec<u8>) {
          kubernetes:\n  apiServer: {url: 'https://127.0.0.1:1', caFile: /etc/node-agent/ca.crt}\n  \
          kubelet: {url: 'https://127.0.0.1:2', caFile: /etc/node-agent/ca.crt}\n  \
          tokenPath: /etc/node-agent/token\n  retry: {attempts: 1}\n\
-         listen: '0.0.0.0:{port}'\n"
+         listen: '0.0.0.0:{port}'\nmetricsAccess: open\n"
         .to_string();
     (config, ca)
 }

@@ -317,7 +317,7 @@ fn a_kill_in_a_container_the_pod_source_has_not_listed_is_named_by_the_runtime(
              kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
              apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n\
              cri:\n  endpoint: 'unix://{sock}'\n  keepImages: ['{PAUSE_IMAGE}']\n\
-             dryRun: false\nlisten: '127.0.0.1:{port}'\ntraceSocket: '{trace}'\nnodeCgroup: '{cg}'\n\
+             dryRun: false\nlisten: '127.0.0.1:{port}'\nmetricsAccess: loopback\ntraceSocket: '{trace}'\nnodeCgroup: '{cg}'\n\
              memoryCapacity: 64Gi\nnodefsPath: '{fs}'\nresyncInterval: 1s\nforkLimit: 0\n",
             url = fake.url(),
             ca = fake.pki.ca_file.display(),

@@ -6,7 +6,10 @@
 //! Grafana dashboard and every alert expression must evaluate to data, and the alerts for a
 //! refused reload, no evictable pod and a blind pod source must fire (`/api/v1/alerts`). The rules are loaded as shipped except their
 //! `for:` periods, cut to a second so that the test need not wait minutes (`promtool test
-//! rules` in deploy_render checks the periods themselves).
+//! rules` in deploy_render checks the periods themselves). It scrapes as the shipped
+//! ServiceMonitor does, with a bearer token (`bearerTokenFile`), which the agent, under the
+//! default `metricsAccess: kubernetes`, has the (fake) API server review: the shipped
+//! monitoring still scrapes behind the agent's authorization.
 
 use std::{
     io::{Read as _, Write as _},
@@ -49,8 +52,9 @@ impl Drop for Prometheus {
 
 impl Prometheus {
     /// Starts it scraping the agent at `target` every second as the ServiceMonitor's job
-    /// (`job="node-agent"`, a `node` label), evaluating `rules` every second.
-    fn start(target: u16, rules: &str) -> anyhow::Result<Self> {
+    /// (`job="node-agent"`, a `node` label, the token in `token_file` as its
+    /// `bearerTokenFile`), evaluating `rules` every second.
+    fn start(target: u16, rules: &str, token_file: &Path) -> anyhow::Result<Self> {
         let binary = std::env::var("PROMETHEUS").expect(
             "PROMETHEUS names the Prometheus server (set by `cargo xtask test`; `cargo xtask setup` unpacks Debian's prometheus)",
         );
@@ -64,8 +68,10 @@ impl Prometheus {
             format!(
                 "global: {{scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}}\n\
                  rule_files: [rules.yaml]\n\
-                 scrape_configs:\n  - job_name: node-agent\n    static_configs:\n      \
-                 - targets: ['127.0.0.1:{target}']\n        labels: {{node: {NODE}}}\n"
+                 scrape_configs:\n  - job_name: node-agent\n    \
+                 authorization: {{credentials_file: '{token}'}}\n    static_configs:\n      \
+                 - targets: ['127.0.0.1:{target}']\n        labels: {{node: {NODE}}}\n",
+                token = token_file.display(),
             ),
         )?;
         let port = free_port()?;
@@ -281,9 +287,32 @@ fn a_real_prometheus_fills_every_panel_and_fires_the_alerts() -> anyhow::Result<
     );
     let w = World::new("e2e-prometheus", &[hog, calm, oomer, keeper], MEM_HELPER)?;
     let kube = "  evictionWaitTimeout: 1s\n  exclusions: {namespaces: [batch]}\n";
-    let mut daemon = w.start(kube, "")?;
+    // The shipped access (metricsAccess: kubernetes), not the harness's loopback.
+    let config = |agent: &str| {
+        w.config(kube, agent)
+            .replace("metricsAccess: loopback\n", "")
+    };
+    let mut daemon = w.start_text(&config(""))?;
+    // Prometheus scrapes with its service account's token, as the ServiceMonitor says, and
+    // RBAC grants its user get /metrics (kube-prometheus's prometheus-k8s role does).
+    let monitor: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(
+        monitoring().join("servicemonitor.yaml"),
+    )?)?;
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    const PROMETHEUS: &str = "system:serviceaccount:monitoring:prometheus-k8s";
+    w.fake.add_user(
+        "prometheus-k8s-token",
+        PROMETHEUS,
+        &["system:serviceaccounts"],
+    );
+    w.fake.grant_url(PROMETHEUS, "get", "/metrics");
+    let token_file = w.dir.join("prometheus-token");
+    std::fs::write(&token_file, "prometheus-k8s-token")?;
     let (rules, alerts) = rules()?;
-    let prometheus = Prometheus::start(w.port, &rules)?;
+    let prometheus = Prometheus::start(w.port, &rules, &token_file)?;
     // Scraped before anything happens (Prometheus hands its targets to the scraper a few
     // seconds after start), so every counter's step up is seen as one.
     wait_until(
@@ -312,7 +341,7 @@ fn a_real_prometheus_fills_every_panel_and_fires_the_alerts() -> anyhow::Result<
     daemon.wait_log("threshold met but no pod may be evicted", wait())?;
 
     // A refused reload: a duration without a unit.
-    std::fs::write(&w.config, w.config(kube, "pressurePollInterval: 100\n"))?;
+    std::fs::write(&w.config, config("pressurePollInterval: 100\n"))?;
     daemon.process.signal(libc::SIGHUP);
     daemon.wait_log("invalid config; keeping the previous one", wait())?;
 

@@ -104,7 +104,7 @@ impl World {
              kubelet: {{url: '{url}', caFile: '{ca}'}}\n  \
              apiServer: {{url: '{url}', caFile: '{ca}'}}\n  tokenPath: '{token}'\n  evictionsPerMinute: 60\n\
              cri:\n  endpoint: 'unix://{sock}'\n  imageMinimumGCAge: 0s\n  keepImages: ['{PAUSE_IMAGE}']\n\
-             dryRun: {dry_run}\nlisten: '127.0.0.1:{port}'\ntraceSocket: '{trace}'\nnodeCgroup: '{cg}'\n\
+             dryRun: {dry_run}\nlisten: '127.0.0.1:{port}'\nmetricsAccess: loopback\ntraceSocket: '{trace}'\nnodeCgroup: '{cg}'\n\
              memoryCapacity: 1Gi\nnodefsPath: '{fs}'\nresyncInterval: 1s\nforkLimit: 0\n{agent}",
             url = self.fake.url(),
             ca = self.fake.pki.ca_file.display(),

@@ -53,7 +53,23 @@ enum ClusterCommand {
     Down,
     /// What runs, the nodes and the agent's pods.
     Status,
-    /// Brings a cluster up, runs the real-cluster tests (tests/tests/cluster_*.rs) against
+    /// Races the real kubelet (docs/benchmarks.md, "Racing the kubelet on a real node"): every
+    /// scenario in every configuration, writes the table, docs/race.svg and
+    /// target/bench/race-<commit>.json. Brings a one-node cluster up (or uses the one that is
+    /// up with --reuse) and ends it after.
+    Bench {
+        /// Runs per cell of the memory scenarios (the PID and disk ones take at most 3).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Only these scenarios (slow-ramp, fast-ramp, fastest-ramp, burst, many-small-pods,
+        /// fork-storm, disk-fill, emptydir-over-limit).
+        #[arg(long = "scenario")]
+        scenarios: Vec<String>,
+        /// Use the cluster that is up, and leave it up.
+        #[arg(long)]
+        reuse: bool,
+    },
+    /// Brings a cluster of two nodes up, runs the real-cluster tests (tests/tests/cluster_*.rs) against
     /// it, then ends it and checks the host is as it was.
     Test {
         /// Only these test files (e.g. cluster_memory); default: every cluster_* file.
@@ -104,6 +120,14 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             Ok(())
         }
         ClusterCommand::Status => status(),
+        ClusterCommand::Bench {
+            runs,
+            scenarios,
+            reuse,
+        } => {
+            let tc = crate::toolchain::setup()?;
+            bench(&tc, *runs, scenarios, *reuse)
+        }
         ClusterCommand::Test { files, reuse, args } => {
             let tc = crate::toolchain::setup()?;
             test(&tc, files, *reuse, args)
@@ -217,18 +241,30 @@ fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> a
             c.layout.dir.display()
         );
         let image = crate::image::image(tc)?;
-        Archive {
+        let archive = Archive {
             reference: image.reference,
             path: image.archive,
-        }
+        };
+        c.refresh_agent_image(&archive)?;
+        archive
     } else {
         // What the host looks like before any cluster: the lifecycle test compares with it.
         c.down().context("ending an earlier cluster")?;
         let snapshot = HostSnapshot::take(&c.layout)?;
         std::fs::create_dir_all(&c.layout.dir)?;
         std::fs::write(&snapshot_file, serde_json::to_vec_pretty(&snapshot)?)?;
-        up(tc, 0, true)?.1.context("the agent's image")?
+        // Two nodes: the plugin's fan-out (tests/tests/cluster_plugin.rs) is across both.
+        up(tc, 1, true)?.1.context("the agent's image")?
     };
+    // kubectl node-agent, which the cluster's kubectl finds through NODE_AGENT_PLUGIN's
+    // directory on PATH.
+    run_cmd(cargo_with_object(&object, "build").args([
+        "--package",
+        "kubectl-node-agent",
+        "--locked",
+    ]))
+    .context("building kubectl-node_agent")?;
+    let plugin = workspace_root().join("target/debug/kubectl-node_agent");
     let up_took = started.elapsed();
     let mut failed = Vec::new();
     let mut took = vec![("cluster up".to_string(), up_took)];
@@ -261,7 +297,8 @@ fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> a
         .env("NODE_AGENT_CLUSTER_DIR", &c.layout.dir)
         .env("NODE_AGENT_HOST_BEFORE_UP", &snapshot_file)
         .env("NODE_AGENT_IMAGE", &agent_image.reference)
-        .env("NODE_AGENT_IMAGE_ARCHIVE", &agent_image.path);
+        .env("NODE_AGENT_IMAGE_ARCHIVE", &agent_image.path)
+        .env("NODE_AGENT_PLUGIN", &plugin);
         if let Err(e) = run_cmd(&mut cmd) {
             eprintln!("xtask: {file} failed: {e:#}");
             failed.push(file.clone());
@@ -287,4 +324,50 @@ fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> a
         anyhow::bail!("failed: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// `cargo xtask cluster bench`.
+fn bench(tc: &EbpfToolchain, runs: usize, scenarios: &[String], reuse: bool) -> anyhow::Result<()> {
+    let object = ebpf(tc)?;
+    let c = cluster();
+    let running = reuse && c.layout.state().exists() && c.kubectl().run(&["get", "nodes"]).is_ok();
+    if running {
+        let image = crate::image::image(tc)?;
+        c.refresh_agent_image(&Archive {
+            reference: image.reference,
+            path: image.archive,
+        })?;
+    } else {
+        up(tc, 0, true)?;
+    }
+    run_cmd(cargo_with_object(&object, "build").args([
+        "--package",
+        "node-agent-tests",
+        "--bin",
+        "race-kubelet",
+        "--locked",
+    ]))
+    .context("building the race")?;
+    let root = workspace_root();
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(&root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let mut cmd = std::process::Command::new(root.join("target/debug/race-kubelet"));
+    cmd.args(["--runs", &runs.to_string(), "--out"])
+        .arg(&root)
+        .args(["--commit", &commit])
+        .env("NODE_AGENT_CLUSTER_DIR", &c.layout.dir);
+    for s in scenarios {
+        cmd.args(["--scenario", s]);
+    }
+    let result = run_cmd(&mut cmd);
+    if !reuse {
+        c.down()?;
+    }
+    result
 }

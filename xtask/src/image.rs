@@ -86,6 +86,27 @@ impl Output<'_> {
 
 /// The static release binary, eBPF object embedded.
 fn static_agent(tc: &EbpfToolchain, out: Output<'_>) -> anyhow::Result<PathBuf> {
+    static_binary(tc, out, "node-agent", "node-agent")
+}
+
+/// kubectl node-agent's static release binary (`cargo xtask plugin`).
+pub fn static_plugin(tc: &EbpfToolchain) -> anyhow::Result<PathBuf> {
+    static_binary(
+        tc,
+        Output::Terminal,
+        "kubectl-node-agent",
+        "kubectl-node_agent",
+    )
+}
+
+/// A package's static release binary. Built with the eBPF object named as for the agent, so
+/// the crates the two binaries share are built once for both.
+fn static_binary(
+    tc: &EbpfToolchain,
+    out: Output<'_>,
+    package: &str,
+    binary: &str,
+) -> anyhow::Result<PathBuf> {
     let object = ebpf(tc)?;
     let target = host_target();
     let mut cmd = cargo_with_object(&object, "build");
@@ -93,7 +114,7 @@ fn static_agent(tc: &EbpfToolchain, out: Output<'_>) -> anyhow::Result<PathBuf> 
     // and gives the static build a directory of its own next to the ordinary release build.
     cmd.args([
         "--package",
-        "node-agent",
+        package,
         "--locked",
         "--release",
         "--target",
@@ -103,11 +124,12 @@ fn static_agent(tc: &EbpfToolchain, out: Output<'_>) -> anyhow::Result<PathBuf> 
     // Symbols stay (readable panics); the debug info of the standard library goes.
     .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
     out.run(&mut cmd)
-        .context("building the static node-agent")?;
+        .with_context(|| format!("building the static {binary}"))?;
     let binary = workspace_root()
         .join("target")
         .join(&target)
-        .join("release/node-agent");
+        .join("release")
+        .join(binary);
     let file = Command::new("file").arg(&binary).output();
     if let Ok(out) = file {
         let text = String::from_utf8_lossy(&out.stdout);

@@ -6,6 +6,7 @@ mod cluster;
 mod fuzz;
 mod image;
 mod lint;
+mod plugin;
 mod test;
 mod toolchain;
 mod tools;
@@ -57,6 +58,9 @@ enum Command {
     Image,
     /// rustfmt check and clippy with warnings denied, for every crate including the eBPF one.
     Lint,
+    /// kubectl node-agent as one static binary, packed for krew: target/krew/ holds the
+    /// archive and deploy/krew/node-agent.yaml with its sha256, both checked by krew's rules.
+    Plugin,
     /// Runs every fuzz target (fuzz/) for a bounded time, from its committed corpus.
     Fuzz {
         /// How long each target runs.
@@ -109,6 +113,7 @@ fn main() -> ExitCode {
         Command::Test { args } => toolchain::setup().and_then(|tc| test::test(&tc, &args)),
         Command::Image => toolchain::setup().and_then(|tc| image::image(&tc).map(drop)),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
+        Command::Plugin => toolchain::setup().and_then(|tc| plugin::plugin(&tc)),
         Command::VmTest(args) => toolchain::setup().and_then(|tc| vm::test(&tc, &args)),
         Command::VmStress(args) => toolchain::setup().and_then(|tc| vm::stress(&tc, &args)),
         Command::Bench { quick, no_vm } => {

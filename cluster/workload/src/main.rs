@@ -5,6 +5,7 @@
 //! pod-workload memory MIB [RATE_MIB_PER_S] [STEP_MIB]  touches MIB MiB (0 rate: at once), then holds it
 //! pod-workload forks N                                  forks N children that wait, then holds them
 //! pod-workload fill PATH MIB [RATE_MIB_PER_S]           writes MIB MiB to PATH (fsynced), then holds
+//! pod-workload allocate PATH MIB                        allocates MIB MiB of disk to PATH at once (fallocate), then holds
 //! pod-workload sleep                                    holds nothing, waits for SIGTERM
 //! ```
 //!
@@ -17,7 +18,7 @@
 use std::io::Write as _;
 
 const MIB: usize = 1 << 20;
-const USAGE: &str = "usage: pod-workload pause | sleep | memory MIB [RATE_MIB_PER_S] [STEP_MIB] | forks N | fill PATH MIB [RATE_MIB_PER_S]";
+const USAGE: &str = "usage: pod-workload pause | sleep | memory MIB [RATE_MIB_PER_S] [STEP_MIB] | forks N | fill PATH MIB [RATE_MIB_PER_S] | allocate PATH MIB";
 
 fn clocks() -> (u128, u128) {
     let wall = std::time::SystemTime::now()
@@ -175,6 +176,30 @@ fn fill(path: &str, mib: u64, rate: u64) -> ! {
     hold()
 }
 
+fn allocate(path: &str, mib: u64) -> ! {
+    use std::os::fd::AsRawFd as _;
+    say("start", &format!("path={path} mib={mib}"));
+    let file = match std::fs::File::create(path) {
+        Ok(f) => f,
+        Err(e) => {
+            say("failed", &format!("error={e}"));
+            std::process::exit(1);
+        }
+    };
+    let len = (mib * MIB as u64) as libc::off_t;
+    // SAFETY: fallocate(2) on a descriptor we own.
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) } != 0 {
+        say(
+            "failed",
+            &format!("error={}", std::io::Error::last_os_error()),
+        );
+        hold()
+    }
+    let _ = file.sync_all();
+    say("held", &format!("mib={mib}"));
+    hold()
+}
+
 fn main() {
     exit_on_term();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -198,6 +223,13 @@ fn main() {
                 args.get(3)
                     .map_or(0, |_| number(args.get(3), "RATE_MIB_PER_S")),
             )
+        }
+        Some("allocate") => {
+            let Some(path) = args.get(1) else {
+                eprintln!("pod-workload: allocate needs a PATH\n{USAGE}");
+                std::process::exit(2);
+            };
+            allocate(path, number(args.get(2), "MIB"))
         }
         _ => {
             eprintln!("{USAGE}");

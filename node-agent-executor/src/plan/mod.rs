@@ -12,12 +12,17 @@
 //! eviction for memory or PIDs never waits for the runtime: a hung runtime must not delay it
 //! (the kubelet would not be reclaiming disk while memory is the signal to reclaim either).
 //!
-//! Evictions leave one decision at a time (one pod for a threshold, every pod over a local
-//! storage limit at once): from the moment they are handed to the executor until each outcome
-//! says nothing is going (refused, blocked, failed), or until each pod's cgroup is gone (the
-//! kubelet's wait for pod cleanup) or `eviction_wait_timeout` passed. Each one takes a token of
-//! the pacing ([`pacing::TokenBucket`]); without one the plan holds the eviction and says until
-//! when ([`Acting::paced_until`]), so the executor never refuses one.
+//! Evictions go on two tracks that never wait for one another. A threshold's eviction goes one
+//! at a time: in flight from the moment it is handed to the executor until its outcome says
+//! nothing is going (refused, blocked, failed), or until the pod's cgroup is gone (the
+//! kubelet's wait for pod cleanup) or `eviction_wait_timeout` passed; each takes a token of the
+//! pacing ([`pacing::TokenBucket`]); without one the plan holds it and says until when
+//! ([`Acting::paced_until`]). Every pod over a local storage limit goes as soon as it is seen,
+//! as the kubelet's `localStorageEviction` evicts them all in one synchronize: no token, each
+//! pod in flight on its own, at most [`LOCAL_STORAGE_IN_FLIGHT`] at once (so the executor's
+//! lane, [`crate::EVICTION_CAPACITY`], always has room for the threshold's). A pod in flight is
+//! not evictable now ([`NotEvictableNow::Evicting`]) for either track. The API server's own
+//! `Retry-After` holds both.
 
 mod oom;
 mod pacing;
@@ -39,11 +44,41 @@ use node_agent_kube::{
     evict::EvictionResult,
 };
 use node_agent_policy::{
-    Decision, Eligibility, EvictionSignal, NodeCondition, NotEvictableNow, PassedOver, PodInfo,
-    Signal, StorageLimit,
+    Decision, Eligibility, Eviction, EvictionSignal, NodeCondition, NotEvictableNow, PassedOver,
+    PodInfo, Signal, StorageLimit,
 };
 
 pub use oom::{OomSeries, FLUSH_EVERY, SERIES_WINDOW};
+
+/// Evictions for local storage limits out at once, at most: half the executor's lane, the
+/// rest room for the threshold's (and what the lane may still be finishing).
+pub const LOCAL_STORAGE_IN_FLIGHT: usize = crate::EVICTION_CAPACITY / 2;
+const _: () = assert!(
+    LOCAL_STORAGE_IN_FLIGHT < crate::EVICTION_CAPACITY,
+    "the lane must keep room for the threshold's eviction"
+);
+
+/// After the executor's lane shed an eviction (full), it is tried again this much later: soon,
+/// as nothing was attempted, but not in a spin while the lane drains.
+pub const SHED_RETRY: Duration = Duration::from_millis(250);
+
+/// The two tracks evictions go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Track {
+    /// For a threshold: one at a time, paced.
+    Threshold,
+    /// For a local storage limit: every pod over one at once.
+    LocalStorage,
+}
+
+impl Track {
+    pub fn of(signal: EvictionSignal) -> Self {
+        match signal.threshold() {
+            Some(_) => Self::Threshold,
+            None => Self::LocalStorage,
+        }
+    }
+}
 pub use pacing::TokenBucket;
 
 use crate::{
@@ -133,7 +168,9 @@ pub enum Note {
     },
     /// A pod may be evicted again, or no threshold needs one any more.
     EvictablePodAgain,
-    /// A decision to evict was not acted on: the pod data is stale (every time).
+    /// A decision to evict, or a threshold past its grace period, was not acted on: the pod
+    /// data is stale or not read yet (every time). Blind, the agent cannot say whether a pod
+    /// may go: an earlier [`Note::NoEvictablePod`] no longer holds.
     Stale,
     /// A decision to evict is held by the pacing until `until` (once per wait).
     Paced {
@@ -163,6 +200,8 @@ pub struct Acting {
     paced_until: Option<Duration>,
     /// When the API server (shedding load) allows the next eviction, while it does not now.
     server_until: Option<Duration>,
+    /// When an eviction the executor's lane shed is tried again.
+    shed_until: Option<Duration>,
     last_met: BTreeSet<Signal>,
     last_conditions: Option<Vec<NodeCondition>>,
     no_evictable: Option<Signal>,
@@ -188,23 +227,56 @@ impl Acting {
         !self.in_flight.is_empty()
     }
 
-    /// When the pacing (or the API server) allows the next attempt, if it does not now.
-    pub fn paced_until(&self, now: Duration) -> Option<Duration> {
-        [self.paced_until, self.server_until]
+    /// The evictions in flight on `track`.
+    fn in_flight_on(&self, track: Track) -> usize {
+        self.in_flight
+            .values()
+            .filter(|f| Track::of(f.signal) == track)
+            .count()
+    }
+
+    /// Whether another eviction for a local storage limit may be handed over now.
+    pub fn local_storage_room(&self, now: Duration) -> bool {
+        self.in_flight_on(Track::LocalStorage) < LOCAL_STORAGE_IN_FLIGHT
+            && self.held_for_all(now).is_none()
+    }
+
+    /// What holds every eviction, both tracks: the API server's wish, a lane that shed one.
+    fn held_for_all(&self, now: Duration) -> Option<Duration> {
+        [self.server_until, self.shed_until]
             .into_iter()
             .flatten()
             .filter(|t| *t > now)
             .max()
     }
 
-    /// `base` (own pod, exclusions) with the pods not evictable at `now`.
+    /// When the pacing (or the API server, or a lane that shed an eviction) allows the next
+    /// attempt, if it does not now.
+    pub fn paced_until(&self, now: Duration) -> Option<Duration> {
+        [
+            self.paced_until.filter(|t| *t > now),
+            self.held_for_all(now),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+    }
+
+    /// `base` (own pod, exclusions) with the pods not evictable at `now`: those held after an
+    /// outcome, and those whose eviction is in flight.
     pub fn eligibility(&self, base: &Eligibility, now: Duration) -> Eligibility {
         let mut e = base.clone();
+        // A hold says more than "in flight" (an evicted pod still waited for is terminating).
         e.not_evictable_now = self
-            .holds
-            .iter()
-            .filter(|(_, h)| h.until.is_none_or(|u| now < u))
-            .map(|(id, h)| (id.clone(), h.reason))
+            .in_flight
+            .keys()
+            .map(|id| (id.clone(), NotEvictableNow::Evicting))
+            .chain(
+                self.holds
+                    .iter()
+                    .filter(|(_, h)| h.until.is_none_or(|u| now < u))
+                    .map(|(id, h)| (id.clone(), h.reason)),
+            )
             .collect();
         e
     }
@@ -221,22 +293,32 @@ impl Acting {
         now: Duration,
     ) -> Plan {
         let mut plan = Plan::default();
-        // The eviction (or the node-level reclaim that goes before it) leaves first: it is what
-        // the node is waiting for; the events and the condition that describe the same moment
-        // follow it.
-        if let Some(reclaim) = self.node_reclaim(decision, pods, fresh, now) {
-            plan.actions.push(reclaim);
-        } else if self.reclaim.in_flight.is_some()
-            && decision
-                .reclaim
-                .is_some_and(|s| !s.is_memory() && s != Signal::PidAvailable)
-        {
-            // Nothing is evicted for a disk signal until the reclaim's outcome is back and the
-            // node observed again.
-        } else if !decision.evictions.is_empty() && !fresh {
+        // The evictions (or the node-level reclaim that goes before a disk signal's) leave
+        // first: they are what the node is waiting for; the events and the condition that
+        // describe the same moment follow them.
+        let reclaim = self.node_reclaim(decision, pods, fresh, now);
+        // Nothing is evicted for a disk signal until the reclaim's outcome is back and the
+        // node observed again; pods over their local storage limits still go.
+        let threshold_held = reclaim.is_some()
+            || (self.reclaim.in_flight.is_some()
+                && decision
+                    .reclaim
+                    .is_some_and(|s| !s.is_memory() && s != Signal::PidAvailable));
+        plan.actions.extend(reclaim);
+        if !fresh && (!decision.evictions.is_empty() || decision.reclaim.is_some()) {
+            // Blind: the pods are not known (the source unusable, or not read yet), so neither
+            // is whether one may go.
             plan.notes.push(Note::Stale);
         } else {
-            self.evictions(decision, pods, trigger_ktime_ns, cgroup_of, now, &mut plan);
+            self.evictions(
+                decision,
+                pods,
+                threshold_held,
+                trigger_ktime_ns,
+                cgroup_of,
+                now,
+                &mut plan,
+            );
         }
         let met: BTreeSet<Signal> = decision.thresholds_met.iter().map(|t| t.signal).collect();
         let mut resources = BTreeSet::new();
@@ -266,7 +348,11 @@ impl Acting {
         }
         self.last_met = met;
 
-        let starving = decision.reclaim.filter(|_| decision.no_evictable_pod());
+        // Only pods seen fresh can say that none may go: blind, [`Note::Stale`] says so instead
+        // (and takes back an earlier claim).
+        let starving = decision
+            .reclaim
+            .filter(|_| fresh && decision.no_evictable_pod());
         match (self.no_evictable, starving) {
             (before, Some(signal)) if before != Some(signal) => {
                 plan.notes.push(Note::NoEvictablePod {
@@ -274,7 +360,7 @@ impl Acting {
                     passed_over: decision.passed_over.clone(),
                 });
             }
-            (Some(_), None) => plan.notes.push(Note::EvictablePodAgain),
+            (Some(_), None) if fresh => plan.notes.push(Note::EvictablePodAgain),
             _ => {}
         }
         self.no_evictable = starving;
@@ -381,38 +467,59 @@ impl Acting {
         };
     }
 
-    /// The evictions to hand over, if the decision has any and nothing holds them back (a
-    /// decision's evictions still in flight, the pacing). Each takes a pacing token: of several
-    /// (pods over local storage limits), those without one wait for a later decision.
+    /// The evictions to hand over, each on its track unless something holds it back: for a
+    /// local storage limit, the room in flight; for a threshold, its eviction still in flight,
+    /// `threshold_held` (a node-level reclaim first) or the pacing (each takes a token); for
+    /// both, the API server's wish and a lane that shed one.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the plan's inputs for one decision, passed through from `plan`"
+    )]
     fn evictions(
         &mut self,
         decision: &Decision,
         pods: &[PodInfo],
+        threshold_held: bool,
         trigger_ktime_ns: Option<u64>,
         cgroup_of: &dyn Fn(&PodInfo) -> Option<PathBuf>,
         now: Duration,
         plan: &mut Plan,
     ) {
-        if decision.evictions.is_empty()
-            || !self.in_flight.is_empty()
-            || self.paced_until(now).is_some()
-        {
+        if self.held_for_all(now).is_some() {
             return;
         }
         for eviction in &decision.evictions {
             let id = eviction.pod_id();
+            if self.in_flight.contains_key(&id) {
+                continue;
+            }
             let Some(pod) = pods.iter().find(|p| p.id() == id) else {
                 continue;
             };
-            if let Some(bucket) = &mut self.bucket {
-                if let Err(wait) = bucket.try_take(now) {
-                    let until = now.saturating_add(wait);
-                    self.paced_until = Some(until);
-                    plan.notes.push(Note::Paced {
-                        signal: eviction.signal,
-                        until,
-                    });
-                    return;
+            match Track::of(eviction.signal) {
+                Track::LocalStorage => {
+                    if self.in_flight_on(Track::LocalStorage) >= LOCAL_STORAGE_IN_FLIGHT {
+                        continue;
+                    }
+                }
+                Track::Threshold => {
+                    if threshold_held
+                        || self.in_flight_on(Track::Threshold) > 0
+                        || self.paced_until.is_some_and(|t| t > now)
+                    {
+                        continue;
+                    }
+                    if let Some(bucket) = &mut self.bucket {
+                        if let Err(wait) = bucket.try_take(now) {
+                            let until = now.saturating_add(wait);
+                            self.paced_until = Some(until);
+                            plan.notes.push(Note::Paced {
+                                signal: eviction.signal,
+                                until,
+                            });
+                            continue;
+                        }
+                    }
                 }
             }
             self.in_flight.insert(
@@ -439,7 +546,7 @@ impl Acting {
         let id = report.eviction.pod_id();
         let attempt = &report.attempt;
         let hold = |reason, until| Hold { reason, until };
-        if attempt.result.nothing_done() {
+        if attempt.result.nothing_done() && Track::of(report.eviction.signal) == Track::Threshold {
             // The server said plainly nothing was done: the pacing token goes back.
             if let Some(bucket) = &mut self.bucket {
                 bucket.refund(now);
@@ -492,6 +599,21 @@ impl Acting {
             }
         }
         self.in_flight.remove(&id);
+    }
+
+    /// The executor's lane could not take this eviction (full): it was never attempted, so
+    /// nothing holds the pod, its pacing token comes back, and it goes again after
+    /// [`SHED_RETRY`].
+    pub fn shed(&mut self, eviction: &Eviction, now: Duration) {
+        if self.in_flight.remove(&eviction.pod_id()).is_none() {
+            return;
+        }
+        if Track::of(eviction.signal) == Track::Threshold {
+            if let Some(bucket) = &mut self.bucket {
+                bucket.refund(now);
+            }
+        }
+        self.shed_until = Some(now + SHED_RETRY);
     }
 
     /// Ends each eviction in flight whose pod's cgroup is gone (or whose wait ran out); drops

@@ -265,11 +265,11 @@ fn each_outcome_leads_where_the_kubelet_would_go() {
             None,
         ),
         (
-            "dry run: waited out like an eviction, chosen again after",
+            "dry run: waited out like an eviction (in flight meanwhile), chosen again after",
             EvictionResult::DryRun,
             None,
             true,
-            None,
+            Some(NotEvictableNow::Evicting),
             None,
         ),
         (
@@ -419,12 +419,71 @@ fn no_evictable_pod_and_stale_data_are_noted() {
         second.notes
     );
     let back = acting.plan(&decision(Some("a")), &pods(), false, None, &cgroup, s(2));
-    assert_eq!(back.notes, [Note::Stale, Note::EvictablePodAgain]);
+    assert_eq!(
+        back.notes,
+        [Note::Stale],
+        "stale: nothing known of the pods, so nothing said of them either"
+    );
     assert!(
         evicts(&back.actions).is_empty(),
         "stale data is never acted on"
     );
     assert!(!acting.has_in_flight());
+}
+
+/// An agent that cannot read its pod source (or has not read it yet) decides on no pods: it
+/// says it is blind, never that no pod may be evicted, whose alert would page for the wrong
+/// thing. Once it sees again, a threshold with no candidate is said as before.
+#[test]
+fn a_blind_plan_says_it_is_blind_never_that_no_pod_may_go() {
+    let mut acting = Acting::default();
+    let no_pods: Vec<PodInfo> = Vec::new();
+    let blind = acting.plan(&decision(None), &no_pods, false, None, &cgroup, s(0));
+    assert_eq!(
+        blind
+            .notes
+            .iter()
+            .filter(|n| matches!(n, Note::Stale))
+            .count(),
+        1,
+        "{:?}",
+        blind.notes
+    );
+    assert!(
+        !blind
+            .notes
+            .iter()
+            .any(|n| matches!(n, Note::NoEvictablePod { .. })),
+        "blind is not 'no pod may be evicted': {:?}",
+        blind.notes
+    );
+    let still = acting.plan(&decision(None), &no_pods, false, None, &cgroup, s(1));
+    assert!(!still
+        .notes
+        .iter()
+        .any(|n| matches!(n, Note::NoEvictablePod { .. })));
+    // Seeing again, with every candidate passed over: now it is said.
+    let seeing = acting.plan(&decision(None), &pods(), true, None, &cgroup, s(2));
+    assert!(
+        seeing
+            .notes
+            .iter()
+            .any(|n| matches!(n, Note::NoEvictablePod { .. })),
+        "{:?}",
+        seeing.notes
+    );
+    // Blind again: said as blind, and the earlier claim is not kept up.
+    let again = acting.plan(&decision(None), &no_pods, false, None, &cgroup, s(3));
+    assert_eq!(again.notes, [Note::Stale]);
+    let seeing = acting.plan(&decision(None), &pods(), true, None, &cgroup, s(4));
+    assert!(
+        seeing
+            .notes
+            .iter()
+            .any(|n| matches!(n, Note::NoEvictablePod { .. })),
+        "said anew once the pods are seen: {:?}",
+        seeing.notes
+    );
 }
 
 #[derive(Debug, Clone)]
@@ -626,53 +685,162 @@ fn the_plan_paces_and_never_hands_over_what_the_pacing_holds() {
     assert_eq!(evicts(&decide(&mut acting, "b", 12).actions), ["b"]);
 }
 
-/// Pods over local storage limits go together, as the kubelet evicts them in one synchronize:
-/// each takes a token, those without one wait, and no new decision acts until all settled.
-#[test]
-fn every_pod_over_a_local_storage_limit_goes_in_one_plan_as_the_pacing_allows() {
-    let limit = |name: &str| Eviction {
+fn limit(name: &str) -> Eviction {
+    Eviction {
         signal: node_agent_policy::EvictionSignal::Limit(node_agent_policy::StorageLimit::EmptyDir),
         ..eviction(name)
-    };
-    let pods = vec![pod("a"), pod("b"), pod("c")];
-    let all = Decision {
-        evictions: vec![limit("a"), limit("b"), limit("c")],
+    }
+}
+
+/// Pods over local storage limits go together, as the kubelet evicts them in one synchronize,
+/// and the threshold's eviction goes beside them: neither waits for the other. The pacing is
+/// the threshold's (one at a time, a token each); a pod over its limit takes no token and
+/// goes as soon as it is seen, whatever is in flight.
+#[test]
+fn local_storage_and_threshold_evictions_never_wait_for_one_another() {
+    let pods: Vec<PodInfo> = ["a", "b", "c", "d", "m", "n"]
+        .iter()
+        .map(|n| pod(n))
+        .collect();
+    let with = |limits: &[&str], threshold: Option<&str>| Decision {
+        evictions: limits
+            .iter()
+            .map(|n| limit(n))
+            .chain(threshold.map(eviction))
+            .collect(),
         ..decision(None)
     };
     let mut acting = Acting::default();
     acting.set_pacing(
         Some(Rates {
             per_minute: 6,
-            burst: 2,
+            burst: 1,
         }),
         s(0),
     );
-    let first = acting.plan(&all, &pods, true, None, &cgroup, s(0));
-    assert_eq!(evicts(&first.actions), ["a", "b"], "as many as the burst");
-    assert!(first.notes.iter().any(|n| matches!(n, Note::Paced { .. })));
-    assert_eq!(acting.in_flight().count(), 2);
-    for name in ["a", "b"] {
-        acting.reported(&report(name, EvictionResult::Evicted, None), &TIMING, s(1));
-    }
-    let meanwhile = acting.plan(&all, &pods, true, None, &cgroup, s(20));
+    let first = acting.plan(
+        &with(&["a", "b", "c"], Some("m")),
+        &pods,
+        true,
+        None,
+        &cgroup,
+        s(0),
+    );
+    assert_eq!(evicts(&first.actions), ["a", "b", "c", "m"], "all at once");
     assert!(
-        evicts(&meanwhile.actions).is_empty(),
-        "nothing new while the first two are on their way"
+        !first.notes.iter().any(|n| matches!(n, Note::Paced { .. })),
+        "{:?}",
+        first.notes
+    );
+    // Pods in flight are not evictable now: the policy passes them over.
+    let e = acting.eligibility(&Eligibility::default(), s(0));
+    assert_eq!(
+        e.not_evictable_now.get("uid-a"),
+        Some(&NotEvictableNow::Evicting)
     );
     assert_eq!(
-        acting.settle(s(21), &|_| false).len(),
-        2,
-        "both cgroups went"
+        e.not_evictable_now.get("uid-m"),
+        Some(&NotEvictableNow::Evicting)
     );
-    // The policy now sees a and b terminating: only c is left over its limit.
-    let left = Decision {
-        evictions: vec![limit("c")],
+    // A new pod over its limit goes at once, while the threshold's is in flight.
+    let more = acting.plan(&with(&["d"], Some("n")), &pods, true, None, &cgroup, s(1));
+    assert_eq!(
+        evicts(&more.actions),
+        ["d"],
+        "the threshold's one at a time"
+    );
+    // The memory eviction ends (its cgroup gone) while the local ones still wait for theirs:
+    // the next threshold eviction waits only for its token.
+    acting.reported(&report("m", EvictionResult::Evicted, None), &TIMING, s(1));
+    acting.settle(s(2), &|p: &Path| p != Path::new("/cg/m"));
+    assert_eq!(acting.in_flight().count(), 4);
+    let paced = acting.plan(&with(&[], Some("n")), &pods, true, None, &cgroup, s(2));
+    assert!(evicts(&paced.actions).is_empty());
+    assert_eq!(acting.paced_until(s(2)), Some(s(10)));
+    let next = acting.plan(&with(&[], Some("n")), &pods, true, None, &cgroup, s(10));
+    assert_eq!(
+        evicts(&next.actions),
+        ["n"],
+        "paced, never queued behind a, b, c and d"
+    );
+}
+
+/// At most [`super::LOCAL_STORAGE_IN_FLIGHT`] evictions for local storage limits are out at
+/// once, so the executor's lane always has room for the threshold's.
+#[test]
+fn pods_over_their_limits_beyond_what_may_be_in_flight_go_as_earlier_ones_settle() {
+    let names: Vec<String> = (0..super::LOCAL_STORAGE_IN_FLIGHT + 5)
+        .map(|i| format!("p{i}"))
+        .collect();
+    let pods: Vec<PodInfo> = names.iter().map(|n| pod(n)).chain([pod("m")]).collect();
+    let all = Decision {
+        evictions: names
+            .iter()
+            .map(|n| limit(n))
+            .chain([eviction("m")])
+            .collect(),
         ..decision(None)
     };
-    let rest = acting.plan(&left, &pods, true, None, &cgroup, s(21));
+    let mut acting = Acting::default();
+    let first = acting.plan(&all, &pods, true, None, &cgroup, s(0));
     assert_eq!(
-        evicts(&rest.actions),
-        ["c"],
-        "tokens back by now: the next decision acts"
+        evicts(&first.actions).len(),
+        super::LOCAL_STORAGE_IN_FLIGHT + 1,
+        "and the threshold's"
     );
+    acting.reported(
+        &Report {
+            eviction: limit("p0"),
+            ..report("p0", EvictionResult::Failed, None)
+        },
+        &TIMING,
+        s(1),
+    );
+    let rest = Decision {
+        evictions: names[super::LOCAL_STORAGE_IN_FLIGHT..]
+            .iter()
+            .map(|n| limit(n))
+            .collect(),
+        ..decision(None)
+    };
+    let second = acting.plan(&rest, &pods, true, None, &cgroup, s(1));
+    assert_eq!(
+        evicts(&second.actions).len(),
+        1,
+        "one came back: one more goes"
+    );
+}
+
+/// An eviction the executor's lane could not take was never attempted: it is not a failure of
+/// the pod (no pause on it), its token comes back, and it is tried again within moments, not
+/// after a pacing interval.
+#[test]
+fn an_eviction_the_lane_sheds_is_tried_again_promptly_with_its_token_back() {
+    let mut acting = Acting::default();
+    acting.set_pacing(
+        Some(Rates {
+            per_minute: 6,
+            burst: 1,
+        }),
+        s(0),
+    );
+    let first = acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(0));
+    assert_eq!(evicts(&first.actions), ["a"]);
+    acting.shed(&eviction("a"), s(0));
+    assert!(!acting.has_in_flight());
+    let e = acting.eligibility(&Eligibility::default(), s(0));
+    assert!(e.not_evictable_now.is_empty(), "no pause on the pod: {e:?}");
+    let retry = acting.paced_until(s(0)).expect("a retry is due");
+    assert!(retry <= Duration::from_secs(1), "{retry:?}");
+    assert!(
+        evicts(
+            &acting
+                .plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(0))
+                .actions
+        )
+        .is_empty(),
+        "not at once: the lane needs a moment"
+    );
+    let again = acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, retry);
+    assert_eq!(evicts(&again.actions), ["a"], "the token came back");
 }

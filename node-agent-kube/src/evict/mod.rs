@@ -227,7 +227,8 @@ pub async fn evict(
         format!("{}/eviction", pod_path(e)),
         "application/json",
         &body,
-    );
+    )
+    .status_decides();
     let resp = match send(ctx, "eviction", &post, dry_run).await {
         Ok(Some(resp)) => resp,
         Ok(None) => return Attempt::new(EvictionResult::DryRun, "dry run set before the request"),
@@ -278,7 +279,8 @@ async fn delete_and_mark_evicted(
         path.clone(),
         "application/json",
         &serde_json::to_value(delete_options(e)).expect("DeleteOptions always serialize"),
-    );
+    )
+    .status_decides();
     let resp = match send(ctx, "pod delete", &delete, dry_run).await {
         Ok(Some(resp)) => resp,
         Ok(None) => return Ok(false),
@@ -297,7 +299,8 @@ async fn delete_and_mark_evicted(
         format!("{path}/status"),
         "application/strategic-merge-patch+json",
         &evicted_status_patch(e, now),
-    );
+    )
+    .status_decides();
     match send(ctx, "pod status patch", &patch, dry_run).await {
         // Deleted already: marking it is what remains of the kubelet's sequence.
         Ok(None) => Ok(true),

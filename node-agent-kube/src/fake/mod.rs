@@ -7,6 +7,7 @@
 //! tests.
 
 mod reply;
+mod reviews;
 mod strict;
 mod taints;
 
@@ -32,6 +33,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
 pub use reply::{Body, Reply};
+pub use reviews::{Reviews, User};
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 pub use strict::percent_decode;
 pub use taints::NodeStore;
@@ -173,6 +175,8 @@ pub struct Fake {
     /// Resources RBAC does not grant the agent (`nodes/proxy`): answered 403 as the API server
     /// (or the kubelet) would. Everything else is granted.
     denied: Arc<Mutex<Vec<String>>>,
+    /// The users TokenReview knows and what SubjectAccessReview grants them.
+    reviews: Arc<Mutex<Reviews>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -213,9 +217,15 @@ impl Fake {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let tokens = Arc::new(Mutex::new(vec!["token-one".to_string()]));
         let denied = Arc::new(Mutex::new(Vec::new()));
+        let reviews = Arc::new(Mutex::new(Reviews::default()));
         let respond: Responder = Arc::new(respond);
         let task = tokio::spawn({
-            let (seen, tokens, denied) = (seen.clone(), tokens.clone(), denied.clone());
+            let (seen, tokens, denied, reviews) = (
+                seen.clone(),
+                tokens.clone(),
+                denied.clone(),
+                reviews.clone(),
+            );
             async move {
                 // The connections: dropped with this task, so a fake dropped (a kubelet gone)
                 // answers nothing more, not even on a connection kept alive.
@@ -225,11 +235,12 @@ impl Fake {
                         return;
                     };
                     while connections.try_join_next().is_some() {}
-                    let (acceptor, seen, tokens, denied, respond) = (
+                    let (acceptor, seen, tokens, denied, reviews, respond) = (
                         acceptor.clone(),
                         seen.clone(),
                         tokens.clone(),
                         denied.clone(),
+                        reviews.clone(),
                         respond.clone(),
                     );
                     connections.spawn(async move {
@@ -241,6 +252,7 @@ impl Fake {
                             let access = Access {
                                 tokens: tokens.clone(),
                                 denied: denied.clone(),
+                                reviews: reviews.clone(),
                             };
                             handle(req, seen.clone(), access, respond.clone())
                         });
@@ -258,8 +270,28 @@ impl Fake {
             seen,
             tokens,
             denied,
+            reviews,
             task,
         }
+    }
+
+    /// A user whose `token` TokenReview authenticates, in `groups`.
+    pub fn add_user(&self, token: &str, name: &str, groups: &[&str]) {
+        self.reviews.lock().unwrap().users.push(User {
+            token: token.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+        });
+    }
+
+    /// RBAC grants `subject` (a user or a group) `verb` on the non-resource URL `path`.
+    pub fn grant_url(&self, subject: &str, verb: &str, path: &str) {
+        self.reviews
+            .lock()
+            .unwrap()
+            .grants
+            .push((subject.into(), verb.into(), path.into()));
     }
 
     /// RBAC no longer grants the agent `resource` (`nodes/proxy`, say): its requests are
@@ -331,10 +363,12 @@ impl Fake {
 
 type AnswerBody = BoxBody<Bytes, Infallible>;
 
-/// Who may do what: the tokens accepted and the resources RBAC does not grant.
+/// Who may do what: the tokens accepted and the resources RBAC does not grant, and the users
+/// and URL grants the reviews answer from.
 struct Access {
     tokens: Arc<Mutex<Vec<String>>>,
     denied: Arc<Mutex<Vec<String>>>,
+    reviews: Arc<Mutex<Reviews>>,
 }
 
 async fn handle(
@@ -396,7 +430,11 @@ async fn handle(
         seen.len() - 1
     };
     let reply = match checked {
-        Ok(()) => respond(&request, index),
+        Ok(strict::Kind::TokenReview) => access.reviews.lock().unwrap().token_review(&request.body),
+        Ok(strict::Kind::AccessReview) => {
+            access.reviews.lock().unwrap().access_review(&request.body)
+        }
+        Ok(_) => respond(&request, index),
         Err(refusal) => refusal,
     };
     tokio::time::sleep(reply.delay).await;

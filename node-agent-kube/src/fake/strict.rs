@@ -39,6 +39,8 @@ const ROUTES: &[(&str, &str, Kind, &str)] = &[
         "nodes/proxy",
     ),
     ("GET", "/api/v1/pods", Kind::Read, "pods"),
+    // The agent pods on its node, asked once at SIGTERM (a rollout's hand-over).
+    ("GET", "/api/v1/namespaces/*/pods", Kind::Read, "pods"),
     ("GET", "/api/v1/nodes/*", Kind::Read, "nodes"),
     ("PATCH", "/api/v1/nodes/*", Kind::Node, "nodes"),
     (
@@ -77,6 +79,19 @@ const ROUTES: &[(&str, &str, Kind, &str)] = &[
         Kind::EventSeries,
         "events",
     ),
+    // Who may read the agent's /metrics (`access.rs`): create of the two review kinds.
+    (
+        "POST",
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        Kind::TokenReview,
+        "tokenreviews",
+    ),
+    (
+        "POST",
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        Kind::AccessReview,
+        "subjectaccessreviews",
+    ),
 ];
 
 /// The user every accepted token belongs to: the agent's service account.
@@ -107,11 +122,14 @@ fn forbidden(req: &Seen, path: &str, resource: &str, wild: &[String]) -> Reply {
             )
         };
     }
-    let group = if path.starts_with("/apis/events.k8s.io") {
-        "events.k8s.io"
-    } else {
-        ""
-    };
+    let group = [
+        "events.k8s.io",
+        "authentication.k8s.io",
+        "authorization.k8s.io",
+    ]
+    .into_iter()
+    .find(|g| path.starts_with(&format!("/apis/{g}/")))
+    .unwrap_or("");
     let kind = resource.split('/').next().unwrap_or(resource);
     // The message names a grouped resource with its group (`events.events.k8s.io`), and the
     // details carry the group, and the name only when there is one.
@@ -178,7 +196,9 @@ fn policy_denied(name: &str, group: &str, kind: &str, message: &str) -> Reply {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub enum Kind {
+    TokenReview,
+    AccessReview,
     Read,
     Node,
     NodeStatus,
@@ -249,13 +269,13 @@ fn invalid(kind: &str, name: &str, causes: &[(&str, &str)]) -> Reply {
 }
 
 /// Checks `req` (with its raw body) as the API server would, RBAC granting everything but the
-/// `denied` resources; `Err` is the server's answer.
+/// `denied` resources; `Err` is the server's answer. `Ok` says which route it is.
 pub fn check(
     req: &Seen,
     raw_body: &[u8],
     tokens: &[String],
     denied: &[String],
-) -> Result<(), Reply> {
+) -> Result<Kind, Reply> {
     let authorized = req
         .authorization
         .as_deref()
@@ -305,16 +325,19 @@ pub fn check(
         if !raw_body.is_empty() {
             return Err(bad_request("a GET carries no body"));
         }
-        if path == "/api/v1/pods" && !req.path.contains("fieldSelector=spec.nodeName%3D") {
+        if (path == "/api/v1/pods"
+            || (path.starts_with("/api/v1/namespaces/") && path.ends_with("/pods")))
+            && !req.path.contains("fieldSelector=spec.nodeName%3D")
+        {
             return Err(bad_request(
                 "the agent lists only its node's pods (fieldSelector=spec.nodeName=<node>)",
             ));
         }
-        return Ok(());
+        return Ok(kind);
     }
     if raw_body.is_empty() {
         return if kind == Kind::Delete {
-            Ok(())
+            Ok(kind)
         } else {
             Err(bad_request("the request has no body"))
         };
@@ -335,6 +358,8 @@ pub fn check(
     let body: Value = serde_json::from_slice(raw_body)
         .map_err(|e| bad_request(&format!("the body is not valid JSON: {e}")))?;
     match kind {
+        Kind::TokenReview => token_review(&body),
+        Kind::AccessReview => access_review(&body),
         Kind::Eviction => eviction(&body, &wild[0], &wild[1]),
         Kind::Delete => delete_options(&body),
         Kind::Event => event(&body, &wild[0]),
@@ -343,6 +368,54 @@ pub fn check(
         Kind::NodeStatus => node_status(&body, media),
         Kind::PodStatus => pod_status(&body, media),
         Kind::Read => Ok(()),
+    }
+    .map(|()| kind)
+}
+
+fn token_review(body: &Value) -> Result<(), Reply> {
+    type_meta(body, &["authentication.k8s.io/v1"], "TokenReview")?;
+    if body["spec"]["token"].as_str().unwrap_or("").is_empty() {
+        return Err(invalid(
+            "TokenReview",
+            "",
+            &[("spec.token", "Required value")],
+        ));
+    }
+    Ok(())
+}
+
+fn access_review(body: &Value) -> Result<(), Reply> {
+    type_meta(body, &["authorization.k8s.io/v1"], "SubjectAccessReview")?;
+    let spec = &body["spec"];
+    let mut causes = Vec::new();
+    let groups = spec["groups"].as_array().is_some_and(|g| !g.is_empty());
+    if spec["user"].as_str().unwrap_or("").is_empty() && !groups {
+        causes.push((
+            "spec.user",
+            "at least one of user or group must be specified",
+        ));
+    }
+    match (
+        spec.get("resourceAttributes").filter(|v| !v.is_null()),
+        spec.get("nonResourceAttributes").filter(|v| !v.is_null()),
+    ) {
+        (Some(_), Some(_)) | (None, None) => causes.push((
+            "spec.nonResourceAttributes",
+            "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+        )),
+        (None, Some(attrs)) => {
+            if attrs["path"].as_str().unwrap_or("").is_empty()
+                || attrs["verb"].as_str().unwrap_or("").is_empty()
+            {
+                causes.push(("spec.nonResourceAttributes", "path and verb are required"));
+            }
+        }
+        (Some(_), None) => {}
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(invalid("SubjectAccessReview", "", &causes))
     }
 }
 

@@ -34,6 +34,14 @@ pub struct ContainerRef {
 pub enum PodError {
     #[error("a pod has no {field}")]
     Missing { field: &'static str },
+    /// A name longer than Kubernetes allows: no real API server holds such a pod.
+    #[error("{field} is {len} bytes long; Kubernetes allows at most {max} ({what})")]
+    TooLong {
+        field: String,
+        len: usize,
+        max: usize,
+        what: &'static str,
+    },
     #[error(
         "pod {namespace}/{name}: {part}: {field} {value:?} is not a quantity that is not negative"
     )]
@@ -72,6 +80,47 @@ enum Bad {
     AsUnset,
 }
 
+/// Kubernetes' own limits on what names a pod and its parts (`ValidatePodName`, a DNS
+/// subdomain; namespaces, containers and volumes, DNS labels). The API server refuses longer
+/// ones, so a source that sends one is broken or lying; refusing them caps what every log line,
+/// metric label and event built from them can hold.
+const DNS_SUBDOMAIN: (usize, &str) = (253, "a DNS subdomain");
+const DNS_LABEL: (usize, &str) = (63, "a DNS label");
+/// A UID is a UUID (36 bytes); the kubelet's static pods carry a 32-byte hash.
+const UID: (usize, &str) = (128, "a UID");
+
+fn check_names(
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> Result<(), PodError> {
+    let check = |field: String, text: &str, (max, what): (usize, &'static str)| {
+        if text.len() > max {
+            return Err(PodError::TooLong {
+                field,
+                len: text.len(),
+                max,
+                what,
+            });
+        }
+        Ok(())
+    };
+    check("metadata.namespace".into(), namespace, DNS_LABEL)?;
+    check("metadata.name".into(), name, DNS_SUBDOMAIN)?;
+    check("metadata.uid".into(), uid, UID)?;
+    for (i, c) in spec.containers.iter().enumerate() {
+        check(format!("spec.containers[{i}].name"), &c.name, DNS_LABEL)?;
+    }
+    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+        check(format!("spec.initContainers[{i}].name"), &c.name, DNS_LABEL)?;
+    }
+    for (i, v) in spec.volumes.iter().flatten().enumerate() {
+        check(format!("spec.volumes[{i}].name"), &v.name, DNS_LABEL)?;
+    }
+    Ok(())
+}
+
 /// Reads one `v1.Pod`; `Err` when it names no pod (no namespace, name, UID or spec).
 pub fn read(pod: &Pod) -> Result<Read, PodError> {
     let meta = &pod.metadata;
@@ -88,6 +137,7 @@ pub fn read(pod: &Pod) -> Result<Read, PodError> {
         .spec
         .as_ref()
         .ok_or(PodError::Missing { field: "spec" })?;
+    check_names(&namespace, &name, &uid, spec)?;
     let status = pod.status.as_ref();
     if matches!(
         status.and_then(|s| s.phase.as_deref()),

@@ -207,11 +207,12 @@ struct Ident {
 fn name_of(raw: &RawValue, index: usize) -> String {
     let ident = serde_json::from_str::<Ident>(raw.get()).ok();
     let meta = ident.and_then(|i| i.metadata.or(i.pod_ref));
+    // Cut: a name past Kubernetes' limits is one reason a record is refused.
     let text = |key: &str| {
         meta.as_ref()
             .and_then(|m| m.get(key))
             .and_then(|v| v.as_str())
-            .map(str::to_string)
+            .map(|t| node_agent_policy::shown(t, 253).into_owned())
     };
     match (text("namespace"), text("name"), text("uid")) {
         (Some(ns), Some(name), _) => format!("{ns}/{name}"),
@@ -433,6 +434,53 @@ mod tests {
             decode_pod_list(b"{\"items\": 5}").is_err(),
             "items not a list"
         );
+    }
+
+    /// Names longer than Kubernetes allows (a DNS subdomain of 253 for a pod, a DNS label of
+    /// 63 for a namespace or a container) come from no real API server: the pod is left out
+    /// and named, its name cut, so no log line carries 10 kB of it.
+    #[test]
+    fn a_name_longer_than_kubernetes_allows_is_refused_and_shown_cut() {
+        let long = "h".repeat(10_000);
+        let pod = |ns: &str, name: &str, container: &str| {
+            serde_json::json!({"metadata": {"namespace": ns, "name": name, "uid": "u1"},
+                "spec": {"containers": [{"name": container}]}})
+        };
+        let rows = [
+            (
+                "a 10 kB pod name",
+                pod("shop", &long, "app"),
+                "metadata.name",
+            ),
+            (
+                "a 64-character namespace",
+                pod(&"n".repeat(64), "web", "app"),
+                "metadata.namespace",
+            ),
+            (
+                "a 10 kB container name",
+                pod("shop", "web", &long),
+                "spec.containers[0].name",
+            ),
+        ];
+        for (what, item, field) in rows {
+            let body = serde_json::json!({"items": [pod("shop", &"w".repeat(253), &"c".repeat(63)), item]});
+            let read = decode_pod_list(body.to_string().as_bytes()).unwrap();
+            assert_eq!(
+                read.items.len(),
+                1,
+                "{what}: the longest names Kubernetes allows are read"
+            );
+            let problem = &read.problems[0];
+            assert_eq!(problem.kind, ProblemKind::PodUnreadable, "{what}");
+            assert!(problem.detail.contains(field), "{what}: {}", problem.detail);
+            assert!(
+                problem.pod.len() + problem.detail.len() < 600,
+                "{what}: {} + {} bytes",
+                problem.pod.len(),
+                problem.detail.len()
+            );
+        }
     }
 
     #[test]

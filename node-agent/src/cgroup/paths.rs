@@ -206,13 +206,17 @@ pub struct PidsReading {
     pub max: Limit,
 }
 
+/// How a file is read: `std::fs::read_to_string`, or through a descriptor held open.
+pub type ReadFile<'a> = &'a dyn Fn(&Path) -> io::Result<String>;
+
 fn read_parsed<T>(
+    read: ReadFile,
     dir: &Path,
     file: &str,
     parse: impl FnOnce(&str) -> Result<T, ParseError>,
 ) -> Result<T, ReadError> {
     let path = dir.join(file);
-    match std::fs::read_to_string(&path) {
+    match read(&path) {
         Ok(content) => parse(&content).map_err(|source| ReadError::Parse { path, source }),
         Err(source) => Err(ReadError::Io { path, source }),
     }
@@ -221,11 +225,20 @@ fn read_parsed<T>(
 /// Reads usage, limit and inactive file pages of the cgroup directory `dir` on a hierarchy of
 /// `version`.
 pub fn read_memory(dir: &Path, version: CgroupVersion) -> Result<MemoryReading, ReadError> {
+    read_memory_with(&|p| std::fs::read_to_string(p), dir, version)
+}
+
+/// [`read_memory`], each file read through `read`.
+pub fn read_memory_with(
+    read: ReadFile,
+    dir: &Path,
+    version: CgroupVersion,
+) -> Result<MemoryReading, ReadError> {
     let files = MemoryFiles::of(version);
     Ok(MemoryReading {
-        usage: read_parsed(dir, files.usage, |c| parse_count(files.usage, c))?,
-        limit: read_parsed(dir, files.limit, |c| parse_memory_limit(version, c))?,
-        inactive_file: read_parsed(dir, files.stat, |c| {
+        usage: read_parsed(read, dir, files.usage, |c| parse_count(files.usage, c))?,
+        limit: read_parsed(read, dir, files.limit, |c| parse_memory_limit(version, c))?,
+        inactive_file: read_parsed(read, dir, files.stat, |c| {
             parse_stat_key(files.stat, c, files.inactive_file_key)
         })?,
     })
@@ -234,8 +247,15 @@ pub fn read_memory(dir: &Path, version: CgroupVersion) -> Result<MemoryReading, 
 /// Reads the task count and limit of the cgroup directory `dir` (same files on v1 and v2).
 pub fn read_pids(dir: &Path) -> Result<PidsReading, ReadError> {
     Ok(PidsReading {
-        current: read_parsed(dir, PIDS_CURRENT, |c| parse_count(PIDS_CURRENT, c))?,
-        max: read_parsed(dir, PIDS_MAX, parse_pids_max)?,
+        current: read_parsed(&|p| std::fs::read_to_string(p), dir, PIDS_CURRENT, |c| {
+            parse_count(PIDS_CURRENT, c)
+        })?,
+        max: read_parsed(
+            &|p| std::fs::read_to_string(p),
+            dir,
+            PIDS_MAX,
+            parse_pids_max,
+        )?,
     })
 }
 

@@ -33,6 +33,8 @@ pub enum ConfigError {
     NotText,
     #[error("config is not YAML")]
     Yaml(#[source] serde_yaml_ng::Error),
+    #[error("config is not read")]
+    TooDeep(#[source] crate::yaml::TooDeep),
     #[error("config file is empty: give at least apiVersion: {API_VERSION} and kind: {KIND} (without a file, the agent runs standalone with the kubelet's defaults)")]
     Empty,
     #[error("config is not a mapping of fields; expected a {KIND} document")]
@@ -66,7 +68,11 @@ pub enum ConfigError {
 pub struct Settings {
     pub dry_run: bool,
     pub listen: SocketAddr,
+    /// `metricsAccess`, its default resolved.
+    pub metrics_access: crate::telemetry::MetricsAccess,
     pub trace_socket: PathBuf,
+    /// `inspectListen`: the loopback address `kubectl node-agent` reads; `None`: not served.
+    pub inspect_listen: Option<SocketAddr>,
     pub node_cgroup: PathBuf,
     pub memory_capacity: Option<i64>,
     pub allocatable_memory: Option<i64>,
@@ -291,17 +297,36 @@ fn validate(
         return Err(invalid("traceSocket", "empty".into()));
     }
     let ring_bytes = checks::ring_bytes(f.ring_buffer_size)?;
+    let metrics_access = match (f.metrics_access, kubernetes) {
+        (Some(crate::telemetry::MetricsAccess::Kubernetes), None) => {
+            return Err(invalid(
+                "metricsAccess",
+                "kubernetes needs the kubernetes section: the API server reviews the callers' tokens (standalone: loopback or open)".into(),
+            ))
+        }
+        (Some(access), _) => access,
+        (None, Some(_)) => crate::telemetry::MetricsAccess::Kubernetes,
+        (None, None) => crate::telemetry::MetricsAccess::Loopback,
+    };
+    if let Some(addr) = f.inspect_listen.filter(|a| !a.ip().is_loopback()) {
+        return Err(invalid(
+            "inspectListen",
+            format!("{addr} is not a loopback address: the endpoint has no authentication of its own; give 127.0.0.1:PORT (kubectl node-agent reaches it through pods/portforward)"),
+        ));
+    }
     Ok(Settings {
         dry_run: f.dry_run || o.dry_run,
         listen,
+        metrics_access,
         trace_socket,
+        inspect_listen: f.inspect_listen,
         node_cgroup: PathBuf::from(&f.node_cgroup),
         memory_capacity,
         allocatable_memory,
         // The default is where the kubelet keeps its root on this machine, else `/`.
         nodefs_path: f.nodefs_path.clone().unwrap_or_else(|| {
             Some(PathBuf::from(DEFAULT_NODEFS))
-                .filter(|p| p.is_dir())
+                .filter(|p| checks::is_dir(p))
                 .unwrap_or_else(|| PathBuf::from("/"))
         }),
         imagefs_path: f.imagefs_path.clone(),

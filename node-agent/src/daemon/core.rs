@@ -59,6 +59,8 @@ pub struct Config {
 pub struct Kube {
     pub cluster: Cluster,
     pub counters: Arc<Counters>,
+    /// Who reviews the callers of `/metrics` (`metricsAccess: kubernetes`): this connection.
+    pub reviewer: tokio::sync::watch::Sender<Option<Arc<node_agent_kube::access::Reviewer>>>,
 }
 
 /// Time: since start (the policy's `now`), and the loop's timers.
@@ -191,9 +193,16 @@ impl Daemon {
                 _ = tokio::signal::ctrl_c() => break,
             }
         }
-        if self.kube.is_some() {
+        let asked = std::time::Instant::now();
+        if let Some(sibling) = self.taking_over().await {
+            tracing::info!(sibling = %sibling, "shutting down: another agent of this DaemonSet watches the node (a rollout); its condition and taint are left to it");
+        } else if self.kube.is_some() {
             tracing::info!("shutting down: the agent's condition to Unknown, its taint removed");
-            match self.acts.stop(STOP_DEADLINE).await {
+            match self
+                .acts
+                .stop(STOP_DEADLINE.saturating_sub(asked.elapsed()))
+                .await
+            {
                 Some(report) => self.report.side_effect(&Outcome::Status(Box::new(report))),
                 None => tracing::warn!(deadline = ?STOP_DEADLINE,
                     "the node's condition and taint were not written in time: the taint stays until the next start removes it (or remove it by hand)"),
@@ -201,6 +210,27 @@ impl Daemon {
         }
         tracing::info!("shutting down: detaching kernel programs");
         Ok(())
+    }
+
+    /// The agent pod of this DaemonSet that takes the node over from this one (a rollout's
+    /// surge: see `node_agent_kube::handover`), asked once within a third of the stop's time;
+    /// none when it cannot be known (standalone, no pod name, no answer).
+    async fn taking_over(&self) -> Option<String> {
+        let kube = self.kube.as_ref()?;
+        let (namespace, pod) = self.config.overrides.own_pod.as_ref()?;
+        let asked = tokio::time::timeout(
+            STOP_DEADLINE / 3,
+            node_agent_kube::handover::ready_sibling(&kube.cluster.api, namespace, pod),
+        )
+        .await;
+        match asked {
+            Ok(Ok(sibling)) => sibling,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %error_chain(&e), "could not ask for a sibling agent on this node");
+                None
+            }
+            Err(_) => None,
+        }
     }
 
     /// Attributes and publishes a batch of kernel events; evaluates once if any touches a
@@ -291,13 +321,32 @@ impl Daemon {
             Happened::OomKill(kill) => {
                 let cause = self.oom_cause(kill);
                 let victim = kill.victim.pod.as_ref();
+                let foreseen = saw.is_some_and(|s| s.pressure.is_some());
+                let saw_before = saw.map(ToString::to_string).unwrap_or_default();
+                // A container the pod source has not named (its pod not listed yet, or the
+                // container just started): the runtime names it, and the kill is counted and
+                // told once it has.
+                if let Some((pod, id)) = victim.and_then(|p| {
+                    Some((p, p.container_id.as_ref()?)).filter(|(p, _)| p.container.is_none())
+                }) {
+                    self.acts.identify(Unnamed {
+                        container_id: id.clone(),
+                        pod_uid: pod.uid.clone(),
+                        pod: pod.namespace.clone().zip(pod.name.clone()),
+                        pid: kill.pid,
+                        comm: kill.comm.clone(),
+                        cause,
+                        saw_before,
+                        foreseen,
+                    });
+                    return Some(Trigger::OomKill);
+                }
                 self.report.metrics.oom_kill(
                     victim.and_then(|p| p.namespace.as_deref()).unwrap_or(""),
                     victim.and_then(|p| p.container.as_deref()).unwrap_or(""),
                     cause.label(),
-                    saw.is_some_and(|s| s.pressure.is_some()),
+                    foreseen,
                 );
-                let saw_before = saw.map(ToString::to_string).unwrap_or_default();
                 let actions = match victim {
                     Some(pod) => match (&pod.namespace, &pod.name) {
                         (Some(namespace), Some(name)) => {
@@ -318,29 +367,16 @@ impl Daemon {
                                 .into_iter()
                                 .collect()
                         }
-                        // The pod source has not listed it yet: the runtime names it.
-                        _ => match &pod.container_id {
-                            Some(id) => {
-                                self.acts.identify(Unnamed {
-                                    container_id: id.clone(),
-                                    pod_uid: pod.uid.clone(),
-                                    pid: kill.pid,
-                                    comm: kill.comm.clone(),
-                                    cause,
-                                    saw_before,
-                                });
-                                Vec::new()
-                            }
-                            // Not in a container's cgroup: the pod's UID is all there is.
-                            None => oom_kill_actions(
-                                self.config.current.kubernetes.as_ref(),
-                                OomKill {
-                                    pid: kill.pid,
-                                    comm: kill.comm.clone(),
-                                    pod_uid: Some(pod.uid.clone()),
-                                },
-                            ),
-                        },
+                        // Not listed, and not in a container's cgroup (a container's went to
+                        // the runtime above): the pod's UID is all there is.
+                        _ => oom_kill_actions(
+                            self.config.current.kubernetes.as_ref(),
+                            OomKill {
+                                pid: kill.pid,
+                                comm: kill.comm.clone(),
+                                pod_uid: Some(pod.uid.clone()),
+                            },
+                        ),
                     },
                     None => oom_kill_actions(
                         self.config.current.kubernetes.as_ref(),
@@ -508,6 +544,11 @@ impl Daemon {
                     self.evaluate(Trigger::EvictionOutcome, None);
                 }
             }
+            Outcome::EvictionShed { evict, refused } => {
+                // Never attempted: a refusal of the lane, counted as such; tried again shortly.
+                self.report.side_effect(&Outcome::Refused(refused));
+                self.acts.plan.shed(&evict.eviction, now);
+            }
             Outcome::Reclaim(outcome) => {
                 let after = Reporter::reading_after(&self.node.read(), outcome.signal);
                 let back = outcome.result
@@ -556,6 +597,12 @@ impl Daemon {
                 match who {
                     Ok(who) => {
                         for kill in kills {
+                            self.report.metrics.oom_kill(
+                                &who.namespace,
+                                &who.container,
+                                kill.cause.label(),
+                                kill.foreseen,
+                            );
                             let named = kill.named(who.clone());
                             actions.extend(self.acts.plan.pod_oom_kill(
                                 named,
@@ -565,17 +612,38 @@ impl Daemon {
                         }
                     }
                     Err(error) => {
-                        // Nobody can name it: the node's event says what is known.
-                        tracing::warn!(error = %error_chain(&error), "the runtime could not name an OOM-killed container: reported on the node");
+                        // Nobody can name the container: the pod's event when the pod is
+                        // known, else the node's, says what is known.
+                        tracing::warn!(error = %error_chain(&error), "the runtime could not name an OOM-killed container");
                         for kill in kills {
-                            actions.extend(oom_kill_actions(
-                                self.config.current.kubernetes.as_ref(),
-                                OomKill {
-                                    pid: kill.pid,
-                                    comm: kill.comm,
-                                    pod_uid: Some(kill.pod_uid),
-                                },
-                            ));
+                            let namespace = kill
+                                .pod
+                                .as_ref()
+                                .map(|(ns, _)| ns.clone())
+                                .unwrap_or_default();
+                            self.report.metrics.oom_kill(
+                                &namespace,
+                                "",
+                                kill.cause.label(),
+                                kill.foreseen,
+                            );
+                            let pod_uid = kill.pod_uid.clone();
+                            let (pid, comm) = (kill.pid, kill.comm.clone());
+                            match kill.on_pod() {
+                                Some(on_pod) => actions.extend(self.acts.plan.pod_oom_kill(
+                                    on_pod,
+                                    now,
+                                    SystemTime::now(),
+                                )),
+                                None => actions.extend(oom_kill_actions(
+                                    self.config.current.kubernetes.as_ref(),
+                                    OomKill {
+                                        pid,
+                                        comm,
+                                        pod_uid: Some(pod_uid),
+                                    },
+                                )),
+                            }
                         }
                     }
                 }
@@ -617,14 +685,15 @@ impl Daemon {
     /// Whether the latest pod snapshot has a pod over a local storage limit that the agent may
     /// evict now, or the pods over one that it may not evict changed: checked every
     /// housekeeping tick, so such a pod goes (or is said to stay) within about a second of the
-    /// stats showing it (the kubelet: at its next synchronize), not at the next resync.
+    /// stats showing it (the kubelet: at its next synchronize), not at the next resync. A
+    /// threshold's eviction in flight or paced never holds it up.
     fn local_storage_due(&self) -> bool {
         let Some(kube) = &self.kube else {
             return false;
         };
         let now = self.now();
         let plan = &self.acts.plan;
-        if plan.has_in_flight() || plan.paced_until(now).is_some() {
+        if !plan.local_storage_room(now) {
             return false;
         }
         let snapshot = kube.cluster.snapshots.borrow();
@@ -676,6 +745,11 @@ impl Daemon {
         let metrics = self.report.metrics.clone();
         let new = match candidate.config {
             Ok(new) => *new,
+            Err(super::reload::Refusal::Read(e)) if e.is_transient() => {
+                metrics.config_reload("retrying");
+                tracing::warn!(error = %error_chain(&e), "the config file could not be read for now (no fault of the file); keeping the running config and reading it again every second until it can be read");
+                return;
+            }
             Err(e) => {
                 metrics.config_reload("invalid");
                 tracing::error!(reason = why, error = %error_chain(&e), "invalid config; keeping the previous one");
@@ -730,6 +804,10 @@ impl Daemon {
             != (n.resync_interval, n.pressure_poll_interval);
         let reconnected = reconnect.is_some();
         if let (Some(kube), Some(cluster)) = (&mut self.kube, reconnect) {
+            kube.reviewer
+                .send_replace(Some(Arc::new(node_agent_kube::access::Reviewer::new(
+                    cluster.api.clone(),
+                ))));
             kube.cluster = cluster;
         }
         // The executor first: dry run and exclusions hold from this moment.
@@ -763,6 +841,9 @@ impl Daemon {
         self.kernel.set_pid_trigger(&config.eviction, &reading);
         check_kubelet(config, &reading);
         metrics.config_reload("ok");
+        self.report
+            .inspect
+            .set_mode(super::wiring::inspect_mode(config));
         tracing::info!(
             reason = why,
             dry_run = config.dry_run(),

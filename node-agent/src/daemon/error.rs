@@ -19,6 +19,8 @@ pub enum DaemonError {
     #[error(transparent)]
     Live(#[from] LiveError),
     #[error(transparent)]
+    Inspect(#[from] crate::inspect::InspectError),
+    #[error(transparent)]
     Feed(#[from] FeedError),
     #[error(transparent)]
     Kube(#[from] KubeSetupError),

@@ -35,16 +35,43 @@ pub fn read(path: Option<&Path>) -> KubeletConfig {
     let Some(path) = path else {
         return KubeletConfig::NotSet;
     };
-    if !path.exists() {
-        return KubeletConfig::Missing;
+    // On the kubelet's filesystem, which may hang: read by a helper process.
+    use crate::fs_helper::{ask, Answer, Request};
+    let text = match ask(&Request::Read(path.to_path_buf())) {
+        Err(e) => return KubeletConfig::Unreadable(crate::error_chain(&e)),
+        Ok(Answer::Read(Ok(None))) => return KubeletConfig::Missing,
+        Ok(Answer::Read(Err(e))) => return KubeletConfig::Unreadable(e),
+        Ok(Answer::Read(Ok(Some(text)))) => text,
+        Ok(other) => {
+            return KubeletConfig::Unreadable(format!("the filesystem helper answered {other:?}"))
+        }
+    };
+    if let Err(e) = crate::yaml::check_nesting(&text) {
+        return KubeletConfig::Unreadable(format!("not read: {e}"));
     }
-    match super::config::read::read_capped(path) {
-        Err(e) => KubeletConfig::Unreadable(e.to_string()),
-        Ok(bytes) => match EvictionConfig::from_kubelet_yaml(&String::from_utf8_lossy(&bytes)) {
-            Ok(c) => KubeletConfig::Read(Box::new(c)),
-            Err(e) => KubeletConfig::Unreadable(crate::error_chain(&e)),
-        },
+    match EvictionConfig::from_kubelet_yaml(&text) {
+        Ok(c) => KubeletConfig::Read(Box::new(c)),
+        Err(e) => KubeletConfig::Unreadable(crate::error_chain(&e)),
     }
+}
+
+/// The kubelet's `cgroupRoot` from its config file, read once at start (where the kubelet puts
+/// its pods cgroup: `/` for kubeadm, `/kubelet` for kind); `None` when the file is not
+/// configured, missing, unreadable or sets none (the kubelet's default, `/`). Read by the
+/// filesystem helper: the file may be on a hung filesystem.
+pub fn cgroup_root(path: Option<&Path>) -> Option<String> {
+    use crate::fs_helper::{ask, Answer, Request};
+    let text = match ask(&Request::Read(path?.to_path_buf())) {
+        Ok(Answer::Read(Ok(Some(text)))) => text,
+        _ => return None,
+    };
+    crate::yaml::check_nesting(&text).ok()?;
+    let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).ok()?;
+    value
+        .get("cgroupRoot")
+        .and_then(|v| v.as_str())
+        .filter(|r| r.starts_with('/'))
+        .map(str::to_string)
 }
 
 /// [`warn_if_kubelet_acts_first`] on a thread of its own, unless one is still running.

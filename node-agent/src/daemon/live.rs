@@ -113,6 +113,12 @@ impl Live {
         });
     }
 
+    /// A new reader of the stream (the inspection endpoint's trace clients): records from
+    /// now on, at most [`CLIENT_BACKLOG`] behind, after which it is told what it missed.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<str>> {
+        self.tx.subscribe()
+    }
+
     pub fn publish(&self, record: &Record) {
         // No receivers is fine: nobody is watching.
         let _ = self.tx.send(Arc::from(record.json()));
@@ -294,15 +300,9 @@ impl Throttled {
     }
 }
 
+/// What a reader that fell behind by `lost` records is told.
 fn lost_line(lost: u64) -> Arc<str> {
-    Arc::from(
-        Record::EventsLost {
-            time: String::new(),
-            lost,
-            total_per_cpu: Vec::new(),
-        }
-        .json(),
-    )
+    Arc::from(Record::stream_lost(lost).json())
 }
 
 /// Streams records to one client until it leaves, stops reading or the daemon stops. The

@@ -111,6 +111,10 @@ pub struct NodeLayout {
     pub node_dir: PathBuf,
     /// The node cgroup is the hierarchy's root (the whole machine).
     pub is_root: bool,
+    /// Where the kubelet puts its pods cgroup: its `cgroupRoot` (kind's `/kubelet`, a second
+    /// kubelet's own directory) when its config file says one below the node cgroup, else the
+    /// node cgroup itself (`/`, kubeadm's).
+    pub pods_parent: PathBuf,
 }
 
 impl NodeLayout {
@@ -118,13 +122,29 @@ impl NodeLayout {
         Self {
             is_root: node_dir == memory.mount(),
             memory,
+            pods_parent: node_dir.clone(),
             node_dir,
         }
     }
 
+    /// With the kubelet's `cgroupRoot` (absolute in the hierarchy, as in its config file):
+    /// its pods cgroup is looked for below it. A root outside the node cgroup is not this
+    /// node's and is ignored (returned as the error, for the log).
+    pub fn with_kubelet_root(mut self, cgroup_root: &str) -> Result<Self, PathBuf> {
+        let dir = self
+            .memory
+            .mount()
+            .join(cgroup_root.trim_start_matches('/'));
+        if !dir.starts_with(&self.node_dir) {
+            return Err(dir);
+        }
+        self.pods_parent = dir;
+        Ok(self)
+    }
+
     /// The kubelet's pods cgroup below the node cgroup, if there is one now.
     pub fn kubepods(&self) -> Option<PathBuf> {
-        kubepods_dir(&self.node_dir)
+        kubepods_dir(&self.pods_parent)
     }
 
     pub fn version(&self) -> CgroupVersion {
@@ -326,6 +346,8 @@ pub struct Node {
     pub fs: Filesystems,
     /// The filesystem layout of the last reading.
     last_layout: Cell<FsLayout>,
+    /// The memory and PID files, held open: a shortage of descriptors never blinds them.
+    held: crate::sys::HeldFiles,
 }
 
 impl Node {
@@ -337,6 +359,7 @@ impl Node {
             allocatable_feed: AllocatableFeed::default(),
             fs,
             last_layout: Cell::new(FsLayout::Shared),
+            held: crate::sys::HeldFiles::default(),
         }
     }
 
@@ -361,7 +384,9 @@ impl Node {
         match &self.allocatable {
             Allocatable::NotObserved => {}
             Allocatable::Bytes(allocatable) => {
-                if let Err(e) = read_allocatable(&self.layout, *allocatable, &mut reading) {
+                if let Err(e) =
+                    read_allocatable(&self.layout, *allocatable, &self.held, &mut reading)
+                {
                     reading
                         .failed
                         .insert(Source::Allocatable, crate::error_chain(&e));
@@ -373,7 +398,7 @@ impl Node {
         }
         self.fs.read(&mut reading);
         self.last_layout.set(reading.fs_layout);
-        if let Err(e) = read_pids(&mut reading) {
+        if let Err(e) = read_pids(&self.held, &mut reading) {
             reading.failed.insert(Source::Pids, crate::error_chain(&e));
         }
         reading
@@ -382,10 +407,13 @@ impl Node {
 
 fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), ObserveError> {
     let meminfo_path = Path::new("/proc/meminfo");
-    let meminfo = std::fs::read_to_string(meminfo_path).map_err(|source| ObserveError::Io {
-        path: meminfo_path.into(),
-        source,
-    })?;
+    let meminfo = src
+        .held
+        .read(meminfo_path)
+        .map_err(|source| ObserveError::Io {
+            path: meminfo_path.into(),
+            source,
+        })?;
     let mem = parse_meminfo(&meminfo).map_err(|problem| ObserveError::Malformed {
         path: meminfo_path.into(),
         problem,
@@ -400,7 +428,7 @@ fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), Obser
             .saturating_sub(mem.free)
             .saturating_sub(mem.inactive_file)
     } else {
-        paths::read_memory(&layout.node_dir, layout.version())
+        paths::read_memory_with(&|p| src.held.read(p), &layout.node_dir, layout.version())
             .map_err(ObserveError::Cgroup)?
             .working_set()
     };
@@ -419,6 +447,7 @@ fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), Obser
 fn read_allocatable(
     layout: &NodeLayout,
     allocatable: i64,
+    held: &crate::sys::HeldFiles,
     reading: &mut NodeReading,
 ) -> Result<(), ObserveError> {
     let dir = layout.kubepods().ok_or_else(|| ObserveError::Malformed {
@@ -427,7 +456,7 @@ fn read_allocatable(
                   needs the kubelet's pods cgroup"
             .into(),
     })?;
-    let working_set = paths::read_memory(&dir, layout.version())
+    let working_set = paths::read_memory_with(&|p| held.read(p), &dir, layout.version())
         .map_err(ObserveError::Cgroup)?
         .working_set();
     reading.observations.insert(
@@ -440,8 +469,8 @@ fn read_allocatable(
     Ok(())
 }
 
-fn read_pids(reading: &mut NodeReading) -> Result<(), ObserveError> {
-    let (limit, live) = pids()?;
+fn read_pids(held: &crate::sys::HeldFiles, reading: &mut NodeReading) -> Result<(), ObserveError> {
+    let (limit, live) = pids(held)?;
     reading.observations.insert(
         Signal::PidAvailable,
         Observation {
@@ -484,8 +513,8 @@ pub fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
 }
 
 /// (min(pid_max, threads-max), live tasks) — the kubelet's PID figures.
-fn pids() -> Result<(i64, i64), ObserveError> {
-    let limit = crate::sys::pid_limit().map_err(ObserveError::Sys)?;
+fn pids(held: &crate::sys::HeldFiles) -> Result<(i64, i64), ObserveError> {
+    let limit = crate::sys::pid_limit_with(&|p| held.read(p)).map_err(ObserveError::Sys)?;
     // SAFETY: sysinfo writes only into `info`.
     let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
     if unsafe { libc::sysinfo(&mut info) } != 0 {
@@ -753,13 +782,60 @@ mod allocatable_tests {
             failed: BTreeMap::new(),
             fs_layout: FsLayout::Shared,
         };
-        read_allocatable(&src.layout, 1 << 30, &mut reading).unwrap();
+        read_allocatable(&src.layout, 1 << 30, &src.held, &mut reading).unwrap();
         assert_eq!(
             reading.observations[&Signal::AllocatableMemoryAvailable],
             Observation {
                 available: (1 << 30) - (600 << 20),
                 capacity: 1 << 30
             }
+        );
+    }
+
+    #[test]
+    fn the_kubelets_cgroup_root_says_where_its_pods_cgroup_is() {
+        let root = tempfile::tempdir().unwrap();
+        for dir in ["kubepods", "node-1/kubepods", "elsewhere"] {
+            std::fs::create_dir_all(root.path().join(dir)).unwrap();
+        }
+        let memory = crate::cgroup::Hierarchy::V1 {
+            mount: root.path().to_path_buf(),
+        };
+        let whole = || NodeLayout::new(memory.clone(), root.path().to_path_buf());
+        // (behaviour, the kubelet's cgroupRoot, the pods cgroup found)
+        let rows: [(&str, Option<&str>, Option<&str>); 3] = [
+            (
+                "kubeadm's /: directly below the node cgroup",
+                Some("/"),
+                Some("kubepods"),
+            ),
+            (
+                "a cgroupRoot of its own (kind's /kubelet, a second kubelet)",
+                Some("/node-1"),
+                Some("node-1/kubepods"),
+            ),
+            (
+                "no kubelet config: below the node cgroup",
+                None,
+                Some("kubepods"),
+            ),
+        ];
+        for (behaviour, kubelet_root, want) in rows {
+            let layout = match kubelet_root {
+                Some(r) => whole().with_kubelet_root(r).unwrap(),
+                None => whole(),
+            };
+            assert_eq!(
+                layout.kubepods(),
+                want.map(|w| root.path().join(w)),
+                "{behaviour}"
+            );
+        }
+        let node = NodeLayout::new(memory.clone(), root.path().join("node-1"));
+        assert_eq!(
+            node.with_kubelet_root("/elsewhere").unwrap_err(),
+            root.path().join("elsewhere"),
+            "a cgroupRoot outside the node cgroup is not this node's"
         );
     }
 

@@ -7,14 +7,17 @@
 //! A reading that is merely slow does not flap the signal: until the call has been out for
 //! [`HUNG_AFTER`], the last reading (if younger than [`STALE_AFTER`]) stands in; after that the
 //! filesystem's signals are unknown, naming the path and for how long it has not answered.
-//! One thread per probe, created once: a hung call ties up that thread only, and no new thread
-//! is started while it is out.
+//! One thread per probe, created once, and the call itself made by a helper process of the
+//! thread's ([`crate::fs_helper`]): a hung call ties up that thread and its helper only, no new
+//! call is made while it is out, and SIGTERM ends the agent whatever the helper waits for.
 
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, Condvar, Mutex},
     time::{Duration, Instant},
 };
+
+use crate::fs_helper::{Answer, FsFigures, Helper, Request};
 
 /// How long the loop waits for a reading it asked for.
 pub const WAIT: Duration = Duration::from_millis(50);
@@ -158,6 +161,8 @@ impl FsProbe {
 }
 
 fn serve(shared: &Shared) {
+    // Started at the first reading (or again after it ended); killed when this thread ends.
+    let mut helper: Option<Helper> = None;
     loop {
         {
             let mut slot = lock(&shared.slot);
@@ -170,7 +175,7 @@ fn serve(shared: &Shared) {
             slot.asked = false;
             slot.busy_since = Some(Instant::now());
         }
-        let result = stat(&shared.path);
+        let result = stat_through(&mut helper, &shared.path);
         let mut slot = lock(&shared.slot);
         if let Ok(stats) = &result {
             slot.good = Some((Instant::now(), *stats));
@@ -182,31 +187,49 @@ fn serve(shared: &Shared) {
     }
 }
 
-/// `stat` and `statvfs` of `path`.
-pub fn stat(path: &Path) -> Result<FsStats, ProbeError> {
-    use std::os::unix::{ffi::OsStrExt as _, fs::MetadataExt as _};
+/// `stat` and `statvfs` of `path`, through the thread's helper process when helpers are in
+/// use (started here, and again after one ended), else in this process.
+fn stat_through(helper: &mut Option<Helper>, path: &Path) -> Result<FsStats, ProbeError> {
     let io = |error: String| ProbeError::Io {
         path: path.to_path_buf(),
         error,
     };
-    let device = std::fs::metadata(path)
-        .map_err(|e| io(e.to_string()))?
-        .dev();
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io("the path contains a NUL byte".into()))?;
-    // SAFETY: statvfs writes only into `st`; `c` is a valid NUL-terminated path.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(io(std::io::Error::last_os_error().to_string()));
+    if helper.is_none() {
+        *helper = Helper::start().map_err(|e| io(crate::error_chain(&e)))?;
     }
-    let frsize = st.f_frsize as i64;
-    Ok(FsStats {
-        device,
-        avail_bytes: (st.f_bavail as i64).saturating_mul(frsize),
-        total_bytes: (st.f_blocks as i64).saturating_mul(frsize),
-        avail_inodes: st.f_favail as i64,
-        total_inodes: st.f_files as i64,
-    })
+    let Some(h) = helper else {
+        return stat(path);
+    };
+    match h.ask(&Request::StatFs(path.to_path_buf())) {
+        Ok(Answer::StatFs(figures)) => figures.map(FsStats::from).map_err(io),
+        Ok(other) => Err(io(format!("the filesystem helper answered {other:?}"))),
+        Err(e) => {
+            *helper = None;
+            Err(io(crate::error_chain(&e)))
+        }
+    }
+}
+
+/// `stat` and `statvfs` of `path`, in this process.
+pub fn stat(path: &Path) -> Result<FsStats, ProbeError> {
+    crate::fs_helper::statfs(path)
+        .map(FsStats::from)
+        .map_err(|error| ProbeError::Io {
+            path: path.to_path_buf(),
+            error,
+        })
+}
+
+impl From<FsFigures> for FsStats {
+    fn from(f: FsFigures) -> Self {
+        Self {
+            device: f.device,
+            avail_bytes: f.avail_bytes,
+            total_bytes: f.total_bytes,
+            avail_inodes: f.avail_inodes,
+            total_inodes: f.total_inodes,
+        }
+    }
 }
 
 #[cfg(test)]

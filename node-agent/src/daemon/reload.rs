@@ -2,12 +2,17 @@
 //!
 //! The file is watched off the loop, by a thread of its own ([`ConfigWatcher`]): it reads the
 //! file (capped at [`MAX_CONFIG_BYTES`], regular files only, so a FIFO or a device never blocks
-//! it), parses and checks it against the machine, and hands the loop a config ready to apply,
-//! or the error naming what is wrong. A change is detected by content, not by mtime (a
-//! ConfigMap's symlink swap can keep the mtime), and is taken only once two readings a poll
-//! apart agree, so a half-written file is never applied. SIGHUP asks for a reading now; it is
-//! taken once two readings [`SETTLE`] apart agree. A hung filesystem holds up the watcher's
-//! thread only: the loop never waits for it.
+//! it), and each content it takes is parsed and checked against the machine on a thread of its
+//! own, which hands the loop a config ready to apply, or the error naming what is wrong. A
+//! change is detected by content, not by mtime (a ConfigMap's symlink swap can keep the mtime),
+//! and is taken only once two readings a poll apart agree, so a half-written file is never
+//! applied. SIGHUP asks for a reading now; it is taken once two readings [`SETTLE`] apart agree.
+//! A hung filesystem holds up the watcher's thread only: the loop never waits for it.
+//!
+//! A slow load never delays a later one: each file taken supersedes the ones before it, whose
+//! verdicts are dropped when they come (at most [`MAX_LOADS`] load at once; the newest file
+//! waits for a free one). The emergency `dryRun: true` written after a file that is slow to
+//! check is applied as soon as it is read.
 //!
 //! A new config takes effect whole and at once — the executor's mode, exclusions and pacing,
 //! intervals, thresholds (kernel lines re-armed), fork limits on every tracked cgroup, signal
@@ -31,6 +36,12 @@ pub use super::config::read::{read_capped, ReadError};
 
 /// How often the watcher reads the file.
 pub const POLL: Duration = Duration::from_secs(1);
+/// Files parsed and checked at once, at most: a check stuck on a hung filesystem ties up one
+/// thread, a few of them stop new ones until one ends.
+pub const MAX_LOADS: usize = 4;
+
+/// How a file's content becomes a config to apply: [`Checks::load`], or a test's own.
+pub type Load = std::sync::Arc<dyn Fn(&[u8]) -> Result<Box<AgentConfig>, Refusal> + Send + Sync>;
 /// After a SIGHUP, the second reading that must agree with the first.
 pub const SETTLE: Duration = Duration::from_millis(100);
 
@@ -76,11 +87,17 @@ pub struct ConfigWatcher {
 impl ConfigWatcher {
     /// Watches `path`, whose content `applied` the running config was read from.
     pub fn start(path: PathBuf, applied: Vec<u8>, checks: Checks) -> std::io::Result<Self> {
+        let load: Load = std::sync::Arc::new(move |bytes: &[u8]| load(&checks, bytes));
+        Self::start_with(path, applied, load)
+    }
+
+    /// [`ConfigWatcher::start`], each file's content turned into a config by `load`.
+    pub fn start_with(path: PathBuf, applied: Vec<u8>, load: Load) -> std::io::Result<Self> {
         let (asks, asked) = std_mpsc::channel();
         let (tx, candidates) = mpsc::channel(1);
         std::thread::Builder::new()
             .name("config-watch".into())
-            .spawn(move || watch(&path, applied, &checks, &asked, &tx))?;
+            .spawn(move || watch(&path, applied, &Loads::new(load, tx.clone()), &asked, &tx))?;
         Ok(Self { asks, candidates })
     }
 
@@ -95,10 +112,91 @@ impl ConfigWatcher {
     }
 }
 
+/// The loads under way: each file taken gets the next number, and a verdict is handed to the
+/// loop only if no later file was taken meanwhile. A read error supersedes nothing: the file
+/// read before it is still the last content taken, and its verdict still comes.
+struct Loads {
+    load: Load,
+    tx: mpsc::Sender<Candidate>,
+    /// The number of the latest file or error taken.
+    latest: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    running: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The newest file, while [`MAX_LOADS`] are under way.
+    waiting: std::cell::RefCell<Option<(&'static str, Vec<u8>)>>,
+}
+
+impl Loads {
+    fn new(load: Load, tx: mpsc::Sender<Candidate>) -> Self {
+        Self {
+            load,
+            tx,
+            latest: Default::default(),
+            running: Default::default(),
+            waiting: Default::default(),
+        }
+    }
+
+    /// A read error to hand over.
+    fn error(&self, candidate: Candidate) -> Result<(), ()> {
+        self.tx.blocking_send(candidate).map_err(drop)
+    }
+
+    /// Parses and checks `bytes` on a thread of its own; it supersedes any load under way.
+    fn take(&self, why: &'static str, bytes: Vec<u8>) {
+        use std::sync::atomic::Ordering;
+        let number = self.latest.fetch_add(1, Ordering::AcqRel) + 1;
+        *self.waiting.borrow_mut() = None;
+        if self.running.load(Ordering::Acquire) >= MAX_LOADS {
+            tracing::warn!(
+                loads = MAX_LOADS,
+                "config files are still being checked: the newest waits for one of them to end"
+            );
+            *self.waiting.borrow_mut() = Some((why, bytes));
+            return;
+        }
+        self.running.fetch_add(1, Ordering::AcqRel);
+        let bytes = std::sync::Arc::new(bytes);
+        let (load, tx, latest, running, kept) = (
+            self.load.clone(),
+            self.tx.clone(),
+            self.latest.clone(),
+            self.running.clone(),
+            bytes.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("config-load".into())
+            .spawn(move || {
+                let config = load(&bytes);
+                running.fetch_sub(1, Ordering::AcqRel);
+                if latest.load(Ordering::Acquire) == number {
+                    let _ = tx.blocking_send(Candidate { why, config });
+                } else {
+                    tracing::debug!(
+                        reason = why,
+                        "a config file's verdict dropped: a later file was taken meanwhile"
+                    );
+                }
+            });
+        if let Err(e) = spawned {
+            self.running.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(error = %e, "no thread to check the config file now: tried again at the next reading");
+            *self.waiting.borrow_mut() = Some((why, kept.to_vec()));
+        }
+    }
+
+    /// The newest file, if it waited for a free load and one is free now.
+    fn retry_waiting(&self) {
+        let waiting = self.waiting.borrow_mut().take();
+        if let Some((why, bytes)) = waiting {
+            self.take(why, bytes);
+        }
+    }
+}
+
 fn watch(
     path: &Path,
     mut applied: Vec<u8>,
-    checks: &Checks,
+    loads: &Loads,
     asked: &std_mpsc::Receiver<()>,
     tx: &mpsc::Sender<Candidate>,
 ) {
@@ -106,6 +204,8 @@ fn watch(
     let mut pending: Option<Vec<u8>> = None;
     // The last read error sent, so a lasting one is reported once.
     let mut failing: Option<ReadError> = None;
+    // A SIGHUP whose reading failed for a shortage of the moment: owed, read again each poll.
+    let mut owed = false;
     loop {
         let sighup = match asked.recv_timeout(POLL) {
             Ok(()) => {
@@ -113,16 +213,28 @@ fn watch(
                 while asked.try_recv().is_ok() {}
                 true
             }
-            Err(std_mpsc::RecvTimeoutError::Timeout) => false,
+            Err(std_mpsc::RecvTimeoutError::Timeout) => owed,
             Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
         };
+        if tx.is_closed() {
+            return;
+        }
+        loads.retry_waiting();
         let read = if sighup {
             read_settled(path)
         } else {
             read_capped(path)
         };
+        owed = sighup && read.as_ref().is_err_and(ReadError::is_transient);
         let candidate = |why, config| Candidate { why, config };
         let send = match read {
+            // A shortage of the moment (out of descriptors): said once while it lasts, never
+            // a refusal of the file; the reading is tried again at the next poll.
+            Err(e) if e.is_transient() => {
+                let new = failing.as_ref() != Some(&e);
+                failing = Some(e.clone());
+                new.then(|| candidate("reading the config file", Err(e.into())))
+            }
             Err(e) if sighup || failing.as_ref() != Some(&e) => {
                 failing = Some(e.clone());
                 pending = None;
@@ -139,14 +251,16 @@ fn watch(
                 if sighup {
                     pending = None;
                     applied.clone_from(&bytes);
-                    Some(candidate("SIGHUP", load(checks, &bytes)))
+                    loads.take("SIGHUP", bytes);
+                    None
                 } else if bytes == applied {
                     pending = None;
                     None
                 } else if pending.as_ref() == Some(&bytes) {
                     pending = None;
                     applied.clone_from(&bytes);
-                    Some(candidate("config file changed", load(checks, &bytes)))
+                    loads.take("config file changed", bytes);
+                    None
                 } else {
                     pending = Some(bytes);
                     None
@@ -154,7 +268,7 @@ fn watch(
             }
         };
         if let Some(c) = send {
-            if tx.blocking_send(c).is_err() {
+            if loads.error(c).is_err() {
                 return;
             }
         }
@@ -191,12 +305,16 @@ pub fn unchangeable(old: &AgentConfig, new: &AgentConfig) -> Option<&'static str
         Some("listen")
     } else if o.trace_socket != n.trace_socket {
         Some("traceSocket")
+    } else if o.inspect_listen != n.inspect_listen {
+        Some("inspectListen")
     } else if o.ring_bytes != n.ring_bytes {
         Some("ringBufferSize")
     } else if o.node_cgroup != n.node_cgroup {
         Some("nodeCgroup")
     } else if old.kubernetes.is_some() != new.kubernetes.is_some() {
         Some("kubernetes (the section added or removed)")
+    } else if o.metrics_access != n.metrics_access {
+        Some("metricsAccess")
     } else {
         None
     }
@@ -253,8 +371,10 @@ mod tests {
             ("listen: '127.0.0.1:2'", Some("listen")),
             ("listen: '127.0.0.1:1'\ntraceSocket: /tmp/other.sock", Some("traceSocket")),
             ("listen: '127.0.0.1:1'\nringBufferSize: 8Ki", Some("ringBufferSize")),
+            ("listen: '127.0.0.1:1'\ninspectListen: 127.0.0.1:9465", Some("inspectListen")),
             ("listen: '127.0.0.1:1'\nnodeCgroup: /elsewhere", Some("nodeCgroup")),
             ("listen: '127.0.0.1:1'\nkubernetes: {}", Some("kubernetes (the section added or removed)")),
+            ("listen: '127.0.0.1:1'\nmetricsAccess: open", Some("metricsAccess")),
             ("listen: '127.0.0.1:1'\ndryRun: true\nresyncInterval: 1s\nforkLimit: 5\neviction: {evictionHard: {memory.available: 2Gi}}", None),
         ];
         for (new, want) in rows {
@@ -415,6 +535,65 @@ mod tests {
             seen += 1;
         }
         assert!((1..=2).contains(&seen), "{seen}");
+    }
+
+    /// A file whose parse and checks take long (a slow filesystem behind a check, a parser's
+    /// worst case) never delays the next: a good file written after it is applied at once, and
+    /// the slow one's verdict, superseded, is never delivered.
+    #[test]
+    fn a_slow_load_never_delays_a_later_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, H).unwrap();
+        let checks = checks();
+        let load: Load = std::sync::Arc::new(move |bytes: &[u8]| {
+            if bytes.windows(4).any(|w| w == b"slow") {
+                std::thread::sleep(Duration::from_secs(3));
+            }
+            checks.load(bytes).map(Box::new).map_err(Refusal::from)
+        });
+        let mut w = ConfigWatcher::start_with(path.clone(), H.as_bytes().to_vec(), load).unwrap();
+        std::fs::write(&path, format!("{H}# slow\nforkLimit: 5\n")).unwrap();
+        w.ask();
+        std::thread::sleep(Duration::from_millis(400));
+        std::fs::write(&path, format!("{H}dryRun: true\n")).unwrap();
+        let asked = Instant::now();
+        w.ask();
+        let c = next(&mut w, Duration::from_secs(2)).expect("the good file, at once");
+        assert!(dry_run(&c), "the later file: {c:?}");
+        eprintln!(
+            "the later file applied {:?} after its SIGHUP",
+            asked.elapsed()
+        );
+        assert!(
+            next(&mut w, Duration::from_secs(4)).is_none(),
+            "the slow, superseded file is never delivered"
+        );
+    }
+
+    /// A read error while a file is being checked supersedes nothing: the file taken before it
+    /// is still the last content read, and its verdict still comes (else a file whose content
+    /// comes back unchanged would never be applied).
+    #[test]
+    fn a_read_error_never_drops_the_verdict_of_the_file_read_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, H).unwrap();
+        let checks = checks();
+        let load: Load = std::sync::Arc::new(move |bytes: &[u8]| {
+            std::thread::sleep(Duration::from_millis(1500));
+            checks.load(bytes).map(Box::new).map_err(Refusal::from)
+        });
+        let mut w = ConfigWatcher::start_with(path.clone(), H.as_bytes().to_vec(), load).unwrap();
+        std::fs::write(&path, format!("{H}dryRun: true\n")).unwrap();
+        w.ask();
+        std::thread::sleep(Duration::from_millis(600));
+        std::fs::remove_file(&path).unwrap();
+        w.ask();
+        let first = next(&mut w, Duration::from_secs(3)).expect("the missing file, said");
+        assert!(matches!(first.config, Err(Refusal::Read(_))), "{first:?}");
+        let second = next(&mut w, Duration::from_secs(3)).expect("the file read before, applied");
+        assert!(dry_run(&second), "{second:?}");
     }
 
     #[test]

@@ -22,6 +22,7 @@ use super::{
 };
 use crate::{
     error_chain,
+    inspect::Inspect,
     kernel::Attributed,
     telemetry::{Health, KubeOperation, Metrics},
     trace::{Record, SawBefore},
@@ -45,10 +46,12 @@ pub struct Reporter {
     events_failing: BTreeSet<KubeOperation>,
     /// What was seen and done lately, for what an OOM kill is told came before it.
     pub recent: Recent,
+    /// What `kubectl node-agent` reads: status, and what was decided about each pod.
+    pub inspect: Inspect,
 }
 
 impl Reporter {
-    pub fn new(metrics: Arc<Metrics>, health: Arc<Health>, live: Live) -> Self {
+    pub fn new(metrics: Arc<Metrics>, health: Arc<Health>, live: Live, inspect: Inspect) -> Self {
         Self {
             metrics,
             health,
@@ -59,6 +62,7 @@ impl Reporter {
             refusing: false,
             events_failing: BTreeSet::new(),
             recent: Recent::default(),
+            inspect,
         }
     }
 
@@ -69,6 +73,7 @@ impl Reporter {
             record = record.with_saw_before(saw);
         }
         self.metrics.kernel_event(record.kind());
+        self.inspect.record(&record);
         self.live.publish(&record);
     }
 
@@ -103,6 +108,8 @@ impl Reporter {
 
     /// Signal values, thresholds met and conditions on /metrics.
     pub fn decision(&self, eviction: &EvictionConfig, reading: &NodeReading, decision: &Decision) {
+        self.inspect
+            .decision(eviction, &reading.observations, decision);
         let metrics = &self.metrics;
         for (signal, obs) in &reading.observations {
             metrics.set_signal_available(*signal, obs.available);
@@ -188,8 +195,10 @@ impl Reporter {
         }
         if stale {
             metrics.stale_data("pods");
+            // Blind: nothing is known of the pods, so "no pod may be evicted" is not either.
+            metrics.set_no_evictable_pod(None);
             if !self.stale {
-                tracing::warn!("a threshold is met but the pod data is stale or missing: not evicting until it is fresh");
+                tracing::warn!("a threshold is met but the pod data is stale or missing (the pod source is not ready: /readyz names it): not evicting until it is fresh");
             }
             self.stale = true;
         } else if fresh && self.stale {
@@ -217,8 +226,9 @@ impl Reporter {
             reason = report.attempt.detail.as_deref().unwrap_or(""),
             retry_after = ?report.attempt.retry_after, "eviction outcome"
         );
-        self.live
-            .publish(&Record::eviction(report, crate::sys::now_rfc3339()));
+        let record = Record::eviction(report, crate::sys::now_rfc3339());
+        self.inspect.record(&record);
+        self.live.publish(&record);
     }
 
     /// An event written, or not: every failure counted, said once until one of its kind is

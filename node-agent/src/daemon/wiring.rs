@@ -3,7 +3,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use node_agent_kube::api::Counters;
+use node_agent_kube::{access::Reviewer, api::Counters};
 
 use super::{
     acts::Acts,
@@ -21,6 +21,7 @@ use super::{
 use crate::{
     cgroup::{self, Layout},
     ebpf::LoadOptions,
+    inspect::{self, Identity, Inspect, Mode},
     kernel::KernelFeed,
     telemetry::{self, Health, Metrics},
 };
@@ -107,11 +108,43 @@ async fn start(
     let settings = &config.current.settings;
     let metrics = Metrics::new();
     let health = Health::new(Duration::from_secs(30));
-    let server = telemetry::bind(settings.listen, metrics.clone(), health.clone()).await?;
+    // Who may read /metrics: under `kubernetes`, reviewed through the API server connection
+    // once it is made (and again after a reload makes a new one).
+    let (reviewer, reviewer_rx) = tokio::sync::watch::channel(None);
+    let gate = telemetry::Gate::new(settings.metrics_access, reviewer_rx, metrics.clone());
+    let server = telemetry::bind(settings.listen, metrics.clone(), health.clone())
+        .await?
+        .guarded_by(gate);
     let (live, _accept) = Live::bind(&settings.trace_socket).await?;
     if let Some(format) = print {
         live.print(format);
     }
+    let inspect = Inspect::new(
+        Identity {
+            node: config
+                .current
+                .kubernetes
+                .as_ref()
+                .map(|k| k.node_name.clone()),
+            pod: config
+                .overrides
+                .own_pod
+                .as_ref()
+                .map(|(ns, n)| format!("{ns}/{n}")),
+        },
+        inspect_mode(&config.current),
+        health.clone(),
+    );
+    let inspect_server = match settings.inspect_listen {
+        Some(addr) => {
+            let subscribe: inspect::server::Subscribe = {
+                let live = live.clone();
+                Arc::new(move || live.subscribe())
+            };
+            Some(inspect::bind(addr, inspect.clone(), subscribe, metrics.clone()).await?)
+        }
+        None => None,
+    };
     let socket_path = settings.trace_socket.clone();
     let options = LoadOptions {
         ring_bytes: settings.ring_bytes,
@@ -130,7 +163,12 @@ async fn start(
                 metrics.clone(),
                 health.clone(),
             )?;
-            Some(Kube { cluster, counters })
+            reviewer.send_replace(Some(Arc::new(Reviewer::new(cluster.api.clone()))));
+            Some(Kube {
+                cluster,
+                counters,
+                reviewer,
+            })
         }
         None => None,
     };
@@ -145,7 +183,22 @@ async fn start(
     // handled, never the default action.
     let signals = Signals::new().map_err(DaemonError::Runtime)?;
     let settings = &config.current.settings;
-    let node_layout = NodeLayout::new(layout.memory.clone(), node_dir);
+    let mut node_layout = NodeLayout::new(layout.memory.clone(), node_dir);
+    // The kubelet's pods cgroup is below its cgroupRoot (kind's /kubelet, not kubeadm's /).
+    if let Some(root) =
+        super::kubelet::cgroup_root(config.current.settings.kubelet_config.as_deref())
+    {
+        node_layout = match node_layout.clone().with_kubelet_root(&root) {
+            Ok(l) => {
+                tracing::info!(cgroup_root = %root, pods_parent = %l.pods_parent.display(), "the kubelet's pods cgroup is below its cgroupRoot");
+                l
+            }
+            Err(outside) => {
+                tracing::warn!(cgroup_root = %root, dir = %outside.display(), "the kubelet's cgroupRoot is outside nodeCgroup: its pods cgroup is looked for below nodeCgroup instead");
+                node_layout
+            }
+        };
+    }
     let fs = Filesystems::new(&settings.nodefs_path, settings.imagefs_path.as_deref())
         .map_err(DaemonError::Runtime)?;
     let node = Node::new(node_layout, settings.memory_capacity, fs);
@@ -160,6 +213,7 @@ async fn start(
         "node-agent running"
     );
     metrics.set_memory_mechanism(kernel.feed.memory_mechanism());
+    inspect.set_memory_mechanism(kernel.feed.memory_mechanism().short_name());
     check_kubelet(&config.current, &node.read());
     match &config.current.runtime {
         Some(r) => tracing::info!(endpoint = %r.settings.endpoint,
@@ -170,7 +224,7 @@ async fn start(
         ),
         None => {}
     }
-    let report = Reporter::new(metrics, health, live);
+    let report = Reporter::new(metrics, health, live, inspect);
     let mut daemon = Daemon {
         config,
         node,
@@ -187,11 +241,30 @@ async fn start(
     let serving = tokio::spawn(server.serve(async {
         let _ = stop_rx.await;
     }));
+    let (inspect_stop, inspect_stopped) = tokio::sync::oneshot::channel::<()>();
+    let inspecting = inspect_server.map(|s| {
+        tokio::spawn(s.serve(async {
+            let _ = inspect_stopped.await;
+        }))
+    });
     let result = daemon.run(signals).await;
     let _ = stop_tx.send(());
+    let _ = inspect_stop.send(());
     let _ = serving.await;
+    if let Some(inspecting) = inspecting {
+        let _ = inspecting.await;
+    }
     let _ = std::fs::remove_file(&socket_path);
     // Dropping the daemon detaches every program and stops the executor.
     drop(daemon);
     result
+}
+
+/// What `kubectl node-agent status` says the agent may do (at start and after each reload).
+pub(super) fn inspect_mode(config: &AgentConfig) -> Mode {
+    match (&config.kubernetes, config.dry_run()) {
+        (None, _) => Mode::Standalone,
+        (Some(_), true) => Mode::DryRun,
+        (Some(_), false) => Mode::Enforcing,
+    }
 }

@@ -46,6 +46,18 @@ impl std::fmt::Display for MemoryMechanism {
     }
 }
 
+impl MemoryMechanism {
+    /// `fexit`, `sampler` or `polling`: the metric's label and what `kubectl node-agent
+    /// status` shows.
+    pub fn short_name(self) -> &'static str {
+        match self {
+            Self::PageCounterFexit => "fexit",
+            Self::CounterSampler => "sampler",
+            Self::Unavailable => "polling",
+        }
+    }
+}
+
 /// Which memory mechanism to use: the cheapest that attaches, or one named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MemoryChoice {

@@ -172,6 +172,7 @@ type Amount = Scalar;
 
 /// The whole scenario, validated.
 pub fn parse(text: &str) -> Result<Scenario, FormatError> {
+    crate::yaml::check_nesting(text).map_err(|e| field("scenario", e.to_string()))?;
     let de = serde_yaml_ng::Deserializer::from_str(text);
     let file: File = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();

@@ -142,9 +142,73 @@ impl Health {
     }
 }
 
+/// `text` without what it would tell a caller about the node beyond what is wrong: every URL
+/// (`scheme://…`), network address (an IP, with or without its port) and filesystem path of
+/// more than one component (`/var/lib/kubelet/pki/kubelet.crt`; a request's `/pods` stays)
+/// replaced by `<url>`, `<address>`, `<path>`. For `/readyz` to a caller the gate did not let in.
+pub(crate) fn redact(text: &str) -> String {
+    text.split('\n')
+        .map(|line| {
+            line.split(' ')
+                .map(|word| {
+                    // The word itself, without what punctuation wraps it in a sentence.
+                    let start = word
+                        .find(|c: char| !"\"'({<".contains(c))
+                        .unwrap_or(word.len());
+                    let end = word
+                        .rfind(|c: char| !"\"')}>,;:.".contains(c))
+                        .map_or(start, |i| i + 1)
+                        .max(start);
+                    let core = &word[start..end];
+                    let replaced = if core.contains("://") {
+                        "<url>"
+                    } else if core.starts_with('/') && core[1..].contains('/') {
+                        "<path>"
+                    } else if is_address(core) {
+                        "<address>"
+                    } else {
+                        return word.to_string();
+                    };
+                    format!("{}{replaced}{}", &word[..start], &word[end..])
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// An IP address, `ip:port` or `[ipv6]:port`.
+fn is_address(word: &str) -> bool {
+    use std::net::{IpAddr, SocketAddr};
+    word.parse::<IpAddr>().is_ok() || word.parse::<SocketAddr>().is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redact_leaves_what_is_wrong_and_takes_out_where() {
+        let rows = [
+            (
+                "pods: cannot be read: kubelet: GET /pods: connect https://10.0.0.5:10250/pods: TLS handshake failed: UnknownIssuer (caFile /var/lib/kubelet/pki/kubelet.crt)",
+                "pods: cannot be read: kubelet: GET /pods: connect <url>: TLS handshake failed: UnknownIssuer (caFile <path>)",
+            ),
+            (
+                "nodefs: statfs /var/lib/kubelet has not answered for 2.1s (a hung filesystem?)",
+                "nodefs: statfs <path> has not answered for 2.1s (a hung filesystem?)",
+            ),
+            ("cluster: connect to 10.96.0.1:443 refused", "cluster: connect to <address> refused"),
+            ("cluster: GET /api/v1/nodes/n1: 403 Forbidden (RBAC does not grant the agent this; see deploy/rbac.yaml)",
+             "cluster: GET <path>: 403 Forbidden (RBAC does not grant the agent this; see deploy/rbac.yaml)"),
+            ("[fd00::1]:10250 and \"/etc/x/y\"", "<address> and \"<path>\""),
+            ("not ready: programs not attached", "not ready: programs not attached"),
+        ];
+        for (text, want) in rows {
+            assert_eq!(redact(text), want, "{text}");
+        }
+    }
 
     fn ms(millis: u64) -> Duration {
         Duration::from_millis(millis)

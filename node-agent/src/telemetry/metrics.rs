@@ -1,6 +1,7 @@
 //! The `node_agent_*` metric families (and the standard `process_*` ones), the methods the
 //! daemon records them through, and the two expositions `/metrics` writes.
 
+mod inspect;
 mod kernel;
 mod kube;
 mod process;
@@ -182,11 +183,14 @@ pub struct Metrics {
     kube_counters: Arc<OnceLock<Arc<Counters>>>,
     kernel_stats: Arc<KernelStats>,
     telemetry_connections_closed: Family<ReasonLabels, Counter>,
+    telemetry_authorizations: Family<ResultLabels, Counter>,
     executor_refused: Family<LaneLabels, Counter>,
     /// Node-level reclaim's families, in their own module.
     reclaim: reclaim::ReclaimMetrics,
     /// The sources' readiness and the listener's accept errors, in their own module.
     sources: sources::SourceMetrics,
+    /// The inspection endpoint's clients, in their own module.
+    inspect: inspect::InspectMetrics,
 }
 
 impl Metrics {
@@ -221,9 +225,11 @@ impl Metrics {
             kube_counters: Arc::default(),
             kernel_stats: Arc::default(),
             telemetry_connections_closed: Family::default(),
+            telemetry_authorizations: Family::default(),
             executor_refused: Family::default(),
             reclaim: reclaim::ReclaimMetrics::default(),
             sources: sources::SourceMetrics::default(),
+            inspect: inspect::InspectMetrics::default(),
         };
         metrics.precreate();
         Arc::new(metrics.registered())
@@ -239,7 +245,7 @@ impl Metrics {
                 rustc: env!("NODE_AGENT_RUSTC"),
             })
             .set(1);
-        for result in ["ok", "invalid", "refused"] {
+        for result in ["ok", "invalid", "refused", "retrying"] {
             self.config_reloads
                 .get_or_create_owned(&ResultLabels { result });
         }
@@ -310,6 +316,10 @@ impl Metrics {
             self.telemetry_connections_closed
                 .get_or_create_owned(&ReasonLabels { reason });
         }
+        for result in super::access::RESULTS {
+            self.telemetry_authorizations
+                .get_or_create_owned(&ResultLabels { result });
+        }
     }
 
     /// The registry holds clones of the families (they share their storage), so recording
@@ -320,6 +330,7 @@ impl Metrics {
         let r = self.registry.sub_registry_with_prefix("node_agent");
         self.reclaim.register(r);
         self.sources.register(r);
+        self.inspect.register(r);
         // prometheus-client appends `_total` to counter names and the unit to the others', and
         // a full stop to each help text.
         r.register_with_unit(
@@ -457,6 +468,11 @@ impl Metrics {
             self.telemetry_connections_closed.clone(),
         );
         r.register(
+            "telemetry_authorizations",
+            "Callers of /metrics (and of /readyz's details) let in or not under metricsAccess, by result (allowed, unauthenticated, forbidden, unavailable, busy)",
+            self.telemetry_authorizations.clone(),
+        );
+        r.register(
             "executor_refused",
             "Actions the executor did not take because their lane was full (a burst of node events), by lane",
             self.executor_refused.clone(),
@@ -475,6 +491,11 @@ impl Metrics {
     /// Whether the sources deliver, and the listener's accept errors.
     pub fn sources(&self) -> &sources::SourceMetrics {
         &self.sources
+    }
+
+    /// The inspection endpoint's clients.
+    pub fn inspect(&self) -> &inspect::InspectMetrics {
+        &self.inspect
     }
 
     pub fn export_kube_counters(&self, counters: Arc<Counters>) {

@@ -6,6 +6,7 @@
 //! The daemon records into [`Metrics`] and [`Health`] (plain atomics, no I/O) and runs the
 //! [`Server`] from [`bind`]; the listener is the only I/O in this module.
 
+pub mod access;
 mod connections;
 mod health;
 mod labels;
@@ -18,6 +19,7 @@ mod tests;
 
 use std::net::SocketAddr;
 
+pub use access::{Gate, MetricsAccess};
 pub use health::Health;
 pub use labels::{KubeOperation, Trigger};
 pub use metrics::{ConvertError, Format, Metrics, DECISION_LATENCY_BUCKETS};

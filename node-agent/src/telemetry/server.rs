@@ -1,4 +1,6 @@
-//! The HTTP/1.1 listener for `/metrics`, `/healthz` and `/readyz`.
+//! The HTTP/1.1 listener for `/metrics`, `/healthz` and `/readyz`. `/metrics`, and `/readyz`'s
+//! whole reason, go only to callers its [`Gate`] lets in (`metricsAccess`); the kubelet's
+//! probes need no credentials.
 
 use std::{
     convert::Infallible,
@@ -11,7 +13,10 @@ use std::{
 use http_body_util::Full;
 use hyper::{
     body::{Bytes, Incoming},
-    header::{HeaderValue, ACCEPT, ALLOW, CONTENT_TYPE, VARY},
+    header::{
+        HeaderValue, ACCEPT, ALLOW, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER, VARY,
+        WWW_AUTHENTICATE,
+    },
     server::conn::http1,
     service::service_fn,
     Method, Request, Response, StatusCode,
@@ -24,8 +29,9 @@ use tokio::{
 };
 
 use super::{
+    access::{Gate, MetricsAccess, Refusal},
     connections::{Activity, Client, Clock, Closed, Limits, Table, Tracked},
-    health::{Health, Liveness},
+    health::{redact, Health, Liveness},
     Format, Metrics, TelemetryError,
 };
 
@@ -57,11 +63,14 @@ pub async fn bind(
     let local_addr = listener
         .local_addr()
         .map_err(|source| TelemetryError::LocalAddr { addr, source })?;
+    let (_, none) = watch::channel(None);
+    let gate = Gate::new(MetricsAccess::Open, none, metrics.clone());
     Ok(Server {
         listener,
         local_addr,
         metrics,
         health,
+        gate,
     })
 }
 
@@ -71,9 +80,17 @@ pub struct Server {
     local_addr: SocketAddr,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    gate: Gate,
 }
 
 impl Server {
+    /// The same listener, `/metrics` (and `/readyz`'s whole reason) behind `gate`; without it,
+    /// open to anyone who reaches it.
+    pub fn guarded_by(mut self, gate: Gate) -> Self {
+        self.gate = gate;
+        self
+    }
+
     /// The bound address (the real port when bound to port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
@@ -90,6 +107,7 @@ impl Server {
             local_addr,
             metrics,
             health,
+            gate,
         } = self;
         let limits = Limits::DEFAULT;
         let mut http = http1::Builder::new();
@@ -156,20 +174,29 @@ impl Server {
                     let stream = Tracked::new(stream, Arc::clone(&activity), clock);
                     let metrics = Arc::clone(&metrics);
                     let health = Arc::clone(&health);
+                    let gate = gate.clone();
                     let service = service_fn(move |request: Request<Incoming>| {
-                        let accept = request
-                            .headers()
-                            .get(ACCEPT)
-                            .map(|v| v.to_str().unwrap_or(""));
-                        let response = respond(
-                            request.method(),
-                            request.uri().path(),
-                            accept,
-                            &metrics,
-                            &health,
-                            Instant::now(),
-                        );
-                        std::future::ready(Ok::<_, Infallible>(response))
+                        let (metrics, health, gate) = (metrics.clone(), health.clone(), gate.clone());
+                        async move {
+                            let header = |name| {
+                                request
+                                    .headers()
+                                    .get(name)
+                                    .and_then(|v: &HeaderValue| v.to_str().ok())
+                            };
+                            let response = answer(
+                                request.method(),
+                                request.uri().path(),
+                                header(ACCEPT),
+                                header(AUTHORIZATION),
+                                peer.ip(),
+                                &metrics,
+                                &health,
+                                &gate,
+                            )
+                            .await;
+                            Ok::<_, Infallible>(response)
+                        }
                     });
                     let connection = http.serve_connection(TokioIo::new(stream), service);
                     let mut stop = stop_rx.clone();
@@ -290,7 +317,69 @@ impl ClosedLog {
     }
 }
 
-/// The response to one request; pure apart from reading the recorded values.
+/// The response to one request: the gate asked first where it stands.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one request's parts and what answers it, as the service closure has them"
+)]
+async fn answer(
+    method: &Method,
+    path: &str,
+    accept: Option<&str>,
+    authorization: Option<&str>,
+    peer: std::net::IpAddr,
+    metrics: &Metrics,
+    health: &Health,
+    gate: &Gate,
+) -> Response<Full<Bytes>> {
+    let asks = method == Method::GET || method == Method::HEAD;
+    if asks && path == "/metrics" {
+        if let Err(refusal) = gate.check(authorization, peer, path).await {
+            return refused(&refusal);
+        }
+    }
+    let details = asks && path == "/readyz" && gate.sees_details(authorization, peer).await;
+    respond(
+        method,
+        path,
+        accept,
+        metrics,
+        health,
+        Instant::now(),
+        details,
+    )
+}
+
+/// The answer to a caller the gate did not let in.
+fn refused(refusal: &Refusal) -> Response<Full<Bytes>> {
+    let (status, why) = match refusal {
+        Refusal::Unauthenticated(why) => (StatusCode::UNAUTHORIZED, why.clone()),
+        Refusal::Forbidden(why) => (StatusCode::FORBIDDEN, why.clone()),
+        Refusal::Unavailable(why) => (StatusCode::SERVICE_UNAVAILABLE, why.clone()),
+        Refusal::Busy => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many callers being reviewed at once: try again".to_string(),
+        ),
+    };
+    let mut response = response(status, TEXT, format!("{why}\n"));
+    let headers = response.headers_mut();
+    match refusal {
+        Refusal::Unauthenticated(_) => {
+            headers.insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"node-agent\""),
+            );
+        }
+        Refusal::Busy => {
+            headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        _ => {}
+    }
+    response
+}
+
+/// The response to one request; pure apart from reading the recorded values. `details`:
+/// `/readyz` may give its whole reason (else URLs, addresses and paths are left out).
 fn respond(
     method: &Method,
     path: &str,
@@ -298,6 +387,7 @@ fn respond(
     metrics: &Metrics,
     health: &Health,
     now: Instant,
+    details: bool,
 ) -> Response<Full<Bytes>> {
     if !matches!(path, "/metrics" | "/healthz" | "/readyz") {
         return response(StatusCode::NOT_FOUND, TEXT, "not found\n".into());
@@ -346,7 +436,8 @@ fn respond(
         },
         _ => match health.readiness() {
             Ok(()) => response(StatusCode::OK, TEXT, "ready\n".into()),
-            Err(why) => response(StatusCode::SERVICE_UNAVAILABLE, TEXT, why),
+            Err(why) if details => response(StatusCode::SERVICE_UNAVAILABLE, TEXT, why),
+            Err(why) => response(StatusCode::SERVICE_UNAVAILABLE, TEXT, redact(&why)),
         },
     }
 }

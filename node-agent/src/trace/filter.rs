@@ -10,6 +10,7 @@ const KINDS: &[&str] = &[
     "eviction",
     "reclaim",
     "events_lost",
+    "stream_lost",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -77,9 +78,14 @@ impl Filter {
 
     /// Kind filters select kinds; cgroup, pod and namespace filters keep only events of
     /// matching cgroups or pods (events about the whole node, like `pid_threshold` and
-    /// `events_lost`, always pass them: a loss may hide an event of the filtered pod).
+    /// `events_lost`, always pass them: a loss may hide an event of the filtered pod). A
+    /// `stream_lost` line passes every filter, kinds included: it says this reader's copy of
+    /// the stream has a gap, whatever it asked for.
     /// Pod and namespace filters drop events that cannot be attributed to a pod.
     pub fn matches(&self, record: &Record) -> bool {
+        if matches!(record, Record::StreamLost { .. }) {
+            return true;
+        }
         if !self.kinds.is_empty() && !self.kinds.iter().any(|k| k == record.kind()) {
             return false;
         }

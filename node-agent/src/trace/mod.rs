@@ -10,6 +10,7 @@ use std::{io::Write as _, path::PathBuf, time::Duration};
 
 pub use filter::{Filter, FilterError, OutputFormat};
 pub use record::{CgroupRef, Crossing, OomConstraint, PodRef, Pressure, Qos, Record, SawBefore};
+pub use table::signal_value;
 
 use crate::{
     cgroup,
@@ -58,7 +59,8 @@ pub struct TraceArgs {
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
     /// Only these kinds (repeatable or comma-separated): oom_kill, memory_threshold,
-    /// pid_threshold, fork_storm, eviction (from a running daemon), events_lost.
+    /// pid_threshold, fork_storm, eviction and reclaim (from a running daemon), events_lost
+    /// (stream_lost, a gap in this reader's copy of the stream, always passes).
     #[arg(long, value_delimiter = ',')]
     pub kind: Vec<String>,
     /// Only events of cgroups whose path contains this text (or whose id is this number).

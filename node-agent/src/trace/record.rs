@@ -86,7 +86,8 @@ impl From<&Subject> for CgroupRef {
 }
 
 impl CgroupRef {
-    pub(super) fn label(&self) -> String {
+    /// `namespace/name/container`, `pod UID`, the path, or the id: the most a reader can be told.
+    pub fn label(&self) -> String {
         match (&self.pod, &self.path) {
             (
                 Some(PodRef {
@@ -326,9 +327,25 @@ pub enum Record {
         /// Records lost since the programs were loaded, per CPU.
         total_per_cpu: Vec<u64>,
     },
+    /// Records of the daemon's stream this reader missed: it read more slowly than they came
+    /// (a `trace` client of the socket, a `kubectl node-agent trace`). The daemon decided and
+    /// counted them all the same; only this copy was cut short.
+    StreamLost {
+        time: String,
+        /// Records skipped since the previous line this reader got.
+        lost: u64,
+    },
 }
 
 impl Record {
+    /// What a reader of the daemon's stream that fell `lost` records behind is told, now.
+    pub fn stream_lost(lost: u64) -> Record {
+        Record::StreamLost {
+            time: crate::sys::now_rfc3339(),
+            lost,
+        }
+    }
+
     /// An OOM kill's record with what the agent saw before it.
     pub fn with_saw_before(mut self, saw: SawBefore) -> Record {
         if let Record::OomKill { saw_before, .. } = &mut self {
@@ -467,6 +484,7 @@ impl Record {
             Record::Eviction { .. } => "eviction",
             Record::Reclaim { .. } => "reclaim",
             Record::EventsLost { .. } => "events_lost",
+            Record::StreamLost { .. } => "stream_lost",
         }
     }
 
@@ -489,7 +507,8 @@ impl Record {
             Record::PidThreshold { .. }
             | Record::Eviction { .. }
             | Record::Reclaim { .. }
-            | Record::EventsLost { .. } => None,
+            | Record::EventsLost { .. }
+            | Record::StreamLost { .. } => None,
         }
     }
 

@@ -2,7 +2,7 @@
 //! characters, in human units. JSON Lines (`--output json`) keep every field and raw figures.
 
 use node_agent_executor::reclaim::ReclaimResult;
-use node_agent_policy::Resource;
+use node_agent_policy::{EvictionSignal, Resource};
 
 use super::record::{Crossing, OomConstraint, Record};
 
@@ -18,7 +18,30 @@ impl Record {
         "TIME            KIND             POD/CGROUP                   PID     DETAILS";
 
     pub fn table_row(&self) -> String {
-        let (time, who, pid, details) = match self {
+        let (time, who, pid, details) = self.columns();
+        let row = format!(
+            "{:<TIME$} {:<KIND$} {:<WHO$} {:<PID$} {details}",
+            time_of_day(time),
+            self.kind(),
+            tail(&who, WHO),
+            tail(&pid, PID),
+        );
+        head(&row, ROW_WIDTH)
+    }
+
+    /// One line without the time: the kind, who it concerns and what happened, whole
+    /// (`kubectl node-agent explain` lists a pod's records with their own times).
+    pub fn describe(&self) -> String {
+        let (_, who, pid, details) = self.columns();
+        match pid.as_str() {
+            "-" => format!("{} {who}: {details}", self.kind()),
+            pid => format!("{} {who} (pid {pid}): {details}", self.kind()),
+        }
+    }
+
+    /// The table's columns: time, pod or cgroup, PID and details.
+    fn columns(&self) -> (&str, String, String, String) {
+        match self {
             Record::OomKill {
                 time,
                 cgroup,
@@ -197,15 +220,32 @@ impl Record {
                     total_per_cpu.iter().sum::<u64>()
                 ),
             ),
-        };
-        let row = format!(
-            "{:<TIME$} {:<KIND$} {:<WHO$} {:<PID$} {details}",
-            time_of_day(time),
-            self.kind(),
-            tail(&who, WHO),
-            tail(&pid, PID),
-        );
-        head(&row, ROW_WIDTH)
+            Record::StreamLost { time, lost } => (
+                time,
+                "-".into(),
+                "-".into(),
+                format!(
+                    "{lost} records not sent to this reader: it read more slowly than they came"
+                ),
+            ),
+        }
+    }
+}
+
+/// A signal's value in its unit: bytes in binary units for memory and disk space (and a local
+/// storage limit), a plain count for inodes and PIDs; a name no signal has, as given.
+pub fn signal_value(signal: &str, value: i64) -> String {
+    match signal.parse::<EvictionSignal>() {
+        Ok(s) => match s
+            .threshold()
+            .map_or(Resource::EphemeralStorage, |s| s.resource())
+        {
+            Resource::Memory | Resource::EphemeralStorage => {
+                bytes(u64::try_from(value).unwrap_or(0))
+            }
+            Resource::Inodes | Resource::Pids => value.to_string(),
+        },
+        Err(_) => value.to_string(),
     }
 }
 

@@ -170,7 +170,7 @@ impl DaemonConfig<'_> {
             );
         }
         let mut top = format!(
-            "listen: '127.0.0.1:{port}'\ntraceSocket: '{socket}'\nnodeCgroup: '{node}'\nforkLimit: 0\n",
+            "listen: '127.0.0.1:{port}'\nmetricsAccess: loopback\ntraceSocket: '{socket}'\nnodeCgroup: '{node}'\nforkLimit: 0\n",
             port = self.port,
             socket = self.socket.display(),
             node = self.node_cgroup,

@@ -88,9 +88,18 @@ pub fn on_this_machine(config: &AgentConfig, layout: &Layout) -> Result<PathBuf,
     Ok(node_dir)
 }
 
+/// Whether `dir` is a directory, asked of a helper process: it is the kubelet's filesystem,
+/// which may hang.
+pub fn is_dir(dir: &Path) -> bool {
+    match crate::fs_helper::ask(&crate::fs_helper::Request::IsDir(dir.into())) {
+        Ok(crate::fs_helper::Answer::IsDir(is)) => is,
+        Ok(_) | Err(_) => dir.is_dir(),
+    }
+}
+
 /// A filesystem path the agent will statvfs: it must be a directory that exists now.
 fn existing_dir(path: &'static str, dir: &Path) -> Result<(), ConfigError> {
-    if !dir.is_dir() {
+    if !is_dir(dir) {
         return Err(field(
             path,
             format!(

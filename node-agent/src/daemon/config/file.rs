@@ -24,7 +24,10 @@ use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use serde_yaml_ng::Value;
 
 use super::{legacy, ConfigError};
-use crate::logging::{LogFormat, LogLevel};
+use crate::{
+    logging::{LogFormat, LogLevel},
+    telemetry::MetricsAccess,
+};
 
 /// The config format this agent reads.
 pub const API_VERSION: &str = "node-agent.io/v1alpha1";
@@ -51,8 +54,19 @@ pub struct NodeAgentConfiguration {
     /// `/metrics`, `/healthz`, `/readyz`.
     #[serde(with = "address")]
     pub listen: SocketAddr,
+    /// Who may read `/metrics` (and `/readyz`'s whole reason; the probes need nothing):
+    /// `kubernetes`, a bearer token the API server authenticates whose user RBAC lets `get`
+    /// the path; `loopback`, only the agent's own network namespace; `open`, anyone who
+    /// reaches `listen`. Unset: `kubernetes` in Kubernetes mode, else `loopback`.
+    pub metrics_access: Option<MetricsAccess>,
     /// Unix socket where the daemon publishes its event stream for `node-agent trace`.
     pub trace_socket: PathBuf,
+    /// The loopback address `kubectl node-agent` reads (status, the live stream, explain)
+    /// through the API server's `pods/portforward`; `null`: not served. Loopback only: the
+    /// endpoint has no authentication of its own (deploy/ sets `127.0.0.1:9465`, inside the
+    /// pod's own network namespace).
+    #[serde(with = "optional_address")]
+    pub inspect_listen: Option<SocketAddr>,
     /// The cgroup (in the memory hierarchy) whose usage is the node's: `/` for the whole
     /// machine; another path scopes the agent to a subtree (nested nodes, tests).
     pub node_cgroup: String,
@@ -106,7 +120,9 @@ impl Default for NodeAgentConfiguration {
             kind: KIND.into(),
             dry_run: false,
             listen: SocketAddr::from(([0, 0, 0, 0], 9464)),
+            metrics_access: None,
             trace_socket: PathBuf::from("/run/node-agent/trace.sock"),
+            inspect_listen: None,
             node_cgroup: "/".into(),
             memory_capacity: None,
             allocatable_memory: None,
@@ -133,6 +149,7 @@ impl NodeAgentConfiguration {
     /// Reads the file's text: YAML once, then the checks on the document (nothing in it, the
     /// old format, the version), then the one typed pass, every error naming its path.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        crate::yaml::check_nesting(text).map_err(ConfigError::TooDeep)?;
         let document: Value = serde_yaml_ng::from_str(text).map_err(ConfigError::Yaml)?;
         Self::from_document(document)
     }
@@ -176,6 +193,11 @@ impl NodeAgentConfiguration {
     pub fn effective(&self) -> Self {
         let kubernetes_mode = self.kubernetes.is_some();
         Self {
+            metrics_access: Some(self.metrics_access.unwrap_or(if kubernetes_mode {
+                MetricsAccess::Kubernetes
+            } else {
+                MetricsAccess::Loopback
+            })),
             eviction: self.eviction.with_kubelet_defaults(),
             cri: match &self.cri {
                 None if kubernetes_mode => Some(CriConfig::default()),
@@ -211,6 +233,50 @@ where
     Ok(Some(
         Option::<T>::deserialize(deserializer)?.unwrap_or_default(),
     ))
+}
+
+/// `inspectListen`: an address and port, or null.
+mod optional_address {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(addr: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+        match addr {
+            Some(addr) => s.collect_str(addr),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        struct Visitor;
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = Option<SocketAddr>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("null, or a loopback address and port such as 127.0.0.1:9465")
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_str(self)
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                v.parse().map(Some).map_err(|_| {
+                    E::custom(format_args!(
+                        "{v:?} is not an address and port such as 127.0.0.1:9465"
+                    ))
+                })
+            }
+        }
+        d.deserialize_option(Visitor)
+    }
 }
 
 /// `listen`: an address and port, as `SocketAddr` prints it.

@@ -20,12 +20,34 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 pub enum ReadError {
     #[error("reading config file {path}: {error}")]
     Io { path: PathBuf, error: String },
+    /// A shortage of the moment in the agent or the kernel (out of descriptors or memory,
+    /// interrupted), not a fault of the file: the same reading later may well succeed.
+    #[error("reading config file {path}: {error} (a shortage of the moment, not the file's fault: read again shortly)")]
+    Transient { path: PathBuf, error: String },
     #[error("config file {path} is not a regular file ({kind}): refusing to read it")]
     NotAFile { path: PathBuf, kind: &'static str },
     #[error("config file {path} is larger than {max} bytes")]
     TooLarge { path: PathBuf, max: u64 },
     #[error("config file {path} did not stay the same across readings {settle:?} apart: not applied while it is being written")]
     Unsettled { path: PathBuf, settle: Duration },
+}
+
+/// Whether an I/O error is a shortage of the moment rather than anything about the file: out
+/// of descriptors (the process's or the system's), of kernel memory or buffers, or interrupted.
+pub fn is_transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS | libc::EAGAIN | libc::EINTR
+        )
+    )
+}
+
+impl ReadError {
+    /// A shortage of the moment: not a refusal of the file, read again shortly.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Transient { .. })
+    }
 }
 
 /// What a file that is not a regular one is.
@@ -51,9 +73,13 @@ fn kind(file_type: std::fs::FileType) -> Option<&'static str> {
 /// (opening a FIFO would block until a writer comes), and it is opened without blocking and
 /// looked at again, in case it was swapped in between.
 pub fn read_capped(path: &Path) -> Result<Vec<u8>, ReadError> {
-    let io = |e: std::io::Error| ReadError::Io {
-        path: path.to_path_buf(),
-        error: e.to_string(),
+    let io = |e: std::io::Error| {
+        let (path, error) = (path.to_path_buf(), e.to_string());
+        if is_transient(&e) {
+            ReadError::Transient { path, error }
+        } else {
+            ReadError::Io { path, error }
+        }
     };
     let not_a_file = |kind| ReadError::NotAFile {
         path: path.to_path_buf(),
@@ -86,6 +112,23 @@ pub fn read_capped(path: &Path) -> Result<Vec<u8>, ReadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shortage_of_the_moment_is_told_apart_from_the_files_fault() {
+        let rows = [
+            (libc::EMFILE, true),
+            (libc::ENFILE, true),
+            (libc::ENOMEM, true),
+            (libc::EINTR, true),
+            (libc::ENOENT, false),
+            (libc::EACCES, false),
+            (libc::EISDIR, false),
+        ];
+        for (errno, transient) in rows {
+            let e = std::io::Error::from_raw_os_error(errno);
+            assert_eq!(is_transient(&e), transient, "{e}");
+        }
+    }
 
     #[test]
     fn only_a_regular_file_within_the_cap_is_read_and_nothing_waits() {

@@ -35,6 +35,15 @@ fn parses_the_whole_file_into_typed_values() {
     assert_eq!(ok.settings.memory_capacity, Some(8 << 30));
     assert_eq!(ok.settings.allocatable_memory, Some(7 << 30));
     assert_eq!(ok.settings.fork_window, Duration::from_millis(1500));
+    assert_eq!(
+        ok.settings.inspect_listen, None,
+        "not served unless asked for"
+    );
+    let loopback = AgentConfig::parse(&doc("inspectListen: 127.0.0.1:9465"), &none).unwrap();
+    assert_eq!(
+        loopback.settings.inspect_listen,
+        Some("127.0.0.1:9465".parse().unwrap())
+    );
     // The kubelet copies hard memory.available onto allocatableMemory.available.
     assert_eq!(
         signals(&ok),
@@ -85,6 +94,9 @@ fn every_refusal_names_the_path_and_what_was_expected() {
         ("imagefsPath: images", "config: imagefsPath: images is not an absolute path"),
         ("kubeletConfig: config.yaml", "config: kubeletConfig: config.yaml is not an absolute path"),
         ("traceSocket: ''", "config: traceSocket: empty"),
+        ("inspectListen: 0.0.0.0:9465", "config: inspectListen: 0.0.0.0:9465 is not a loopback address: the endpoint has no authentication of its own"),
+        ("inspectListen: '[::]:9465'", "config: inspectListen: [::]:9465 is not a loopback address"),
+        ("inspectListen: localhost", "config: inspectListen: \"localhost\" is not an address and port such as 127.0.0.1:9465"),
         ("kubernetes: {podSource: carrier-pigeon}", "config: kubernetes.podSource: unknown variant `carrier-pigeon`, expected one of `kubelet`, `apiserver`, `nodeProxy`"),
         ("kubernetes: {nodeName: n, retry: {attempts: 0}}", "config: kubernetes.retry.attempts: 0 is outside 1..=20"),
         ("kubernetes: {nodeName: n, passOver: 2h}", "config: kubernetes.passOver: 2h0m0s is outside 1s to 1h0m0s"),
@@ -297,6 +309,18 @@ fn the_shipped_config_is_valid_observes_and_acts_before_a_default_kubelet() {
         "the file lets an agent act once the DaemonSet drops --dry-run (components/enforce)"
     );
     assert!(kube.taint, "the pressure taint is on once it enforces");
+    // kubectl node-agent's endpoint: on the pod's own loopback, in the pod's own network
+    // namespace (not hostNetwork), so only pods/portforward reaches it.
+    assert_eq!(
+        c.settings.inspect_listen,
+        Some("127.0.0.1:9465".parse().unwrap())
+    );
+    let daemonset = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/daemonset/daemonset.yaml"
+    ))
+    .unwrap();
+    assert!(!daemonset.contains("hostNetwork: true") && !daemonset.contains("hostPort"));
     assert_eq!(
         c.runtime.as_ref().map(|r| r.settings.endpoint.to_string()),
         Some(node_agent_cri::config::DEFAULT_ENDPOINT.to_string()),

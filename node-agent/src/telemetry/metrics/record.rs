@@ -10,6 +10,14 @@ use super::*;
 use crate::ebpf::MemoryMechanism;
 
 impl Metrics {
+    /// Counter `node_agent_telemetry_authorizations_total{result}`: a caller let in (`allowed`)
+    /// or not, and why.
+    pub fn telemetry_authorization(&self, result: &'static str) {
+        self.telemetry_authorizations
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
     /// Counter `node_agent_telemetry_connections_closed_total{reason}`: connections the
     /// metrics and health listener closed so that others get in (see `telemetry::connections`).
     pub fn telemetry_connection_closed(&self, reason: &'static str) {
@@ -36,11 +44,7 @@ impl Metrics {
     /// Gauge `node_agent_memory_mechanism{mechanism}`: 1 for the mechanism in use (set once,
     /// at start).
     pub fn set_memory_mechanism(&self, mechanism: MemoryMechanism) {
-        let mechanism = match mechanism {
-            MemoryMechanism::PageCounterFexit => "fexit",
-            MemoryMechanism::CounterSampler => "sampler",
-            MemoryMechanism::Unavailable => "polling",
-        };
+        let mechanism = mechanism.short_name();
         self.memory_mechanism
             .get_or_create(&MechanismLabels { mechanism })
             .set(1);
@@ -181,7 +185,7 @@ impl Metrics {
             .inc();
     }
 
-    /// Counter `node_agent_config_reloads_total{result="ok"|"invalid"|"refused"}`.
+    /// Counter `node_agent_config_reloads_total{result="ok"|"invalid"|"refused"|"retrying"}`.
     pub fn config_reload(&self, result: &'static str) {
         self.config_reloads
             .get_or_create(&ResultLabels { result })

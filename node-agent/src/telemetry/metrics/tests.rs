@@ -130,6 +130,9 @@ fn each_recorder_writes_its_sample() {
         ("a reload changing what cannot change counts as refused",
          |m| m.config_reload("refused"),
          "node_agent_config_reloads_total{result=\"refused\"} 1"),
+        ("a file that could not be read for now counts as retrying",
+         |m| m.config_reload("retrying"),
+         "node_agent_config_reloads_total{result=\"retrying\"} 1"),
         ("reload results start at zero",
          |_| {},
          "node_agent_config_reloads_total{result=\"invalid\"} 0"),
@@ -262,12 +265,14 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 29] = [
+const COUNTERS: [&str; 32] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
     "node_agent_evictions",
     "node_agent_executor_refused",
+    "node_agent_inspect_clients_closed",
+    "node_agent_inspect_records_skipped",
     "node_agent_kernel_events",
     "node_agent_kube_errors",
     "node_agent_kube_fields_invalid",
@@ -290,6 +295,7 @@ const COUNTERS: [&str; 29] = [
     "node_agent_ringbuf_sent_events",
     "node_agent_stale_data",
     "node_agent_telemetry_accept_errors",
+    "node_agent_telemetry_authorizations",
     "node_agent_telemetry_connections_closed",
     "node_agent_tracking_cap_reached",
 ];

@@ -1,0 +1,103 @@
+//! `cargo xtask cluster bench`: races the real kubelet on the real cluster and writes the
+//! table (docs/benchmarks.md, between the race markers), the picture (docs/race.svg) and every
+//! run's record (target/bench/race-<commit>.json). Arguments: `--runs N` (memory scenarios;
+//! the PID and disk ones take at most 3), `--scenario NAME` (repeatable), `--out DIR` (the
+//! workspace), `--commit SHA`.
+
+use std::time::Instant;
+
+use anyhow::Context as _;
+use node_agent_tests::{
+    race::{report, run::Bench, Config, Pressed, Scenario},
+    real_cluster::RealCluster,
+};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut runs = 5usize;
+    let mut scenarios = Vec::new();
+    let mut out = std::path::PathBuf::from(".");
+    let mut commit = String::from("unknown");
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--runs" => runs = it.next().context("--runs N")?.parse().context("--runs N")?,
+            "--scenario" => {
+                let name = it.next().context("--scenario NAME")?;
+                scenarios.push(Scenario::parse(name).with_context(|| {
+                    format!(
+                        "no scenario {name:?}; one of: {}",
+                        Scenario::ALL.map(|s| s.name()).join(", ")
+                    )
+                })?);
+            }
+            "--out" => out = it.next().context("--out DIR")?.into(),
+            "--commit" => commit = it.next().context("--commit SHA")?.clone(),
+            other => anyhow::bail!("unknown argument {other:?}"),
+        }
+    }
+    if scenarios.is_empty() {
+        scenarios = Scenario::ALL.to_vec();
+    }
+    let rc = RealCluster::get();
+    let mut bench = Bench::new(&rc);
+    let started = Instant::now();
+    let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load_at_start = load();
+    let mut records = Vec::new();
+    for scenario in &scenarios {
+        let n = if scenario.pressed() == Pressed::Memory {
+            runs
+        } else {
+            runs.min(3)
+        };
+        for i in 0..n {
+            // Alternated: forwards, then backwards.
+            let order: Vec<Config> = if i % 2 == 0 {
+                Config::ALL.to_vec()
+            } else {
+                Config::ALL.iter().rev().copied().collect()
+            };
+            for config in order {
+                match bench.run(*scenario, config, i) {
+                    Ok(r) => records.push(r),
+                    Err(e) => eprintln!(
+                        "race: {} / {} #{i} failed: {e:#}",
+                        scenario.name(),
+                        config.label()
+                    ),
+                }
+            }
+        }
+    }
+    let meta = format!(
+        "Run of {} at commit `{}`: {} runs; load average at the start {}, at the end {}; the bench took {:.0} min. Kubernetes v1.37.2 (kubelet, API server), containerd 1.6.20, kernel {}, the agent's memory mechanism on this host: the in-kernel sampler (this host refuses fexit).",
+        jiff::Timestamp::now(),
+        &commit[..commit.len().min(7)],
+        records.len(),
+        load_at_start.split_whitespace().take(3).collect::<Vec<_>>().join(" / "),
+        load().split_whitespace().take(3).collect::<Vec<_>>().join(" / "),
+        started.elapsed().as_secs_f64() / 60.0,
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    );
+    let table = report::markdown(&records, &meta);
+    println!("{table}");
+    let bench_dir = out.join("target/bench");
+    std::fs::create_dir_all(&bench_dir)?;
+    std::fs::write(
+        bench_dir.join(format!("race-{commit}.json")),
+        serde_json::to_vec_pretty(&records)?,
+    )?;
+    std::fs::write(out.join("docs/race.svg"), report::svg(&records))?;
+    let doc_path = out.join("docs/benchmarks.md");
+    let doc = std::fs::read_to_string(&doc_path)?;
+    let (begin, end) = ("<!-- race:results:begin -->", "<!-- race:results:end -->");
+    let (head, rest) = doc
+        .split_once(begin)
+        .context("docs/benchmarks.md has no race markers")?;
+    let (_, tail) = rest
+        .split_once(end)
+        .context("docs/benchmarks.md has no race end marker")?;
+    std::fs::write(&doc_path, format!("{head}{begin}\n{table}\n![allocatableMemory.available against time, each side's evictions and the OOM kills](race.svg)\n{end}{tail}"))?;
+    Ok(())
+}

@@ -1,0 +1,374 @@
+//! What a run observes, each from its own source: the signal sampled from the node's files
+//! every 2 ms, the pods' cgroups disappearing, the kernel's OOM kills from `/dev/kmsg`, the
+//! agent's eviction requests from the API server's audit log, the kubelet's from its log, and
+//! the Node's conditions. Times are `CLOCK_REALTIME` nanoseconds unless named otherwise.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::Read as _,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::Pressed;
+
+pub fn wall_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+pub fn mono_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+/// One sample of the pressed signal: its available amount (MiB, or PIDs).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Sample {
+    pub wall_ns: i64,
+    pub available: f64,
+}
+
+/// A kernel OOM kill.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OomKill {
+    pub wall_ns: i64,
+    pub task: String,
+    /// The pod UID its memory cgroup names, if a pod's.
+    pub pod_uid: Option<String>,
+    /// `CONSTRAINT_MEMCG` (a cgroup's limit) or `CONSTRAINT_NONE` (the machine).
+    pub constraint: String,
+}
+
+/// What the sampler gathers while a run lasts.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct Sampled {
+    pub samples: Vec<Sample>,
+    /// Pod UID → when its memory cgroup was first seen gone.
+    pub cgroup_gone: BTreeMap<String, i64>,
+    pub oom_kills: Vec<OomKill>,
+}
+
+/// Where the sampler reads.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub pressed: Pressed,
+    /// kubepods' memory cgroup directory (v1).
+    pub kubepods: PathBuf,
+    /// The Node's allocatable memory, MiB.
+    pub allocatable_mib: f64,
+    /// The node's disk, as seen from the host (`/proc/<holder>/root/var/lib/kubelet`).
+    pub nodefs: PathBuf,
+    /// Pod UIDs whose cgroups to watch.
+    pub pods: Arc<Mutex<BTreeSet<String>>>,
+}
+
+/// The sampler, on a thread of its own until stopped.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<Sampled>>,
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn stat_value(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// kubepods' working set (usage less inactive file pages, as cAdvisor reads it), MiB.
+fn working_set_mib(kubepods: &Path) -> Option<f64> {
+    let usage = read_u64(&kubepods.join("memory.usage_in_bytes"))?;
+    let stat = std::fs::read_to_string(kubepods.join("memory.stat")).ok()?;
+    let inactive = stat_value(&stat, "total_inactive_file").unwrap_or(0);
+    Some(usage.saturating_sub(inactive) as f64 / 1048576.0)
+}
+
+/// `pid.available` as the kubelet computes it: `pid_max` less the tasks the kernel counts.
+fn pid_available() -> Option<f64> {
+    let max = read_u64(Path::new("/proc/sys/kernel/pid_max"))? as f64;
+    // SAFETY: sysinfo(2) into a zeroed struct.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return None;
+    }
+    Some(max - f64::from(info.procs))
+}
+
+fn disk_available_mib(path: &Path) -> Option<f64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs(3) into a zeroed struct with a NUL-terminated path.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return None;
+    }
+    Some(s.f_bavail as f64 * s.f_frsize as f64 / 1048576.0)
+}
+
+/// The pod cgroup directories a UID may have under kubepods (by QoS).
+fn pod_cgroups(kubepods: &Path, uid: &str) -> [PathBuf; 3] {
+    [
+        kubepods.join(format!("pod{uid}")),
+        kubepods.join(format!("burstable/pod{uid}")),
+        kubepods.join(format!("besteffort/pod{uid}")),
+    ]
+}
+
+/// `/dev/kmsg` from its end: new records only.
+fn open_kmsg() -> Option<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/kmsg")
+        .ok()?;
+    // SAFETY: lseek(2) on our descriptor; SEEK_END on /dev/kmsg skips to the newest record.
+    unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_END) };
+    Some(f)
+}
+
+use std::os::unix::fs::OpenOptionsExt as _;
+
+/// An OOM kill from a `/dev/kmsg` record (`oom-kill:constraint=…,task_memcg=…,task=…,pid=…`).
+fn oom_kill(record: &str, boot_wall_ns: i64) -> Option<OomKill> {
+    let (header, message) = record.split_once(';')?;
+    let body = message.strip_prefix("oom-kill:")?;
+    let us: i64 = header.split(',').nth(2)?.parse().ok()?;
+    let field = |k: &str| {
+        body.split(',')
+            .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+            .map(str::to_string)
+    };
+    let memcg = field("task_memcg").unwrap_or_default();
+    let pod_uid = memcg
+        .split('/')
+        .find_map(|c| c.strip_prefix("pod"))
+        .map(str::to_string);
+    Some(OomKill {
+        wall_ns: boot_wall_ns + us * 1000,
+        task: field("task").unwrap_or_default(),
+        pod_uid,
+        constraint: field("constraint").unwrap_or_default(),
+    })
+}
+
+impl Sampler {
+    pub fn start(sources: Sources) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut out = Sampled::default();
+            let mut kmsg = open_kmsg();
+            // CLOCK_MONOTONIC's zero in wall time (kmsg's timestamps are monotonic µs).
+            let boot_wall_ns = wall_ns() - mono_ns();
+            let mut tick = 0u64;
+            while !flag.load(Ordering::Relaxed) {
+                let now = wall_ns();
+                let available = match sources.pressed {
+                    super::Pressed::Memory | super::Pressed::LocalStorage => {
+                        working_set_mib(&sources.kubepods).map(|ws| sources.allocatable_mib - ws)
+                    }
+                    super::Pressed::Pids => pid_available(),
+                    super::Pressed::Disk => disk_available_mib(&sources.nodefs),
+                };
+                if let Some(available) = available {
+                    out.samples.push(Sample {
+                        wall_ns: now,
+                        available,
+                    });
+                }
+                let pods: Vec<String> = sources
+                    .pods
+                    .lock()
+                    .map(|p| p.iter().cloned().collect())
+                    .unwrap_or_default();
+                for uid in pods {
+                    if !out.cgroup_gone.contains_key(&uid)
+                        && !pod_cgroups(&sources.kubepods, &uid)
+                            .iter()
+                            .any(|d| d.exists())
+                    {
+                        out.cgroup_gone.insert(uid, now);
+                    }
+                }
+                tick += 1;
+                if tick.is_multiple_of(25) {
+                    if let Some(f) = kmsg.as_mut() {
+                        let mut buf = vec![0u8; 8192];
+                        while let Ok(n) = f.read(&mut buf) {
+                            if n == 0 {
+                                break;
+                            }
+                            if let Some(k) =
+                                oom_kill(&String::from_utf8_lossy(&buf[..n]), boot_wall_ns)
+                            {
+                                out.oom_kills.push(k);
+                            }
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            out
+        });
+        Self {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    pub fn stop(mut self) -> Sampled {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+/// An eviction request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Eviction {
+    pub wall_ns: i64,
+    pub by: By,
+    pub pod: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum By {
+    Agent,
+    Kubelet,
+}
+
+/// The agent's eviction requests for pods of `namespace` since `since_ns`, from the audit
+/// events (`create` of `pods/eviction` by `user`, answered 201).
+pub fn agent_evictions(
+    audit: &[serde_json::Value],
+    namespace: &str,
+    user: &str,
+    since_ns: i64,
+) -> Vec<Eviction> {
+    audit
+        .iter()
+        .filter(|e| {
+            e["objectRef"]["subresource"] == "eviction"
+                && e["objectRef"]["namespace"] == namespace
+                && e["user"]["username"] == user
+                && e["stage"] == "ResponseComplete"
+                && e["responseStatus"]["code"] == 201
+        })
+        .filter_map(|e| {
+            let t: jiff::Timestamp = e["requestReceivedTimestamp"].as_str()?.parse().ok()?;
+            let ns = t.as_nanosecond() as i64;
+            (ns >= since_ns).then(|| Eviction {
+                wall_ns: ns,
+                by: By::Agent,
+                pod: e["objectRef"]["name"].as_str().unwrap_or("").to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The kubelet's evictions of pods of `namespace` since `since_ns`, from its log: each
+/// `pods ranked for eviction` line (the decision, the kill right after) with the pod of the
+/// `pod is evicted successfully` line that follows it. klog writes local time (UTC here) to
+/// the microsecond, without the year: taken from `since_ns`.
+pub fn kubelet_evictions(log: &str, namespace: &str, since_ns: i64) -> Vec<Eviction> {
+    let year = jiff::Timestamp::from_nanosecond(i128::from(since_ns))
+        .map(|t| t.to_zoned(jiff::tz::TimeZone::UTC).year())
+        .unwrap_or(2026);
+    let time = |line: &str| -> Option<i64> {
+        // I1128 10:56:25.121755   31752 file.go:1] ...
+        let head = line.get(1..21)?;
+        let (md, hms) = head.split_once(' ')?;
+        let text = format!("{year}-{}-{}T{}Z", md.get(0..2)?, md.get(2..4)?, hms.trim());
+        let t: jiff::Timestamp = text.parse().ok()?;
+        Some(t.as_nanosecond() as i64)
+    };
+    let mut out = Vec::new();
+    let mut ranked_at: Option<i64> = None;
+    for line in log.lines() {
+        if line.contains("Eviction manager: pods ranked for eviction") {
+            ranked_at = time(line).filter(|t| *t >= since_ns);
+        } else if line.contains("Eviction manager: pod is evicted successfully") {
+            let pod = line
+                .split("pod=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("");
+            if let (Some(at), Some((ns, name))) = (ranked_at, pod.split_once('/')) {
+                if ns == namespace {
+                    out.push(Eviction {
+                        wall_ns: at,
+                        by: By::Kubelet,
+                        pod: name.to_string(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The Node's conditions of interest that were `True` at some poll of the run.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct Conditions {
+    pub seen_true: BTreeSet<String>,
+}
+
+pub const CONDITIONS: [&str; 4] = [
+    "MemoryPressure",
+    "DiskPressure",
+    "PIDPressure",
+    "NodeAgentPressure",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_oom_kill_record_names_its_pod_and_time() {
+        let record = "6,1234,5448801966,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=abc,mems_allowed=0,oom_memcg=/kubepods/burstable/pod5eb5,task_memcg=/kubepods/burstable/pod5eb57282-2de3/8e4b,task=pod-workload,pid=14602,uid=0\n";
+        let k = oom_kill(record, 1_000_000_000).unwrap();
+        assert_eq!(k.task, "pod-workload");
+        assert_eq!(k.pod_uid.as_deref(), Some("5eb57282-2de3"));
+        assert_eq!(k.constraint, "CONSTRAINT_MEMCG");
+        assert_eq!(k.wall_ns, 1_000_000_000 + 5_448_801_966_000);
+        assert!(oom_kill("6,1,2,-;Memory cgroup out of memory: Killed process 1", 0).is_none());
+    }
+
+    #[test]
+    fn the_kubelets_evictions_are_read_from_its_log_with_their_time() {
+        let since = "2026-11-28T10:00:00Z"
+            .parse::<jiff::Timestamp>()
+            .unwrap()
+            .as_nanosecond() as i64;
+        let log = "I1128 09:59:59.000000   1 eviction_manager.go:418] \"Eviction manager: pods ranked for eviction\" pods=[\"ns/old\"]\n\
+                   I1128 09:59:59.100000   1 eviction_manager.go:658] \"Eviction manager: pod is evicted successfully\" pod=\"ns/old\"\n\
+                   I1128 10:00:05.250000   1 eviction_manager.go:418] \"Eviction manager: pods ranked for eviction\" pods=[\"ns/hog\",\"ns/b\"]\n\
+                   I1128 10:00:05.300000   1 eviction_manager.go:658] \"Eviction manager: pod is evicted successfully\" pod=\"ns/hog\"\n\
+                   I1128 10:00:06.000000   1 eviction_manager.go:658] \"Eviction manager: pod is evicted successfully\" pod=\"other/x\"\n";
+        let got = kubelet_evictions(log, "ns", since);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].pod, "hog");
+        assert_eq!(got[0].wall_ns - since, 5_250_000_000);
+    }
+}

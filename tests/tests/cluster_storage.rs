@@ -1,0 +1,414 @@
+//! Disk on a real node: an emptyDir over its `sizeLimit`, measured by the real kubelet's
+//! `/stats/summary`, is evicted with the kubelet's message; pods over their limits never hold
+//! up a memory eviction; and under disk pressure node-level reclaim removes the kubelet's own
+//! containerd's dead containers and unused images before anything is evicted.
+
+use std::{process::Command, time::Duration};
+
+use node_agent_cluster::images::Archive;
+use node_agent_tests::real_cluster::{
+    wait_running, Namespace, Qos, RealCluster, Variant, WorkloadPod, AGENT_SA,
+};
+use serde_json::Value;
+
+/// A pod writing `mib` MiB (fallocate) into an emptyDir limited to `limit`.
+fn over_its_limit(name: &str, node: &str, mib: u64, limit: &str) -> WorkloadPod {
+    let mut p = WorkloadPod::new(
+        name,
+        Qos::BestEffort,
+        "",
+        &["allocate", "/scratch/data", &mib.to_string()],
+    );
+    p.node = Some(node.to_string());
+    p.extra_spec.push(format!(
+        "  volumes: [{{name: scratch, emptyDir: {{sizeLimit: {limit}}}}}]"
+    ));
+    p.extra_container
+        .push("      volumeMounts: [{name: scratch, mountPath: /scratch}]".into());
+    p
+}
+
+/// Who removed `pod`: the agent (an Eviction by its service account in the audit log) or the
+/// kubelet (the pod left Failed with reason Evicted).
+fn who_evicted(rc: &RealCluster, ns: &str, pod: &str) -> anyhow::Result<&'static str> {
+    let by_agent = rc
+        .eviction_requests(ns)?
+        .iter()
+        .any(|(p, code, user)| p == pod && *code == 201 && user == AGENT_SA);
+    let p = rc.kubectl.call(
+        &["-n", ns, "get", "pod", pod, "-o", "json"],
+        None,
+        Duration::from_secs(10),
+    )?;
+    let by_kubelet = p.success
+        && serde_json::from_str::<Value>(&p.stdout)
+            .is_ok_and(|v| v["status"]["reason"] == "Evicted");
+    Ok(match (by_agent, by_kubelet) {
+        (true, false) => "agent",
+        (false, true) => "kubelet",
+        (true, true) => "both",
+        (false, false) => "nobody",
+    })
+}
+
+fn evicted_message(rc: &RealCluster, ns: &Namespace, pod: &str) -> anyhow::Result<String> {
+    let events = rc.kubectl.get_json(&[
+        "-n",
+        &ns.name,
+        "events",
+        "--field-selector",
+        &format!("involvedObject.name={pod}"),
+    ])?;
+    Ok(events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["reason"] == "Evicted")
+        .filter_map(|e| e["message"].as_str())
+        .collect::<Vec<_>>()
+        .join(" | "))
+}
+
+#[test]
+fn an_emptydir_over_its_size_limit_is_evicted_with_the_kubelets_message() -> anyhow::Result<()> {
+    let rc = RealCluster::get();
+    let _base = rc.base_on_drop();
+    rc.install("emptydir", &Variant::enforcing())?;
+    let node = rc.node0().name;
+    let ns = rc.namespace("emptydir");
+    rc.kubectl
+        .apply(&over_its_limit("filler", &node, 200, "100Mi").manifest(&ns.name))?;
+    // The kubelet measures volumes every volumeStatsAggPeriod (1 min): within two of them.
+    rc.wait_gone_or_failed(&ns.name, "filler", Duration::from_secs(180))?;
+    let who = who_evicted(&rc, &ns.name, "filler")?;
+    let message = evicted_message(&rc, &ns, "filler")?;
+    eprintln!("the emptyDir over its limit was evicted by: {who}; message: {message}");
+    assert!(
+        who == "agent" || who == "kubelet",
+        "one of them evicted it: {who}"
+    );
+    assert!(
+        message.contains("Usage of EmptyDir volume \"scratch\" exceeds the limit \"100Mi\""),
+        "the kubelet's message: {message}"
+    );
+    Ok(())
+}
+
+#[test]
+fn pods_over_their_limits_never_hold_up_a_memory_eviction() -> anyhow::Result<()> {
+    let rc = RealCluster::get();
+    let _base = rc.base_on_drop();
+    rc.install("storage-and-memory", &Variant::enforcing())?;
+    let node = rc.node0().name;
+    let agent = rc.agent_pod(&node, "node-agent")?;
+    let ns = rc.namespace("storagemem");
+    // Memory held just above the agent's line's reach: 260 MiB of headroom left.
+    let mut hog = WorkloadPod::new("hog", Qos::BestEffort, "", &["memory", "800", "400"]);
+    hog.node = Some(node.clone());
+    rc.kubectl.apply(&hog.manifest(&ns.name))?;
+    wait_running(&rc.kubectl, &ns.name, &["hog"], Duration::from_secs(60))?;
+    rc.wait_held(&ns.name, &["hog"], Duration::from_secs(60))?;
+    rc.grow_to_headroom(&ns.name, &node, &agent, "base", 260.0, 400)?;
+    rc.wait_held(&ns.name, &["base"], Duration::from_secs(120))?;
+    // Three pods over their emptyDir limits, found when the kubelet's stats show them.
+    for i in 0..3 {
+        rc.kubectl
+            .apply(&over_its_limit(&format!("over-{i}"), &node, 150, "50Mi").manifest(&ns.name))?;
+    }
+    rc.kubectl.wait_for(
+        "the kubelet's stats to show the three over their limits",
+        Duration::from_secs(150),
+        |k| {
+            let summary: Value = serde_json::from_str(&k.run(&[
+                "get",
+                "--raw",
+                &format!("/api/v1/nodes/{node}/proxy/stats/summary"),
+            ])?)?;
+            let over = summary["pods"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| {
+                    p["podRef"]["namespace"] == ns.name.as_str()
+                        && p["volume"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|v| v["usedBytes"].as_u64().unwrap_or(0) > 50 << 20)
+                })
+                .count();
+            Ok((over == 3).then_some(()))
+        },
+    )?;
+    // The memory crossing, at once: 120 MiB more.
+    let mut push = WorkloadPod::new("push", Qos::BestEffort, "", &["memory", "120", "0"]);
+    push.node = Some(node.clone());
+    rc.kubectl.apply(&push.manifest(&ns.name))?;
+    // The hog (800 MiB over its request of 0) goes for memory; the three for their limits.
+    rc.wait_gone_or_failed(&ns.name, "hog", Duration::from_secs(60))?;
+    let asked = rc.audit_events()?;
+    let times: Vec<(String, String)> = asked
+        .iter()
+        .filter(|e| {
+            e["objectRef"]["subresource"] == "eviction"
+                && e["objectRef"]["namespace"] == ns.name.as_str()
+                && e["user"]["username"] == AGENT_SA
+                && e["stage"] == "ResponseComplete"
+        })
+        .map(|e| {
+            (
+                e["objectRef"]["name"].as_str().unwrap_or("").to_string(),
+                e["requestReceivedTimestamp"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+        .collect();
+    eprintln!("evictions asked: {times:?}");
+    let at = |pod: &str| -> Option<jiff::Timestamp> {
+        times
+            .iter()
+            .find(|(p, _)| p == pod)
+            .and_then(|(_, t)| t.parse().ok())
+    };
+    let memory = at("hog").expect("the hog's eviction asked by the agent");
+    // Whoever got to the three first, none of them waits behind another, and the memory
+    // eviction waits behind none: all within seconds, not the 10 s apart of one lane.
+    let storage: Vec<jiff::Timestamp> = (0..3).filter_map(|i| at(&format!("over-{i}"))).collect();
+    for t in &storage {
+        let gap = (memory.as_millisecond() - t.as_millisecond()).abs();
+        assert!(
+            gap < 5000,
+            "a limit eviction and the memory eviction {gap} ms apart: {times:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Builds an image of 300 MiB of zeros (small as an archive, 300 MiB unpacked) that no pod
+/// uses, and imports it into the node's containerd.
+fn unused_image(rc: &RealCluster) -> anyhow::Result<String> {
+    let dir = rc.cluster.layout.dir.join("images/unused");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("ctx"))?;
+    let reference = "localhost/node-agent-cluster/unused:1";
+    std::fs::write(
+        dir.join("ctx/Containerfile"),
+        "FROM scratch\nCOPY big /big\n",
+    )?;
+    let status = Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "count=300", "status=none"])
+        .arg(format!("of={}", dir.join("ctx/big").display()))
+        .status()?;
+    anyhow::ensure!(status.success(), "dd failed");
+    let buildah = |args: &[&str]| {
+        let mut c = Command::new("buildah");
+        c.arg("--root")
+            .arg(dir.join("storage/root"))
+            .arg("--runroot")
+            .arg(dir.join("storage/run"));
+        c.args(["--storage-driver", "vfs"]).args(args);
+        c
+    };
+    let out = buildah(&[
+        "bud",
+        "--isolation",
+        "chroot",
+        "--pull-never",
+        "-t",
+        reference,
+    ])
+    .arg(dir.join("ctx"))
+    .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "buildah bud: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let archive = dir.join("unused.oci.tar");
+    let out = buildah(&[
+        "push",
+        reference,
+        &format!("oci-archive:{}:{reference}", archive.display()),
+    ])
+    .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "buildah push: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(dir.join("storage"));
+    let _ = std::fs::remove_file(dir.join("ctx/big"));
+    let ns = rc.cluster.node_ns(&rc.node0())?;
+    node_agent_cluster::images::import(
+        ns,
+        &[Archive {
+            reference: reference.into(),
+            path: archive,
+        }],
+    )?;
+    Ok(reference.to_string())
+}
+
+/// The node's containerd's images (`ctr -n k8s.io images ls -q`).
+fn node_images(rc: &RealCluster) -> anyhow::Result<String> {
+    let ns = rc.cluster.node_ns(&rc.node0())?;
+    node_agent_cluster::node::in_ns(
+        ns,
+        "ctr",
+        &[
+            "--address",
+            "/run/containerd/containerd.sock",
+            "-n",
+            "k8s.io",
+            "images",
+            "ls",
+            "-q",
+        ],
+    )
+}
+
+#[test]
+fn disk_pressure_reclaims_dead_containers_and_unused_images_before_evicting() -> anyhow::Result<()>
+{
+    let rc = RealCluster::get();
+    let _base = rc.base_on_drop();
+    // Images may go as soon as they are seen unused (the shipped 2m would keep the test's).
+    let config =
+        Variant::shipped_config_with(&[("imageMinimumGCAge: 2m", "imageMinimumGCAge: 0s")]);
+    rc.install(
+        "reclaim",
+        &Variant {
+            config: Some(config),
+            ..Variant::enforcing()
+        },
+    )?;
+    let node = rc.node0().name;
+    let agent = rc.agent_pod(&node, "node-agent")?;
+    let ns = rc.namespace("reclaim");
+    let image = unused_image(&rc)?;
+    assert!(node_images(&rc)?.contains(&image), "imported");
+    // A dead container: a pod that ran and ended.
+    let mut done = WorkloadPod::new("done", Qos::BestEffort, "", &[]);
+    done.node = Some(node.clone());
+    done.extra_container
+        .push("      command: [\"/bin/true\"]".into());
+    rc.kubectl.apply(&done.manifest(&ns.name))?;
+    rc.kubectl
+        .wait_for("the pod ran to its end", Duration::from_secs(60), |k| {
+            Ok((k
+                .run(&[
+                    "-n",
+                    &ns.name,
+                    "get",
+                    "pod",
+                    "done",
+                    "-o",
+                    "jsonpath={.status.phase}",
+                ])?
+                .trim()
+                == "Succeeded")
+                .then_some(()))
+        })?;
+    // Fill the node's disk to just under the agent's imagefs line (20 % free: the shared disk
+    // is nodefs and imagefs at once), above the kubelet's (15 %): 18 % free.
+    let bytes = |signal: &str| -> anyhow::Result<f64> {
+        rc.metric(
+            &agent,
+            &format!("node_agent_signal_available_bytes{{eviction_signal=\"{signal}\"}}"),
+        )?
+        .ok_or_else(|| anyhow::anyhow!("no {signal}"))
+    };
+    let summary: Value = serde_json::from_str(&rc.kubectl.run(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/nodes/{node}/proxy/stats/summary"),
+    ])?)?;
+    let capacity = summary["node"]["fs"]["capacityBytes"]
+        .as_f64()
+        .expect("nodefs capacity");
+    let available = bytes("nodefs.available")?;
+    let fill_mib = ((available - 0.18 * capacity) / 1048576.0).floor() as u64;
+    let mut filler = WorkloadPod::new(
+        "filler",
+        Qos::BestEffort,
+        "",
+        &["allocate", "/scratch/data", &fill_mib.to_string()],
+    );
+    filler.node = Some(node.clone());
+    filler
+        .extra_spec
+        .push("  volumes: [{name: scratch, emptyDir: {}}]".into());
+    filler
+        .extra_container
+        .push("      volumeMounts: [{name: scratch, mountPath: /scratch}]".into());
+    rc.kubectl.apply(&filler.manifest(&ns.name))?;
+    wait_running(&rc.kubectl, &ns.name, &["filler"], Duration::from_secs(60))?;
+
+    // Reclaim first: the unused image and the dead container go, the node's event says so.
+    rc.kubectl
+        .wait_for("the unused image removed", Duration::from_secs(120), |_| {
+            Ok((!node_images(&rc)?.contains(&image)).then_some(()))
+        })?;
+    let ns_node = rc.cluster.node_ns(&rc.node0())?;
+    let dead = node_agent_cluster::node::in_ns(
+        ns_node,
+        "ctr",
+        &[
+            "--address",
+            "/run/containerd/containerd.sock",
+            "-n",
+            "k8s.io",
+            "containers",
+            "ls",
+            "-q",
+        ],
+    )?;
+    let done_uid = rc.kubectl.run(&[
+        "-n",
+        &ns.name,
+        "get",
+        "pod",
+        "done",
+        "-o",
+        "jsonpath={.status.containerStatuses[0].containerID}",
+    ])?;
+    let done_id = done_uid.trim().trim_start_matches("containerd://");
+    assert!(
+        !done_id.is_empty() && !dead.contains(done_id),
+        "the dead container removed"
+    );
+    let events = rc.kubectl.get_json(&[
+        "-n",
+        "default",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.name={node}"),
+    ])?;
+    assert!(
+        events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["reason"] == "FreedDiskSpace"),
+        "FreedDiskSpace on the node: {events}"
+    );
+    // ...and that was enough: nothing evicted.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        rc.eviction_requests(&ns.name)?.is_empty(),
+        "no eviction after the reclaim freed enough"
+    );
+    let phase = rc.kubectl.run(&[
+        "-n",
+        &ns.name,
+        "get",
+        "pod",
+        "filler",
+        "-o",
+        "jsonpath={.status.phase}",
+    ])?;
+    assert_eq!(phase.trim(), "Running");
+    Ok(())
+}
