@@ -167,7 +167,7 @@ fn rbac_grants_exactly_the_intended_verbs() {
     // No pods delete and no pods/status patch by default: those are pdbPolicy: override's,
     // in deploy/override/.
     let want: BTreeMap<(String, String), Vec<String>> = [
-        ("", "pods", &["get", "list", "watch"][..]),
+        ("", "pods", &["list", "watch"][..]),
         ("", "pods/eviction", &["create"]),
         ("", "nodes", &["get", "patch"]),
         ("", "nodes/status", &["patch"]),

@@ -552,6 +552,9 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// Requests made with the agent's service account token, and the API server's audit of the
+/// agent's own requests (real-cluster tests).
+pub mod agent_access;
 /// The daemon's end-to-end harness: a fake cluster whose pods and answers a test sets, and the
 /// daemon as a subprocess to wait on.
 pub mod cluster;
@@ -570,6 +573,9 @@ pub mod race;
 /// The real cluster of `cargo xtask cluster test`: kubectl, namespaces, workload pods, the
 /// agent's pods, metrics and the audit log.
 pub mod real_cluster;
+/// A real node beyond kubectl: its kubelet restarted with other settings, the agent's process,
+/// memory pressure sized from the agent's figure, Nodes without a kubelet.
+pub mod real_node;
 /// One end-to-end test's world over that harness, shared by the daemon's test files.
 pub mod world;
 

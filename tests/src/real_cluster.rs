@@ -381,6 +381,9 @@ pub struct Variant {
     pub config: Option<String>,
     /// Extra resources (YAML documents), applied with it.
     pub resources: Vec<String>,
+    /// JSON patches (RFC 6902) on objects of the install, as `patches:` of the kustomization:
+    /// a rule of the ClusterRole or a validation of the admission policy taken away.
+    pub patches: Vec<Patch>,
     /// A strategic-merge patch of the DaemonSet node-agent (YAML), as an operator's overlay
     /// would carry one.
     pub daemonset_patch: Option<String>,
@@ -388,6 +391,15 @@ pub struct Variant {
     /// out with `minReadySeconds: 0`: the tests that are not about rollouts would each wait
     /// 30 s per change of install for nothing they check.
     pub shipped_rollout: bool,
+}
+
+/// One JSON patch of a [`Variant`] on the object of `kind` named `name`.
+#[derive(Debug, Clone)]
+pub struct Patch {
+    pub kind: String,
+    pub name: String,
+    /// The operations, e.g. `[{"op": "remove", "path": "/rules/1"}]`.
+    pub operations: serde_json::Value,
 }
 
 impl Variant {
@@ -458,6 +470,14 @@ impl RealCluster {
         }
         if !variant.shipped_rollout {
             patches.push_str("  - target: {kind: DaemonSet}\n    patch: |-\n      - op: replace\n        path: /spec/minReadySeconds\n        value: 0\n");
+        }
+        for p in &variant.patches {
+            // JSON is YAML: the operations as one double-quoted scalar.
+            let ops = serde_json::to_string(&p.operations.to_string())?;
+            patches.push_str(&format!(
+                "  - target: {{kind: {}, name: {}}}\n    patch: {ops}\n",
+                p.kind, p.name
+            ));
         }
         if !patches.is_empty() {
             text.push_str("patches:\n");

@@ -49,7 +49,6 @@ const ROUTES: &[(&str, &str, Kind, &str)] = &[
         Kind::NodeStatus,
         "nodes/status",
     ),
-    ("GET", "/api/v1/namespaces/*/pods/*", Kind::Read, "pods"),
     (
         "DELETE",
         "/api/v1/namespaces/*/pods/*",
@@ -111,12 +110,15 @@ fn forbidden(req: &Seen, path: &str, resource: &str, wild: &[String]) -> Reply {
         other => other,
     };
     if !path.starts_with("/api") {
+        // The kubelet's filter (`InstallAuthFilter`) lists every subresource it asked about:
+        // with fine-grained authorization `/pods` is `pods`, then `proxy` (either grants it).
         let (kind, sub) = resource.split_once('/').unwrap_or((resource, ""));
+        let asked = if sub == "pods" { "pods proxy" } else { sub };
         return Reply {
             content_type: "text/plain; charset=utf-8",
             ..Reply::json(
                 403,
-                format!("Forbidden (user={AGENT_USER}, verb={verb}, resource={kind}, subresource={sub})"),
+                format!("Forbidden (user={AGENT_USER}, verb={verb}, resource={kind}, subresource(s)=[{asked}])\n"),
             )
         };
     }
@@ -129,6 +131,13 @@ fn forbidden(req: &Seen, path: &str, resource: &str, wild: &[String]) -> Reply {
     .find(|g| path.starts_with(&format!("/apis/{g}/")))
     .unwrap_or("");
     let kind = resource.split('/').next().unwrap_or(resource);
+    // The message names a grouped resource with its group (`events.events.k8s.io`), and the
+    // details carry the group, and the name only when there is one.
+    let qualified = if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}.{group}")
+    };
     let (name, scope) = match (
         path.starts_with("/api/v1/namespaces/") || !group.is_empty(),
         wild,
@@ -139,15 +148,50 @@ fn forbidden(req: &Seen, path: &str, resource: &str, wild: &[String]) -> Reply {
         _ => (String::new(), "at the cluster scope".to_string()),
     };
     let who = if name.is_empty() {
-        format!("{kind} is forbidden")
+        format!("{qualified} is forbidden")
     } else {
-        format!("{kind} {name:?} is forbidden")
+        format!("{qualified} {name:?} is forbidden")
     };
     Reply::status_with(
         403,
         "Forbidden",
         &format!("{who}: User {AGENT_USER:?} cannot {verb} resource {resource:?} in API group {group:?} {scope}"),
-        json!({"name": name, "kind": kind}),
+        status_details(&name, group, kind, None),
+    )
+}
+
+/// A Status' `details` as the API server writes them: `name` and `group` only when not empty.
+fn status_details(name: &str, group: &str, kind: &str, causes: Option<Value>) -> Value {
+    let mut details = json!({"kind": kind});
+    if !name.is_empty() {
+        details["name"] = json!(name);
+    }
+    if !group.is_empty() {
+        details["group"] = json!(group);
+    }
+    if let Some(causes) = causes {
+        details["causes"] = causes;
+    }
+    details
+}
+
+/// deploy/admission-policy.yaml's ValidatingAdmissionPolicy refusing a request, as the API
+/// server answers it: after validation (a 422 goes first), 403 Forbidden, the policy and its
+/// binding named before the validation's message, which is also the one cause.
+fn policy_denied(name: &str, group: &str, kind: &str, message: &str) -> Reply {
+    let denial = format!(
+        "ValidatingAdmissionPolicy 'node-agent-own-node' with binding 'node-agent-own-node' denied request: {message}"
+    );
+    let qualified = if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}.{group}")
+    };
+    Reply::status_with(
+        403,
+        "Forbidden",
+        &format!("{qualified} {name:?} is forbidden: {denial}"),
+        status_details(name, group, kind, Some(json!([{"message": denial}]))),
     )
 }
 
@@ -484,14 +528,6 @@ fn event(body: &Value, namespace: &str) -> Result<(), Reply> {
             causes.push(("related", "kind and name are required"));
         }
     }
-    // deploy/admission-policy.yaml, as shipped: an event about a pod names the agent's node as
-    // its related object.
-    if body["regarding"]["kind"] == "Pod" && body["related"]["kind"] != "Node" {
-        causes.push((
-            "related",
-            "node-agent-own-node: the node agent's events about a pod must name its own node as the related object",
-        ));
-    }
     // A new event may carry the repeats counted so far (client-go does, when the event its
     // series update was for is gone): as on update, a count of at least 2 and the last time.
     if let Some(series) = body.get("series") {
@@ -504,11 +540,20 @@ fn event(body: &Value, namespace: &str) -> Result<(), Reply> {
             ));
         }
     }
-    if causes.is_empty() {
-        Ok(())
-    } else {
-        Err(invalid("Event", name, &causes))
+    if !causes.is_empty() {
+        return Err(invalid("Event", name, &causes));
     }
+    // deploy/admission-policy.yaml, as shipped: an event about a pod names the agent's node as
+    // its related object.
+    if body["regarding"]["kind"] == "Pod" && body["related"]["kind"] != "Node" {
+        return Err(policy_denied(
+            name,
+            "events.k8s.io",
+            "events",
+            "the node agent's events about a pod must name its own node as the related object",
+        ));
+    }
+    Ok(())
 }
 
 /// An event's repeats counted: a merge patch of `series` only, with a count of at least 2 (the
@@ -577,4 +622,137 @@ fn pod_status(body: &Value, media: &str) -> Result<(), Reply> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fake's refusals against what the real API server and kubelet answered (Kubernetes
+    //! v1.37.2, `tests/tests/cluster_privilege.rs` on the real cluster): same status, same
+    //! Status body field by field.
+
+    use super::*;
+    use crate::fake::Body;
+
+    fn seen(method: &str, path: &str, content_type: Option<&str>, body: &Value) -> Seen {
+        Seen {
+            method: method.into(),
+            path: path.into(),
+            authorization: Some("Bearer t".into()),
+            content_type: content_type.map(str::to_string),
+            accept: Some("application/json".into()),
+            body: body.clone(),
+            rejected: None,
+        }
+    }
+
+    fn refused(req: &Seen, denied: &[&str]) -> Reply {
+        let raw = if req.body.is_null() {
+            Vec::new()
+        } else {
+            req.body.to_string().into_bytes()
+        };
+        let denied: Vec<String> = denied.iter().map(|d| d.to_string()).collect();
+        check(req, &raw, &["t".to_string()], &denied).expect_err("refused")
+    }
+
+    fn body(reply: &Reply) -> Value {
+        match &reply.body {
+            Body::Full(text) => serde_json::from_str(text).unwrap_or(json!(text)),
+            other => panic!("a full body: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rbac_refusals_read_as_the_api_server_writes_them() {
+        let user = AGENT_USER;
+        let rows: Vec<(&str, Seen, &str, Value)> = vec![
+            (
+                "an eviction",
+                seen("POST", "/api/v1/namespaces/t-writes/pods/grower-0/eviction", Some("application/json"),
+                    &json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "grower-0", "namespace": "t-writes"}})),
+                "pods/eviction",
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
+                    "message": format!("pods \"grower-0\" is forbidden: User \"{user}\" cannot create resource \"pods/eviction\" in API group \"\" in the namespace \"t-writes\""),
+                    "details": {"name": "grower-0", "kind": "pods"}}),
+            ),
+            (
+                "an event's series",
+                seen("PATCH", "/apis/events.k8s.io/v1/namespaces/t-series/events/looper.18ec2e595d7f8ce5", Some("application/merge-patch+json"),
+                    &json!({"series": {"count": 2, "lastObservedTime": "2026-11-28T10:22:07.000000Z"}})),
+                "events",
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
+                    "message": format!("events.events.k8s.io \"looper.18ec2e595d7f8ce5\" is forbidden: User \"{user}\" cannot patch resource \"events\" in API group \"events.k8s.io\" in the namespace \"t-series\""),
+                    "details": {"name": "looper.18ec2e595d7f8ce5", "group": "events.k8s.io", "kind": "events"}}),
+            ),
+            (
+                "a new event",
+                seen("POST", "/apis/events.k8s.io/v1/namespaces/default/events", Some("application/json"), &json!({})),
+                "events",
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
+                    "message": format!("events.events.k8s.io is forbidden: User \"{user}\" cannot create resource \"events\" in API group \"events.k8s.io\" in the namespace \"default\""),
+                    "details": {"group": "events.k8s.io", "kind": "events"}}),
+            ),
+            (
+                "the node's pods listed",
+                seen("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-agent-0", None, &Value::Null),
+                "pods",
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
+                    "message": format!("pods is forbidden: User \"{user}\" cannot list resource \"pods\" in API group \"\" at the cluster scope"),
+                    "details": {"kind": "pods"}}),
+            ),
+            (
+                "the node's status",
+                seen("PATCH", "/api/v1/nodes/node-agent-0/status", Some("application/strategic-merge-patch+json"),
+                    &json!({"status": {"conditions": [{"type": "NodeAgentPressure", "status": "False"}]}})),
+                "nodes/status",
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
+                    "message": format!("nodes \"node-agent-0\" is forbidden: User \"{user}\" cannot patch resource \"nodes/status\" in API group \"\" at the cluster scope"),
+                    "details": {"name": "node-agent-0", "kind": "nodes"}}),
+            ),
+        ];
+        for (what, req, resource, want) in rows {
+            let reply = refused(&req, &[resource]);
+            assert_eq!(reply.status, 403, "{what}");
+            assert_eq!(reply.content_type, "application/json", "{what}");
+            assert_eq!(body(&reply), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_kubelet_refuses_in_plain_text_naming_every_subresource_it_asked_about() {
+        for (path, resource, asked) in [
+            ("/pods", "nodes/pods", "[pods proxy]"),
+            ("/stats/summary", "nodes/stats", "[stats]"),
+        ] {
+            let reply = refused(&seen("GET", path, None, &Value::Null), &[resource]);
+            assert_eq!(reply.status, 403);
+            assert_eq!(reply.content_type, "text/plain; charset=utf-8");
+            assert_eq!(
+                reply.body,
+                Body::Full(format!("Forbidden (user={AGENT_USER}, verb=get, resource=nodes, subresource(s)={asked})\n")),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_admission_policy_refuses_a_pod_event_without_its_node_as_the_api_server_does() {
+        let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": "e1", "namespace": "exp1"}, "eventTime": "2026-11-28T09:00:00.000000Z",
+            "reportingController": "node-agent.io/node-agent", "reportingInstance": "node-agent-node-agent-0",
+            "action": "Evicting", "reason": "Evicted", "type": "Warning", "note": "x",
+            "regarding": {"kind": "Pod", "namespace": "exp1", "name": "onghost", "uid": "u1", "apiVersion": "v1"}});
+        let reply = refused(
+            &seen("POST", "/apis/events.k8s.io/v1/namespaces/exp1/events", Some("application/json"), &event),
+            &[],
+        );
+        let denial = "ValidatingAdmissionPolicy 'node-agent-own-node' with binding 'node-agent-own-node' denied request: the node agent's events about a pod must name its own node as the related object";
+        assert_eq!(reply.status, 403);
+        assert_eq!(
+            body(&reply),
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
+                "message": format!("events.events.k8s.io \"e1\" is forbidden: {denial}"),
+                "details": {"name": "e1", "group": "events.k8s.io", "kind": "events", "causes": [{"message": denial}]}})
+        );
+    }
 }
