@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::observe::PodInfo;
+use crate::pod::PodInfo;
 
 /// Pods never evicted, on top of the agent's own pod and the kubelet's critical pods
 /// (`kubernetes.exclusions` in the agent's config).
@@ -161,6 +161,31 @@ impl std::fmt::Display for PassReason {
     }
 }
 
+/// The kubelet's critical priority (`scheduling.SystemCriticalPriority`): pods at or above it
+/// are never evicted.
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+impl PodInfo {
+    /// The kubelet's `IsCriticalPod`: static, mirror, or priority at or above
+    /// [`SYSTEM_CRITICAL_PRIORITY`]. Critical pods are never evicted.
+    pub fn is_critical(&self) -> bool {
+        self.critical_reason().is_some()
+    }
+
+    /// Which of the kubelet's critical-pod rules applies, if any.
+    pub fn critical_reason(&self) -> Option<PassReason> {
+        if self.is_static {
+            Some(PassReason::Static)
+        } else if self.is_mirror {
+            Some(PassReason::Mirror)
+        } else if self.priority >= SYSTEM_CRITICAL_PRIORITY {
+            Some(PassReason::CriticalPriority)
+        } else {
+            None
+        }
+    }
+}
+
 /// Which pods the agent may evict: everything not critical to the kubelet, minus its own pod,
 /// the configured exclusions and the pods not evictable now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -204,7 +229,6 @@ impl Eligibility {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::SYSTEM_CRITICAL_PRIORITY;
 
     fn pod(ns: &str, name: &str) -> PodInfo {
         PodInfo {

@@ -15,6 +15,7 @@ pub mod local_storage;
 pub mod message;
 pub mod node_reclaim;
 pub mod observe;
+pub mod pod;
 pub mod quantity;
 pub mod rank;
 pub mod requests;
@@ -57,14 +58,14 @@ pub use evaluate::{
     evaluate, evaluate_among, over_local_storage_limits, Decision, Eviction, MetThreshold,
     OverLimits, PassedOver, PolicyState,
 };
-pub use local_storage::{EmptyDirInfo, LimitExceeded, StorageLimit};
+pub use local_storage::{LimitExceeded, StorageLimit};
 pub use message::OffendingContainer;
-pub use observe::{
-    ContainerInfo, ContainerUsage, FsUsage, NodeCapacity, Observation, Observations, PodInfo,
-    PodUsage, Resources,
+pub use observe::{NodeCapacity, Observation, Observations};
+pub use pod::{
+    ContainerInfo, ContainerUsage, EmptyDirInfo, FsUsage, InitContainerInfo, PodInfo, PodUsage,
+    Resources,
 };
 pub use quantity::{ByteSize, ByteSizeError, Format, Quantity, QuantityError};
-pub use requests::InitContainerInfo;
 pub use signal::{
     EvictionSignal, NodeCondition, Resource, Signal, UnknownEvictionSignal, UnknownSignal,
 };

@@ -13,7 +13,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::observe::{PodInfo, Resources};
+use crate::pod::{PodInfo, Resources};
 use crate::quantity::{Format, Quantity};
 
 /// Which local storage limit a pod went over, by the name the kubelet's `evictions` metric
@@ -46,15 +46,6 @@ impl fmt::Display for StorageLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
-}
-
-/// An emptyDir volume of a pod (`spec.volumes[].emptyDir`).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct EmptyDirInfo {
-    /// The volume's name, as the stats summary names its usage.
-    pub name: String,
-    /// `sizeLimit`, if set.
-    pub size_limit: Option<Quantity>,
 }
 
 /// A limit a pod is over, with the kubelet's message.

@@ -1,6 +1,5 @@
 use super::*;
-use crate::observe::{ContainerInfo, ContainerUsage, PodUsage};
-use crate::requests::InitContainerInfo;
+use crate::pod::{ContainerInfo, ContainerUsage, EmptyDirInfo, InitContainerInfo, PodUsage};
 
 fn q(text: &str) -> Quantity {
     text.parse().unwrap()

@@ -1,6 +1,6 @@
 //! The eviction message, worded exactly as the kubelet's `evictionMessage`.
 
-use crate::observe::PodInfo;
+use crate::pod::PodInfo;
 use crate::quantity::{Format, Quantity};
 use crate::signal::Resource;
 

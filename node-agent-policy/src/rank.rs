@@ -4,7 +4,7 @@
 
 use std::cmp::Reverse;
 
-use crate::observe::{FsUsage, PodInfo};
+use crate::pod::{FsUsage, PodInfo};
 use crate::quantity::NANOS;
 use crate::signal::{Resource, Signal};
 

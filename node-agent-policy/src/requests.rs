@@ -8,19 +8,9 @@
 //!   sidecars started before it), since init containers run one at a time;
 //! - the pod overhead (`spec.overhead`, from the RuntimeClass) added when the total is not 0.
 
-use crate::observe::{PodInfo, Resources};
+use crate::pod::{PodInfo, Resources};
 use crate::quantity::Quantity;
 use crate::signal::Resource;
-
-/// An init container of a pod, for the pod's request and limit totals.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct InitContainerInfo {
-    pub name: String,
-    pub requests: Resources,
-    pub limits: Resources,
-    /// `restartPolicy: Always`: a sidecar that keeps running beside the containers.
-    pub restartable: bool,
-}
 
 fn nanos(r: &Resources, resource: Resource) -> i128 {
     let q: Option<Quantity> = match resource {
@@ -71,7 +61,7 @@ impl PodInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::ContainerInfo;
+    use crate::pod::{ContainerInfo, InitContainerInfo};
 
     fn mi(n: i64) -> Option<Quantity> {
         Some(Quantity::from_int(

@@ -9,7 +9,8 @@ use serde::Serialize;
 use crate::config::EvictionConfig;
 use crate::evaluate::{evaluate, PolicyState};
 use crate::node_reclaim::{observe_freed, reclaim_kinds, still_met_after_reclaim, Freed, FsLayout};
-use crate::observe::{ContainerUsage, NodeCapacity, Observation, Observations, PodInfo, PodUsage};
+use crate::observe::{NodeCapacity, Observation, Observations};
+use crate::pod::{ContainerUsage, PodInfo, PodUsage};
 use crate::signal::Signal;
 
 /// A parsed, validated scenario.
