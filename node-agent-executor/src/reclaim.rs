@@ -21,7 +21,10 @@ use node_agent_cri::{
     },
     CriClient, CriError, CriSettings,
 };
-use node_agent_kube::{api::ApiError, events};
+use node_agent_kube::{
+    api::ApiError,
+    events::{self, NodeReclaim},
+};
 use node_agent_policy::Signal;
 
 use crate::lanes::Refused;
@@ -370,23 +373,21 @@ impl NodeReclaimer {
     }
 }
 
-/// The node event a reclaim leaves: `FreedDiskSpace` (Normal) when it removed something and
-/// nothing failed, the kubelet's `FreeDiskSpaceFailed` (Warning) when a removal failed or the
-/// runtime could not be reached; none when there was nothing to do or in dry run.
+/// The node event a reclaim leaves ([`events::build_node_reclaim`]): freed when it removed
+/// something and nothing failed, failed when a removal failed or the runtime could not be
+/// reached; none when there was nothing to do or in dry run.
 pub fn build_reclaim_event(node: &str, outcome: &ReclaimOutcome, now: SystemTime) -> Option<Event> {
-    let (type_, reason) = match outcome.result {
-        ReclaimResult::Reclaimed => ("Normal", "FreedDiskSpace"),
-        ReclaimResult::Partial | ReclaimResult::RuntimeUnavailable => {
-            ("Warning", "FreeDiskSpaceFailed")
-        }
+    let ended = match outcome.result {
+        ReclaimResult::Reclaimed => NodeReclaim::Freed,
+        ReclaimResult::Partial | ReclaimResult::RuntimeUnavailable => NodeReclaim::Failed,
         ReclaimResult::NothingToReclaim | ReclaimResult::DryRun => return None,
     };
-    let mut e = events::node_event(node, now);
-    e.type_ = Some(type_.into());
-    e.action = Some("Reclaiming".into());
-    e.reason = Some(reason.into());
-    e.note = Some(events::note(outcome.summary()));
-    Some(e)
+    Some(events::build_node_reclaim(
+        node,
+        ended,
+        outcome.summary(),
+        now,
+    ))
 }
 
 /// Whose container it is, as the runtime's labels say.

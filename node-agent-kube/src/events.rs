@@ -101,8 +101,8 @@ fn node_ref(node: &str) -> ObjectReference {
     }
 }
 
-/// An event about the node, to be given its reason and note (node-level reclaim).
-pub fn node_event(node: &str, now: SystemTime) -> Event {
+/// A Warning about the node, to be given its action, reason and note.
+fn node_event(node: &str, now: SystemTime) -> Event {
     base(NODE_EVENT_NAMESPACE, node, node, now, node_ref(node))
 }
 
@@ -150,10 +150,40 @@ pub fn build_pod_evicted(decision: &Eviction, node: &str, now: SystemTime) -> Ev
 
 /// `EvictionThresholdMet` on the node: "Attempting to reclaim <resource>", as the kubelet says.
 pub fn build_threshold_met(node: &str, starved_resource: &str, now: SystemTime) -> Event {
-    let mut e = base(NODE_EVENT_NAMESPACE, node, node, now, node_ref(node));
+    let mut e = node_event(node, now);
     e.action = Some("Reclaiming".into());
     e.reason = Some("EvictionThresholdMet".into());
     e.note = Some(note(format!("Attempting to reclaim {starved_resource}")));
+    e
+}
+
+/// How a node-level reclaim (dead containers and unused images removed through the container
+/// runtime) ended, as its node event tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeReclaim {
+    /// It removed something and nothing failed: `FreedDiskSpace` (Normal).
+    Freed,
+    /// A removal failed or the runtime could not be reached: the kubelet's
+    /// `FreeDiskSpaceFailed` (Warning).
+    Failed,
+}
+
+/// The node event a node-level reclaim leaves, its note the reclaim's own summary.
+pub fn build_node_reclaim(
+    node: &str,
+    ended: NodeReclaim,
+    summary: String,
+    now: SystemTime,
+) -> Event {
+    let (type_, reason) = match ended {
+        NodeReclaim::Freed => ("Normal", "FreedDiskSpace"),
+        NodeReclaim::Failed => ("Warning", "FreeDiskSpaceFailed"),
+    };
+    let mut e = node_event(node, now);
+    e.type_ = Some(type_.into());
+    e.action = Some("Reclaiming".into());
+    e.reason = Some(reason.into());
+    e.note = Some(note(summary));
     e
 }
 
@@ -165,7 +195,7 @@ pub const OOM_KILL_REASON: &str = "NodeAgentOOMKill";
 /// [`OOM_KILL_REASON`] on the node, naming the killed process (and the UID of a pod nobody
 /// could name).
 pub fn build_oom_kill(node: &str, kill: &OomKill, now: SystemTime) -> Event {
-    let mut e = base(NODE_EVENT_NAMESPACE, node, node, now, node_ref(node));
+    let mut e = node_event(node, now);
     e.action = Some("OOMKilling".into());
     e.reason = Some(OOM_KILL_REASON.into());
     let pod = match &kill.pod_uid {
