@@ -10,6 +10,7 @@ pub mod fs_helper;
 pub mod inspect;
 pub mod kernel;
 pub mod logging;
+pub mod saw_before;
 pub mod simulate;
 pub mod sys;
 pub mod telemetry;

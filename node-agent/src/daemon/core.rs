@@ -36,8 +36,8 @@ use crate::{
         attribution::{Constraint, Direction, Happened},
         Attributed, NoNames, Records,
     },
+    saw_before::SawBefore,
     telemetry::Trigger,
-    trace::SawBefore,
 };
 
 /// How often ring-buffer losses, cgroup rescans, runtime detection and local storage limits

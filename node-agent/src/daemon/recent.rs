@@ -12,7 +12,7 @@ use std::{collections::VecDeque, time::Duration};
 use node_agent_kube::evict::EvictionResult;
 use node_agent_policy::Signal;
 
-use crate::trace::{Pressure, SawBefore};
+use crate::saw_before::{Pressure, SawBefore};
 
 /// How far back an OOM kill looks.
 pub const WINDOW: Duration = Duration::from_secs(60);

@@ -24,8 +24,9 @@ use crate::{
     error_chain,
     inspect::Inspect,
     kernel::Attributed,
+    saw_before::SawBefore,
     telemetry::{Health, KubeOperation, Metrics},
-    trace::{Record, SawBefore},
+    trace::Record,
 };
 
 /// The telemetry, and what was last said, so each change is said once.

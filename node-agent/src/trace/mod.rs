@@ -9,7 +9,7 @@ mod table;
 use std::{io::Write as _, path::PathBuf, time::Duration};
 
 pub use filter::{Filter, FilterError, OutputFormat};
-pub use record::{CgroupRef, Crossing, OomConstraint, PodRef, Pressure, Qos, Record, SawBefore};
+pub use record::{CgroupRef, Crossing, OomConstraint, PodRef, Qos, Record};
 pub use table::signal_value;
 
 use crate::{
