@@ -30,7 +30,7 @@ enum Command {
     Simulate(node_agent::simulate::SimulateArgs),
     /// Check a config file as the agent reads it, and print it with every default filled in
     /// and the comparison with the kubelet's thresholds. Exit status 0: valid; 1: refused.
-    CheckConfig(node_agent::daemon::config::check::CheckArgs),
+    CheckConfig(node_agent::daemon::config::check_config::CheckArgs),
     /// The agent's own helper process for filesystem calls that may hang (not for people).
     #[command(name = "fs-helper", hide = true)]
     FsHelper,
@@ -72,7 +72,7 @@ fn main() -> ExitCode {
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Run(args) => node_agent::daemon::run(args).map_err(Into::into),
         Command::Trace(args) => node_agent::trace::run(args).map_err(Into::into),
-        Command::CheckConfig(args) => return node_agent::daemon::config::check::run(&args),
+        Command::CheckConfig(args) => return node_agent::daemon::config::check_config::run(&args),
         Command::FsHelper => unreachable!("answered above"),
         // Its own exit codes: 2 for an invalid scenario, as for any other bad input.
         Command::Simulate(args) => {

@@ -1,12 +1,14 @@
 //! The agent's one config file, a versioned [`NodeAgentConfiguration`] (see [`file`]), and
 //! what the daemon runs on, [`AgentConfig`]: read once, validated completely before anything
 //! is loaded. `node-agent run`, every reload and `node-agent check-config` go through the same
-//! [`AgentConfig::load`]; what needs the node itself is in [`checks`].
+//! [`AgentConfig::load`]. What refuses settings that parse but cannot be meant, on the values
+//! alone or against the node itself, is in [`plausible`]; the `check-config` command that
+//! reports all of it is [`check_config`].
 
-pub mod check;
-pub mod checks;
+pub mod check_config;
 pub mod file;
 pub mod legacy;
+pub mod plausible;
 pub mod read;
 
 use std::{
@@ -225,7 +227,7 @@ fn positive(path: &'static str, d: node_agent_policy::GoDuration) -> Result<Dura
 }
 
 /// A path the agent will statvfs or read: absolute (whether it exists is for the node,
-/// [`checks::check_on_machine`]).
+/// [`plausible::check_on_machine`]).
 fn absolute(path: &'static str, p: &Path) -> Result<(), ConfigError> {
     if !p.is_absolute() {
         return Err(invalid(
@@ -253,11 +255,11 @@ fn validate(
     };
     let memory_capacity = f
         .memory_capacity
-        .map(|size| checks::memory_bytes("memoryCapacity", size))
+        .map(|size| plausible::memory_bytes("memoryCapacity", size))
         .transpose()?;
     let allocatable_memory = f
         .allocatable_memory
-        .map(|size| checks::memory_bytes("allocatableMemory", size))
+        .map(|size| plausible::memory_bytes("allocatableMemory", size))
         .transpose()?;
     if let (Some(capacity), Some(allocatable)) = (memory_capacity, allocatable_memory) {
         if allocatable > capacity {
@@ -296,7 +298,7 @@ fn validate(
     if trace_socket.as_os_str().is_empty() {
         return Err(invalid("traceSocket", "empty".into()));
     }
-    let ring_bytes = checks::ring_bytes(f.ring_buffer_size)?;
+    let ring_bytes = plausible::ring_bytes(f.ring_buffer_size)?;
     let metrics_access = match (f.metrics_access, kubernetes) {
         (Some(crate::telemetry::MetricsAccess::Kubernetes), None) => {
             return Err(invalid(
@@ -326,7 +328,7 @@ fn validate(
         // The default is where the kubelet keeps its root on this machine, else `/`.
         nodefs_path: f.nodefs_path.clone().unwrap_or_else(|| {
             Some(PathBuf::from(DEFAULT_NODEFS))
-                .filter(|p| checks::is_dir(p))
+                .filter(|p| plausible::is_dir(p))
                 .unwrap_or_else(|| PathBuf::from("/"))
         }),
         imagefs_path: f.imagefs_path.clone(),

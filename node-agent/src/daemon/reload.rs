@@ -73,7 +73,7 @@ impl Checks {
     /// Parses and checks a file's content: the same verdict as at start.
     pub fn load(&self, bytes: &[u8]) -> Result<AgentConfig, ConfigError> {
         let config = AgentConfig::from_bytes(bytes, &self.overrides)?;
-        super::config::checks::check_on_machine(&config.settings, &self.memory, &self.node_dir)?;
+        super::config::plausible::check_on_machine(&config.settings, &self.memory, &self.node_dir)?;
         Ok(config)
     }
 }

@@ -63,7 +63,7 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
     let layout = cgroup::detect()?;
     // Settings that parse but cannot be meant on this machine: refused before anything loads
     // (the same checks as `check-config --on-node`).
-    let node_dir = super::config::checks::on_this_machine(&config, &layout)?;
+    let node_dir = super::config::plausible::on_this_machine(&config, &layout)?;
     // The workers read the ring buffer: a short slice lets one woken by a kernel event run at
     // once on a CPU a memory-hungry task keeps busy (see `sys::ask_for_short_slice`).
     let runtime = tokio::runtime::Builder::new_multi_thread()

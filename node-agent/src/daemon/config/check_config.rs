@@ -94,7 +94,7 @@ fn checked(args: &CheckArgs, env_node_name: Option<&str>) -> Result<Checked, Che
         false => None,
         true => {
             let layout = cgroup::detect().map_err(CheckError::Cgroups)?;
-            let node_dir = super::checks::on_this_machine(&config, &layout).map_err(refused)?;
+            let node_dir = super::plausible::on_this_machine(&config, &layout).map_err(refused)?;
             // The node as the agent reads it at start, for the capacities the comparison with
             // the kubelet's percentages needs.
             let s = &config.settings;
