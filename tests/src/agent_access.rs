@@ -76,12 +76,7 @@ impl AgentToken {
         Self::new(rc, "unbound", token.trim(), None)
     }
 
-    fn new(
-        rc: &RealCluster,
-        name: &str,
-        token: &str,
-        node: Option<&str>,
-    ) -> anyhow::Result<Self> {
+    fn new(rc: &RealCluster, name: &str, token: &str, node: Option<&str>) -> anyhow::Result<Self> {
         if token.split('.').count() != 3 {
             bail!("kubectl create token printed no JWT: {token:?}");
         }

@@ -114,7 +114,8 @@ impl RealCluster {
     }
 
     /// The agent pod on `node` of DaemonSet instance `instance` (`node-agent`, or
-    /// `node-agent-enforce`), Ready.
+    /// `node-agent-enforce`), running and not terminating; the newest, when a rollout's surge
+    /// has put a new one beside the old (a new agent that never gets Ready stays beside it).
     pub fn agent_pod(&self, node: &str, instance: &str) -> anyhow::Result<String> {
         let pods = self.kubectl.get_json(&[
             "-n",
@@ -129,7 +130,14 @@ impl RealCluster {
             .as_array()
             .into_iter()
             .flatten()
-            .find(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            // RFC 3339 in UTC at one-second precision: ordered as text.
+            .max_by_key(|p| {
+                p["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            })
             .and_then(|p| p["metadata"]["name"].as_str().map(str::to_string))
             .with_context(|| format!("no running pod of {instance} on {node}"))
     }
@@ -453,6 +461,10 @@ impl RealCluster {
             text.push_str(&format!("  - {file}\n"));
         }
         if !variant.components.is_empty() {
+            // A user enables components in deploy/kustomization.yaml, whose `images:` then
+            // reaches the DaemonSets they add; here they are added one level up, so that
+            // level names the image as deploy/ does.
+            text.push_str(&deploy_images_block(&root)?);
             text.push_str("components:\n");
             for c in &variant.components {
                 text.push_str(&format!(
@@ -652,9 +664,19 @@ impl RealCluster {
         left_mib: f64,
         rate: u64,
     ) -> anyhow::Result<u64> {
-        // Settle: the other pods' figures reach the agent's reading.
-        std::thread::sleep(Duration::from_secs(3));
-        let headroom = self.allocatable_headroom_mib(agent)?;
+        // The agent's exported figure is as old as its last evaluation (up to a resyncInterval
+        // when nothing crosses): read the same quantity fresh, allocatable less the working set
+        // of the pods cgroup, and take the smaller.
+        let spec = self
+            .cluster
+            .nodes()
+            .into_iter()
+            .find(|n| n.name == node)
+            .with_context(|| format!("no node {node}"))?;
+        let fresh = (crate::real_node::pods_cgroup_available(&spec)?
+            - crate::real_node::kubelet_allocatable_offset(self, &spec)?)
+            / 1048576.0;
+        let headroom = fresh.min(self.allocatable_headroom_mib(agent)?);
         let target = (headroom - left_mib).floor();
         if target < 64.0 {
             bail!("no room to grow: headroom {headroom:.0} MiB");
@@ -733,4 +755,27 @@ impl RealCluster {
                 )
             })
     }
+}
+
+/// deploy/kustomization.yaml's `images:` block, as written there.
+fn deploy_images_block(root: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(root.join("deploy/kustomization.yaml"))?;
+    let mut block = String::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with("images:") {
+            inside = true;
+        } else if inside && !(line.starts_with(' ') || line.starts_with('-')) {
+            break;
+        }
+        if inside {
+            block.push_str(line);
+            block.push('\n');
+        }
+    }
+    anyhow::ensure!(
+        !block.is_empty(),
+        "deploy/kustomization.yaml has no images: block"
+    );
+    Ok(block)
 }

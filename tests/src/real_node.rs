@@ -25,9 +25,12 @@ pub fn restart_kubelet<'a>(
         node: node.clone(),
         before_restart: Vec::new(),
     };
-    rc.cluster
-        .restart_kubelet(node, options)
-        .with_context(|| format!("restarting {}'s kubelet with {:?}", node.name, options.extra))?;
+    rc.cluster.restart_kubelet(node, options).with_context(|| {
+        format!(
+            "restarting {}'s kubelet with {:?}",
+            node.name, options.extra
+        )
+    })?;
     Ok(guard)
 }
 
@@ -56,7 +59,10 @@ impl Drop for KubeletRestore<'_> {
                         .file_name()
                         .map(|n| n.to_string_lossy().trim_end_matches('*').to_string())
                         .unwrap_or_default();
-                    let dir = host.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+                    let dir = host
+                        .parent()
+                        .map(std::path::Path::to_path_buf)
+                        .unwrap_or_default();
                     for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
                         if entry.file_name().to_string_lossy().starts_with(&prefix) {
                             let _ = std::fs::remove_file(entry.path());
@@ -164,14 +170,15 @@ pub fn grow_until_left(
     if target < 512.0 {
         bail!("the node has no room for the grower: {headroom:.0} MiB left for pods");
     }
-    pod.args = vec![
-        "memory".into(),
-        format!("{target}"),
-        rate_mib_s.to_string(),
-    ];
+    pod.args = vec!["memory".into(), format!("{target}"), rate_mib_s.to_string()];
     pod.node = Some(node.to_string());
     rc.kubectl.apply(&pod.manifest(namespace))?;
-    wait_running(&rc.kubectl, namespace, &[&pod.name], Duration::from_secs(90))?;
+    wait_running(
+        &rc.kubectl,
+        namespace,
+        &[&pod.name],
+        Duration::from_secs(90),
+    )?;
     Ok(pod)
 }
 
@@ -180,7 +187,11 @@ pub fn wait_held(rc: &RealCluster, namespace: &str, pod: &str) -> anyhow::Result
     rc.kubectl.wait_for(
         &format!("{namespace}/{pod} holds its memory"),
         Duration::from_secs(90),
-        |k| Ok(k.run(&["-n", namespace, "logs", pod])?.contains("phase=held").then_some(())),
+        |k| {
+            Ok(k.run(&["-n", namespace, "logs", pod])?
+                .contains("phase=held")
+                .then_some(()))
+        },
     )
 }
 
@@ -331,7 +342,8 @@ pub fn pods_cgroup_available(node: &NodeSpec) -> anyhow::Result<f64> {
         .join(node.cgroup_root.trim_start_matches('/'))
         .join("kubepods");
     let read = |file: &str| -> anyhow::Result<String> {
-        std::fs::read_to_string(dir.join(file)).with_context(|| format!("reading {}/{file}", dir.display()))
+        std::fs::read_to_string(dir.join(file))
+            .with_context(|| format!("reading {}/{file}", dir.display()))
     };
     let limit: f64 = read("memory.limit_in_bytes")?.trim().parse()?;
     let usage: f64 = read("memory.usage_in_bytes")?.trim().parse()?;

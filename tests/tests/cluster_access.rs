@@ -9,10 +9,18 @@ use node_agent_tests::real_cluster::{RealCluster, Variant, AGENT_NS};
 
 /// A service account of the test's with no grant at all, and its token.
 fn ungranted_token(rc: &RealCluster, namespace: &str) -> anyhow::Result<String> {
-    rc.kubectl.run(&["-n", namespace, "create", "serviceaccount", "nobody"])?;
+    rc.kubectl
+        .run(&["-n", namespace, "create", "serviceaccount", "nobody"])?;
     Ok(rc
         .kubectl
-        .run(&["-n", namespace, "create", "token", "nobody", "--duration=10m"])?
+        .run(&[
+            "-n",
+            namespace,
+            "create",
+            "token",
+            "nobody",
+            "--duration=10m",
+        ])?
         .trim()
         .to_string())
 }
@@ -32,12 +40,18 @@ fn metrics_go_to_callers_granted_get_and_readyz_names_no_path_to_strangers() -> 
     let (anonymous, _) = rc.agent_get(&agent, "/metrics", None)?;
     assert_eq!(anonymous, 401, "no token: 401");
     let (denied, body) = rc.agent_get(&agent, "/metrics", Some(&stranger))?;
-    assert_eq!(denied, 403, "a token the API server knows, without the grant: 403 ({body})");
+    assert_eq!(
+        denied, 403,
+        "a token the API server knows, without the grant: 403 ({body})"
+    );
     let (allowed, body) = rc.agent_get(&agent, "/metrics", Some(&scraper))?;
     assert_eq!(allowed, 200);
     assert!(body.contains("node_agent_build_info"), "the metrics");
     let allowed_count = rc
-        .metric(&agent, "node_agent_telemetry_authorizations_total{result=\"allowed\"}")?
+        .metric(
+            &agent,
+            "node_agent_telemetry_authorizations_total{result=\"allowed\"}",
+        )?
         .unwrap_or(0.0);
     assert!(allowed_count >= 1.0, "the allowed reviews are counted");
     let (probe, _) = rc.agent_get(&agent, "/healthz", None)?;
@@ -51,23 +65,55 @@ fn metrics_go_to_callers_granted_get_and_readyz_names_no_path_to_strangers() -> 
         ),
         ("clusterCA: true", "clusterCA: false"),
     ]);
-    rc.apply_variant("wrong-kubelet-ca", &Variant { config: Some(wrong_ca), ..Variant::default() })?;
-    let blind = rc.kubectl.wait_for("the new agent running, not ready", Duration::from_secs(120), |k| {
-        let pods = k.get_json(&["-n", AGENT_NS, "pods", "--field-selector", &format!("spec.nodeName={node}")])?;
-        Ok(pods["items"].as_array().into_iter().flatten().find_map(|p| {
-            let running = p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null();
-            let ready = p["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Ready" && c["status"] == "True");
-            (running && !ready && p["metadata"]["name"] != agent.as_str())
-                .then(|| p["metadata"]["name"].as_str().unwrap_or("").to_string())
-        }))
-    })?;
-    let (code, stranger_view) = rc.kubectl.wait_for("the pod source's failure on /readyz", Duration::from_secs(60), |_| {
-        let (code, body) = rc.agent_get(&blind, "/readyz", None)?;
-        Ok((code == 503 && body.contains("pods")).then_some((code, body)))
-    })?;
+    rc.apply_variant(
+        "wrong-kubelet-ca",
+        &Variant {
+            config: Some(wrong_ca),
+            ..Variant::default()
+        },
+    )?;
+    let blind = rc.kubectl.wait_for(
+        "the new agent running, not ready",
+        Duration::from_secs(120),
+        |k| {
+            let pods = k.get_json(&[
+                "-n",
+                AGENT_NS,
+                "pods",
+                "--field-selector",
+                &format!("spec.nodeName={node}"),
+            ])?;
+            Ok(pods["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find_map(|p| {
+                    let running = p["status"]["phase"] == "Running"
+                        && p["metadata"]["deletionTimestamp"].is_null();
+                    let ready = p["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                    (running && !ready && p["metadata"]["name"] != agent.as_str())
+                        .then(|| p["metadata"]["name"].as_str().unwrap_or("").to_string())
+                }))
+        },
+    )?;
+    let (code, stranger_view) = rc.kubectl.wait_for(
+        "the pod source's failure on /readyz",
+        Duration::from_secs(60),
+        |_| {
+            let (code, body) = rc.agent_get(&blind, "/readyz", None)?;
+            Ok((code == 503 && body.contains("pods")).then_some((code, body)))
+        },
+    )?;
     assert_eq!(code, 503);
     for secret in ["/var/lib/kubelet", "https://", "10.99.0."] {
-        assert!(!stranger_view.contains(secret), "an unauthenticated /readyz names {secret:?}: {stranger_view}");
+        assert!(
+            !stranger_view.contains(secret),
+            "an unauthenticated /readyz names {secret:?}: {stranger_view}"
+        );
     }
     let (_, granted_view) = rc.agent_get(&blind, "/readyz", Some(&scraper))?;
     assert!(

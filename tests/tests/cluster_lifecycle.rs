@@ -65,7 +65,8 @@ fn after_a_crash_up_cleans_up_and_down_leaves_the_host_as_it_found_it() -> anyho
         .expect_err("up with the API server's port taken");
     let said = format!("{refused:#}");
     assert!(
-        said.contains(&format!("127.0.0.1:{}", layout.host_port())) && said.contains("holder-node-agent-0"),
+        said.contains(&format!("127.0.0.1:{}", layout.host_port()))
+            && said.contains("holder-node-agent-0"),
         "the error names the component and the port: {said}"
     );
     drop(squatter);

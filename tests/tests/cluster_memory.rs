@@ -325,19 +325,33 @@ fn a_long_evicted_note_is_cut_to_what_the_api_server_takes() -> anyhow::Result<(
     wide.extra_spec.retain(|l| !l.is_empty());
     rc.kubectl.apply(&wide.manifest(&ns.name))?;
     wait_running(&rc.kubectl, &ns.name, &["wide"], Duration::from_secs(120))?;
-    rc.kubectl.wait_for("every container holds its memory", Duration::from_secs(90), |k| {
-        let p = k.get_json(&["-n", &ns.name, "pod", "wide"])?;
-        let names: Vec<String> = p["spec"]["containers"].as_array().into_iter().flatten().filter_map(|c| c["name"].as_str().map(str::to_string)).collect();
-        for c in &names {
-            if !k.run(&["-n", &ns.name, "logs", "wide", "-c", c])?.contains("phase=held") {
-                return Ok(None);
+    rc.kubectl.wait_for(
+        "every container holds its memory",
+        Duration::from_secs(90),
+        |k| {
+            let p = k.get_json(&["-n", &ns.name, "pod", "wide"])?;
+            let names: Vec<String> = p["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["name"].as_str().map(str::to_string))
+                .collect();
+            for c in &names {
+                if !k
+                    .run(&["-n", &ns.name, "logs", "wide", "-c", c])?
+                    .contains("phase=held")
+                {
+                    return Ok(None);
+                }
             }
-        }
-        Ok(Some(()))
-    })?;
+            Ok(Some(()))
+        },
+    )?;
     rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 300)?;
     rc.wait_gone(&ns.name, "wide", Duration::from_secs(120))?;
-    let events = rc.kubectl.get_json(&["-n", &ns.name, "events.v1.events.k8s.io"])?;
+    let events = rc
+        .kubectl
+        .get_json(&["-n", &ns.name, "events.v1.events.k8s.io"])?;
     let evicted: Vec<&Value> = events["items"]
         .as_array()
         .into_iter()
@@ -348,7 +362,10 @@ fn a_long_evicted_note_is_cut_to_what_the_api_server_takes() -> anyhow::Result<(
     let note = evicted[0]["note"].as_str().unwrap_or("");
     assert!(note.len() <= 1024, "cut to 1024 bytes: {}", note.len());
     assert!(note.contains("c1-"), "it names the containers: {note}");
-    let refused = rc.metric(&agent, "node_agent_kube_errors_total{operation=\"pod event\"}")?;
+    let refused = rc.metric(
+        &agent,
+        "node_agent_kube_errors_total{operation=\"pod event\"}",
+    )?;
     assert_eq!(refused, Some(0.0), "no event refused");
     Ok(())
 }

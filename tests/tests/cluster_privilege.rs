@@ -9,9 +9,7 @@ use std::{collections::BTreeSet, time::Duration};
 use anyhow::Context as _;
 use http::Method;
 use node_agent_tests::{
-    agent_access::{
-        agent_requests_since, eviction, policy_denial, AgentToken, Answer, Audited,
-    },
+    agent_access::{agent_requests_since, eviction, policy_denial, AgentToken, Answer, Audited},
     real_cluster::{
         metric_value, wait_running, Patch, Qos, RealCluster, Variant, WorkloadPod, AGENT_NS,
     },
@@ -38,8 +36,12 @@ fn enforcing(patches: Vec<Patch>) -> Variant {
 
 /// The documents of a file of deploy/.
 fn deploy_documents(file: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(node_agent_tests::real_cluster::workspace().join("deploy").join(file))
-        .unwrap_or_else(|e| panic!("deploy/{file}: {e}"));
+    let text = std::fs::read_to_string(
+        node_agent_tests::real_cluster::workspace()
+            .join("deploy")
+            .join(file),
+    )
+    .unwrap_or_else(|e| panic!("deploy/{file}: {e}"));
     serde_yaml_ng::Deserializer::from_str(&text)
         .map(|d| {
             let v: serde_yaml_ng::Value = serde::Deserialize::deserialize(d).expect("YAML");
@@ -142,7 +144,12 @@ fn validation_messages() -> Vec<String> {
 }
 
 /// Waits for a line of the current agent pod's log containing every one of `needles`.
-fn wait_log(rc: &RealCluster, node: &str, needles: &[&str], limit: Duration) -> anyhow::Result<String> {
+fn wait_log(
+    rc: &RealCluster,
+    node: &str,
+    needles: &[&str],
+    limit: Duration,
+) -> anyhow::Result<String> {
     rc.kubectl.wait_for(
         &format!("an agent log line with {needles:?}"),
         limit,
@@ -166,7 +173,9 @@ fn wait_audited(
     pick: impl Fn(&Audited) -> bool,
 ) -> anyhow::Result<Audited> {
     rc.kubectl.wait_for(what, limit, |_| {
-        Ok(agent_requests_since(rc, since)?.into_iter().find(|a| pick(a)))
+        Ok(agent_requests_since(rc, since)?
+            .into_iter()
+            .find(|a| pick(a)))
     })
 }
 
@@ -243,13 +252,22 @@ fn every_request_the_agent_makes_enforcing_under_pressure_is_allowed() -> anyhow
         150.0,
         400,
     )?;
-    rc.kubectl.wait_for("the grower evicted", Duration::from_secs(120), |k| {
-        let out = k.call(&["-n", &ns.name, "get", "pod", &grower.name], None, Duration::from_secs(10))?;
-        Ok((!out.success && out.stderr.contains("NotFound")).then_some(()))
-    })?;
-    wait_audited(&rc, since, "the taint written by the agent", Duration::from_secs(60), |a| {
-        a.verb == "patch" && a.resource == "nodes" && a.subresource.is_empty() && a.code == 200
-    })?;
+    rc.kubectl
+        .wait_for("the grower evicted", Duration::from_secs(120), |k| {
+            let out = k.call(
+                &["-n", &ns.name, "get", "pod", &grower.name],
+                None,
+                Duration::from_secs(10),
+            )?;
+            Ok((!out.success && out.stderr.contains("NotFound")).then_some(()))
+        })?;
+    wait_audited(
+        &rc,
+        since,
+        "the taint written by the agent",
+        Duration::from_secs(60),
+        |a| a.verb == "patch" && a.resource == "nodes" && a.subresource.is_empty() && a.code == 200,
+    )?;
     wait_no_pressure(&rc, &node)?;
     wait_audited(
         &rc,
@@ -266,7 +284,11 @@ fn every_request_the_agent_makes_enforcing_under_pressure_is_allowed() -> anyhow
         .filter(|a| a.code == 401 || a.code == 403)
         .map(Audited::line)
         .collect();
-    assert!(refused.is_empty(), "requests of the agent refused:\n{}", refused.join("\n"));
+    assert!(
+        refused.is_empty(),
+        "requests of the agent refused:\n{}",
+        refused.join("\n")
+    );
     // What the agent did, each answered as done: the grants of its ClusterRole at work.
     let used: BTreeSet<(String, String, u16)> = requests
         .iter()
@@ -295,7 +317,10 @@ fn every_request_the_agent_makes_enforcing_under_pressure_is_allowed() -> anyhow
     // The kubelet's API (nodes/pods, nodes/stats) is authorized by the kubelet, which asks
     // the API server: the pod source read it throughout.
     assert_eq!(
-        rc.metric(&rc.agent_pod(&node, "node-agent")?, "node_agent_kube_source_ready{source=\"pods\"}")?,
+        rc.metric(
+            &rc.agent_pod(&node, "node-agent")?,
+            "node_agent_kube_source_ready{source=\"pods\"}"
+        )?,
         Some(1.0)
     );
     let other: Vec<String> = requests
@@ -314,17 +339,111 @@ fn every_request_the_agent_makes_enforcing_under_pressure_is_allowed() -> anyhow
 
 /// Each grant of deploy/rbac.yaml, and the test below that takes it away and names what fails.
 const GRANT_NEEDED_BY: &[(&str, &str, &str)] = &[
-    ("pods", "list", "without_list_or_watch_on_pods_the_api_server_source_is_blind"),
-    ("pods", "watch", "without_list_or_watch_on_pods_the_api_server_source_is_blind"),
-    ("pods/eviction", "create", "without_each_write_grant_under_pressure_the_agent_names_the_refusal"),
-    ("nodes", "patch", "without_each_write_grant_under_pressure_the_agent_names_the_refusal"),
-    ("events", "create", "without_each_write_grant_under_pressure_the_agent_names_the_refusal"),
-    ("nodes/status", "patch", "without_patch_on_nodes_status_or_events_the_condition_or_the_series_is_refused"),
-    ("events", "patch", "without_patch_on_nodes_status_or_events_the_condition_or_the_series_is_refused"),
-    ("nodes", "get", "without_each_read_grant_the_pod_source_names_the_refusal"),
-    ("nodes/pods", "get", "without_each_read_grant_the_pod_source_names_the_refusal"),
-    ("nodes/stats", "get", "without_each_read_grant_the_pod_source_names_the_refusal"),
+    (
+        "pods",
+        "list",
+        "without_list_or_watch_on_pods_the_api_server_source_is_blind",
+    ),
+    (
+        "pods",
+        "watch",
+        "without_list_or_watch_on_pods_the_api_server_source_is_blind",
+    ),
+    (
+        "pods/eviction",
+        "create",
+        "without_each_write_grant_under_pressure_the_agent_names_the_refusal",
+    ),
+    (
+        "nodes",
+        "patch",
+        "without_each_write_grant_under_pressure_the_agent_names_the_refusal",
+    ),
+    (
+        "events",
+        "create",
+        "without_each_write_grant_under_pressure_the_agent_names_the_refusal",
+    ),
+    (
+        "nodes/status",
+        "patch",
+        "without_patch_on_nodes_status_or_events_the_condition_or_the_series_is_refused",
+    ),
+    (
+        "events",
+        "patch",
+        "without_patch_on_nodes_status_or_events_the_condition_or_the_series_is_refused",
+    ),
+    (
+        "nodes",
+        "get",
+        "without_each_read_grant_the_pod_source_names_the_refusal",
+    ),
+    (
+        "nodes/pods",
+        "get",
+        "without_each_read_grant_the_pod_source_names_the_refusal",
+    ),
+    (
+        "nodes/stats",
+        "get",
+        "without_each_read_grant_the_pod_source_names_the_refusal",
+    ),
+    (
+        "tokenreviews",
+        "create",
+        "without_create_on_the_reviews_no_caller_of_metrics_is_let_in_and_the_log_says_why",
+    ),
+    (
+        "subjectaccessreviews",
+        "create",
+        "without_create_on_the_reviews_no_caller_of_metrics_is_let_in_and_the_log_says_why",
+    ),
 ];
+
+/// `metricsAccess: kubernetes` (the default) reviews each caller of `/metrics` through the API
+/// server: a TokenReview of its token, then a SubjectAccessReview of `get /metrics`. Without
+/// `create` on either, even a caller granted `get` is turned away, 503, and the agent's log
+/// names the refusal.
+#[test]
+fn without_create_on_the_reviews_no_caller_of_metrics_is_let_in_and_the_log_says_why(
+) -> anyhow::Result<()> {
+    let rc = RealCluster::get();
+    let _base = rc.base_on_drop();
+    let node = rc.node0().name;
+    let scraper = rc.metrics_token()?;
+    for review in ["tokenreviews", "subjectaccessreviews"] {
+        rc.install(
+            &format!("without-{review}"),
+            &Variant {
+                patches: vec![without_grant(review, "create")],
+                ..Variant::default()
+            },
+        )?;
+        let agent = rc.agent_pod(&node, "node-agent")?;
+        let (code, body) = rc.agent_get(&agent, "/metrics", Some(&scraper))?;
+        eprintln!("without create on {review}: {code} {}", body.trim());
+        assert_eq!(code, 503, "without create on {review}: {body}");
+        let line = rc.kubectl.wait_for(
+            &format!("the agent's log naming {review}"),
+            Duration::from_secs(30),
+            |_| {
+                let logs = rc.agent_logs(&agent)?;
+                Ok(logs
+                    .lines()
+                    .find(|l| l.contains("could not be reviewed") && l.contains(review))
+                    .map(str::to_string))
+            },
+        )?;
+        assert!(line.contains("403") || line.contains("forbidden"), "{line}");
+    }
+    // With both grants back, the same caller is let in.
+    rc.restore_base()?;
+    let agent = rc.agent_pod(&node, "node-agent")?;
+    let (code, _) = rc.agent_get(&agent, "/metrics", Some(&scraper))?;
+    assert_eq!(code, 200, "with the shipped grants");
+    Ok(())
+}
 
 #[test]
 fn every_grant_of_the_cluster_role_is_taken_away_by_a_test_here() {
@@ -418,11 +537,16 @@ fn without_each_write_grant_under_pressure_the_agent_names_the_refusal() -> anyh
         let line = wait_log(&rc, &node, &[row.log, "403"], Duration::from_secs(60))
             .with_context(|| what.clone())?;
         eprintln!("{what}: {line}");
-        rc.kubectl.wait_for(&format!("{what}: {} rises", row.counter), Duration::from_secs(30), |_| {
-            Ok((counter(&rc, &node, row.counter)? > before).then_some(()))
-        })?;
+        rc.kubectl.wait_for(
+            &format!("{what}: {} rises", row.counter),
+            Duration::from_secs(30),
+            |_| Ok((counter(&rc, &node, row.counter)? > before).then_some(())),
+        )?;
         if row.resource == "nodes" {
-            assert!(pressure_taint(&rc, &node)?.is_none(), "{what}: no taint on the node");
+            assert!(
+                pressure_taint(&rc, &node)?.is_none(),
+                "{what}: no taint on the node"
+            );
         }
         // The grant back, the pressure gone.
         rc.apply_variant("privilege-writes", &enforcing(Vec::new()))?;
@@ -447,18 +571,36 @@ fn without_patch_on_nodes_status_or_events_the_condition_or_the_series_is_refuse
         &enforcing(vec![without_grant("nodes/status", "patch")]),
     )?;
     let old = rc.agent_pod(&node, "node-agent")?;
-    rc.kubectl.run(&["-n", AGENT_NS, "delete", "pod", &old, "--wait=true"])?;
-    let refusal = wait_audited(&rc, since, "the condition refused", Duration::from_secs(120), |a| {
-        a.resource == "nodes" && a.subresource == "status" && a.code == 403
-    })?;
+    rc.kubectl
+        .run(&["-n", AGENT_NS, "delete", "pod", &old, "--wait=true"])?;
+    let refusal = wait_audited(
+        &rc,
+        since,
+        "the condition refused",
+        Duration::from_secs(120),
+        |a| a.resource == "nodes" && a.subresource == "status" && a.code == 403,
+    )?;
     assert!(
-        refusal.message.contains("cannot patch resource \"nodes/status\""),
+        refusal
+            .message
+            .contains("cannot patch resource \"nodes/status\""),
         "{}",
         refusal.line()
     );
-    let line = wait_log(&rc, &node, &["node condition not written", "403"], Duration::from_secs(60))?;
+    let line = wait_log(
+        &rc,
+        &node,
+        &["node condition not written", "403"],
+        Duration::from_secs(60),
+    )?;
     eprintln!("without patch nodes/status: {line}");
-    assert!(counter(&rc, &node, "node_agent_kube_errors_total{operation=\"node condition\"}")? >= 1.0);
+    assert!(
+        counter(
+            &rc,
+            &node,
+            "node_agent_kube_errors_total{operation=\"node condition\"}"
+        )? >= 1.0
+    );
     rc.apply_variant("privilege-status", &enforcing(Vec::new()))?;
 
     // events patch: an OOM storm's first kill is an event, its series is refused.
@@ -470,18 +612,31 @@ fn without_patch_on_nodes_status_or_events_the_condition_or_the_series_is_refuse
     )?;
     let looper = oom_looper("looper", &node);
     rc.kubectl.apply(&oom_looper_manifest(&looper, &ns.name))?;
-    wait_audited(&rc, since, "the storm's event created", Duration::from_secs(90), |a| {
-        a.resource == "events" && a.verb == "create" && a.code == 201
-    })?;
-    let refusal = wait_audited(&rc, since, "the series refused", Duration::from_secs(120), |a| {
-        a.resource == "events" && a.verb == "patch" && a.code == 403
-    })?;
+    wait_audited(
+        &rc,
+        since,
+        "the storm's event created",
+        Duration::from_secs(90),
+        |a| a.resource == "events" && a.verb == "create" && a.code == 201,
+    )?;
+    let refusal = wait_audited(
+        &rc,
+        since,
+        "the series refused",
+        Duration::from_secs(120),
+        |a| a.resource == "events" && a.verb == "patch" && a.code == 403,
+    )?;
     assert!(
         refusal.message.contains("cannot patch resource \"events\""),
         "{}",
         refusal.line()
     );
-    let line = wait_log(&rc, &node, &["event not recorded", "403"], Duration::from_secs(60))?;
+    let line = wait_log(
+        &rc,
+        &node,
+        &["event not recorded", "403"],
+        Duration::from_secs(60),
+    )?;
     eprintln!("without patch events: {line}");
     delete_pod(&rc, &ns.name, "looper")?;
     Ok(())
@@ -496,14 +651,24 @@ fn without_each_read_grant_the_pod_source_names_the_refusal() -> anyhow::Result<
     // (grant taken away, what the agent's log then says, restart the kubelet: its
     // authorization cache would answer from before for minutes).
     let rows: [(&str, &str, &[&str], bool); 3] = [
-        ("nodes", "get", &["source not ready", "403", "cannot get resource \"nodes\""], false),
+        (
+            "nodes",
+            "get",
+            &["source not ready", "403", "cannot get resource \"nodes\""],
+            false,
+        ),
         (
             "nodes/pods",
             "get",
             &["source not ready", "403", "subresource(s)=[pods proxy]"],
             true,
         ),
-        ("nodes/stats", "get", &["source not ready", "403", "subresource(s)=[stats]"], true),
+        (
+            "nodes/stats",
+            "get",
+            &["source not ready", "403", "subresource(s)=[stats]"],
+            true,
+        ),
     ];
     for (resource, verb, log, kubelet) in rows {
         let what = format!("without {verb} {resource}");
@@ -525,8 +690,10 @@ fn without_each_read_grant_the_pod_source_names_the_refusal() -> anyhow::Result<
         };
         // A fresh agent: it works out the kubelet's address from its Node at start.
         let old = rc.agent_pod(&node, "node-agent")?;
-        rc.kubectl.run(&["-n", AGENT_NS, "delete", "pod", &old, "--wait=true"])?;
-        let line = wait_log(&rc, &node, log, Duration::from_secs(120)).with_context(|| what.clone())?;
+        rc.kubectl
+            .run(&["-n", AGENT_NS, "delete", "pod", &old, "--wait=true"])?;
+        let line =
+            wait_log(&rc, &node, log, Duration::from_secs(120)).with_context(|| what.clone())?;
         eprintln!("{what}: {line}");
         let agent = rc.agent_pod(&node, "node-agent")?;
         assert_eq!(
@@ -535,7 +702,11 @@ fn without_each_read_grant_the_pod_source_names_the_refusal() -> anyhow::Result<
             "{what}: the pod source is not ready"
         );
         let ready = rc.kubectl.call(
-            &["get", "--raw", &format!("/api/v1/namespaces/{AGENT_NS}/pods/{agent}:9464/proxy/readyz")],
+            &[
+                "get",
+                "--raw",
+                &format!("/api/v1/namespaces/{AGENT_NS}/pods/{agent}:9464/proxy/readyz"),
+            ],
             None,
             Duration::from_secs(20),
         )?;
@@ -550,10 +721,8 @@ fn without_list_or_watch_on_pods_the_api_server_source_is_blind() -> anyhow::Res
     let rc = RealCluster::get();
     let _base = rc.base_on_drop();
     let node = rc.node0().name;
-    let apiserver = Variant::shipped_config_with(&[(
-        "podSource: kubelet ",
-        "podSource: apiserver",
-    )]);
+    let apiserver =
+        Variant::shipped_config_with(&[("podSource: kubelet ", "podSource: apiserver")]);
     for verb in ["list", "watch"] {
         let what = format!("podSource: apiserver without {verb} pods");
         let since = jiff::Timestamp::now();
@@ -569,14 +738,20 @@ fn without_list_or_watch_on_pods_the_api_server_source_is_blind() -> anyhow::Res
             a.resource == "pods" && a.verb == verb && a.code == 403
         })?;
         assert!(
-            refusal.message.contains(&format!("cannot {verb} resource \"pods\"")),
+            refusal
+                .message
+                .contains(&format!("cannot {verb} resource \"pods\"")),
             "{what}: {}",
             refusal.line()
         );
         let line = wait_log(
             &rc,
             &node,
-            &["source not ready", "403", &format!("cannot {verb} resource \"pods\"")],
+            &[
+                "source not ready",
+                "403",
+                &format!("cannot {verb} resource \"pods\""),
+            ],
             Duration::from_secs(120),
         )
         .with_context(|| what.clone())?;
@@ -614,7 +789,15 @@ impl<'a> Scene<'a> {
         let uid = |pod: &str| -> anyhow::Result<String> {
             Ok(rc
                 .kubectl
-                .run(&["-n", namespace, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}"])?
+                .run(&[
+                    "-n",
+                    namespace,
+                    "get",
+                    "pod",
+                    pod,
+                    "-o",
+                    "jsonpath={.metadata.uid}",
+                ])?
                 .trim()
                 .to_string())
         };
@@ -632,7 +815,12 @@ impl<'a> Scene<'a> {
         })
     }
 
-    fn evict(&self, token: &AgentToken, pod: &(String, String), with_uid: bool) -> anyhow::Result<Answer> {
+    fn evict(
+        &self,
+        token: &AgentToken,
+        pod: &(String, String),
+        with_uid: bool,
+    ) -> anyhow::Result<Answer> {
         token.post(
             &format!(
                 "/api/v1/namespaces/{}/pods/{}/eviction?dryRun=All",
@@ -661,7 +849,10 @@ impl<'a> Scene<'a> {
 
     fn post_event(&self, event: &Value) -> anyhow::Result<Answer> {
         self.bound.post(
-            &format!("/apis/events.k8s.io/v1/namespaces/{}/events?dryRun=All", self.namespace),
+            &format!(
+                "/apis/events.k8s.io/v1/namespaces/{}/events?dryRun=All",
+                self.namespace
+            ),
             event,
         )
     }
@@ -708,7 +899,10 @@ fn policy_rows() -> Vec<PolicyRow> {
             probe: |s| {
                 s.bound.request(
                     Method::DELETE,
-                    &format!("/api/v1/namespaces/{}/pods/{}?dryRun=All", s.namespace, s.ghost_pod.0),
+                    &format!(
+                        "/api/v1/namespaces/{}/pods/{}?dryRun=All",
+                        s.namespace, s.ghost_pod.0
+                    ),
                     None,
                 )
             },
@@ -725,10 +919,14 @@ fn policy_rows() -> Vec<PolicyRow> {
                 let event = s.event(|e| {
                     e["metadata"]["namespace"] = json!("default");
                     e["reportingInstance"] = json!(format!("node-agent-{}", s.ghost.name));
-                    e["regarding"] = json!({"apiVersion": "v1", "kind": "Node", "name": s.ghost.name});
+                    e["regarding"] =
+                        json!({"apiVersion": "v1", "kind": "Node", "name": s.ghost.name});
                     e.as_object_mut().map(|o| o.remove("related"));
                 });
-                s.bound.post("/apis/events.k8s.io/v1/namespaces/default/events?dryRun=All", &event)
+                s.bound.post(
+                    "/apis/events.k8s.io/v1/namespaces/default/events?dryRun=All",
+                    &event,
+                )
             },
         },
         PolicyRow {
@@ -746,7 +944,10 @@ fn policy_rows() -> Vec<PolicyRow> {
             // event someone else wrote, rewritten as the agent's.
             probe: |s| {
                 s.bound.merge_patch(
-                    &format!("/api/v1/namespaces/{}/events/written-by-someone-else?dryRun=All", s.namespace),
+                    &format!(
+                        "/api/v1/namespaces/{}/events/written-by-someone-else?dryRun=All",
+                        s.namespace
+                    ),
                     &json!({"reportingInstance": format!("node-agent-{}", s.own_node)}),
                 )
             },
@@ -777,7 +978,12 @@ impl Drop for WiderGrants<'_> {
     fn drop(&mut self) {
         let override_dir = node_agent_tests::real_cluster::workspace().join("deploy/override");
         let _ = self.0.kubectl.call(
-            &["delete", "-k", &override_dir.to_string_lossy(), "--ignore-not-found"],
+            &[
+                "delete",
+                "-k",
+                &override_dir.to_string_lossy(),
+                "--ignore-not-found",
+            ],
             None,
             Duration::from_secs(60),
         );
@@ -805,7 +1011,8 @@ fn every_validation_of_the_admission_policy_is_needed() -> anyhow::Result<()> {
     let scene = Scene::new(&rc, &ns.name)?;
     let _grants = WiderGrants(&rc);
     let override_dir = node_agent_tests::real_cluster::workspace().join("deploy/override");
-    rc.kubectl.run(&["apply", "-k", &override_dir.to_string_lossy()])?;
+    rc.kubectl
+        .run(&["apply", "-k", &override_dir.to_string_lossy()])?;
     rc.kubectl.apply(WiderGrants::CORE_EVENTS)?;
     rc.kubectl.apply(&format!(
         "apiVersion: v1\nkind: Event\nmetadata: {{name: written-by-someone-else, namespace: {ns}}}\ninvolvedObject: {{apiVersion: v1, kind: ConfigMap, name: kube-root-ca.crt, namespace: {ns}}}\nreason: Probe\nmessage: written by an admin\ntype: Normal\nreportingComponent: example.com/admin\nreportingInstance: admin-host\nsource: {{component: admin}}\n",
@@ -823,14 +1030,16 @@ fn every_validation_of_the_admission_policy_is_needed() -> anyhow::Result<()> {
     for row in &rows {
         let what = format!("the validation {:?}", row.message);
         // As shipped: refused by that validation, in the API server's words.
-        let answer = rc.kubectl.wait_for(&format!("{what} in force"), Duration::from_secs(60), |_| {
-            let a = (row.probe)(&scene)?;
-            if is_denial_by(&a, row.message) {
-                Ok(Some(a))
-            } else {
-                anyhow::bail!("answered {} {}", a.status, a.text)
-            }
-        })?;
+        let answer =
+            rc.kubectl
+                .wait_for(&format!("{what} in force"), Duration::from_secs(60), |_| {
+                    let a = (row.probe)(&scene)?;
+                    if is_denial_by(&a, row.message) {
+                        Ok(Some(a))
+                    } else {
+                        anyhow::bail!("answered {} {}", a.status, a.text)
+                    }
+                })?;
         eprintln!("{what}, shipped: {} {}", answer.status, answer.message());
         // Without it: the token does what it forbids.
         rc.apply_variant(
@@ -840,14 +1049,18 @@ fn every_validation_of_the_admission_policy_is_needed() -> anyhow::Result<()> {
                 ..Variant::default()
             },
         )?;
-        let answer = rc.kubectl.wait_for(&format!("{what} taken away"), Duration::from_secs(60), |_| {
-            let a = (row.probe)(&scene)?;
-            if (200..300).contains(&a.status) {
-                Ok(Some(a))
-            } else {
-                anyhow::bail!("answered {} {}", a.status, a.text)
-            }
-        })?;
+        let answer = rc.kubectl.wait_for(
+            &format!("{what} taken away"),
+            Duration::from_secs(60),
+            |_| {
+                let a = (row.probe)(&scene)?;
+                if (200..300).contains(&a.status) {
+                    Ok(Some(a))
+                } else {
+                    anyhow::bail!("answered {} {}", a.status, a.text)
+                }
+            },
+        )?;
         eprintln!("{what}, taken away: {}", answer.status);
         rc.apply_variant("base", &Variant::default())?;
     }
@@ -857,7 +1070,8 @@ fn every_validation_of_the_admission_policy_is_needed() -> anyhow::Result<()> {
 // --- (c) The policy as the API server evaluates it --------------------------------------------
 
 #[test]
-fn the_api_server_keeps_the_agents_token_to_its_own_node_except_for_evictions() -> anyhow::Result<()> {
+fn the_api_server_keeps_the_agents_token_to_its_own_node_except_for_evictions() -> anyhow::Result<()>
+{
     let rc = RealCluster::get();
     let _base = rc.base_on_drop();
     rc.install("base", &Variant::default())?;
@@ -866,10 +1080,15 @@ fn the_api_server_keeps_the_agents_token_to_its_own_node_except_for_evictions() 
     let taint = json!({"spec": {"taints": [{"key": "node-agent.io/pressure", "value": "MemoryPressure", "effect": "NoSchedule"}]}});
 
     // Its own node's taint: allowed; another node's: refused, in these words and this shape.
-    let own = s.bound.merge_patch(&format!("/api/v1/nodes/{}?dryRun=All", s.own_node), &taint)?;
+    let own = s
+        .bound
+        .merge_patch(&format!("/api/v1/nodes/{}?dryRun=All", s.own_node), &taint)?;
     assert_eq!(own.status, 200, "the agent's own taint: {}", own.text);
-    let other = s.bound.merge_patch(&format!("/api/v1/nodes/{}", s.ghost.name), &taint)?;
-    let denial = policy_denial("the node agent may change, or reach the kubelet of, only its own node");
+    let other = s
+        .bound
+        .merge_patch(&format!("/api/v1/nodes/{}", s.ghost.name), &taint)?;
+    let denial =
+        policy_denial("the node agent may change, or reach the kubelet of, only its own node");
     assert_eq!(other.status, 403, "another node's taint: {}", other.text);
     assert_eq!(
         other.body,
@@ -895,7 +1114,10 @@ fn the_api_server_keeps_the_agents_token_to_its_own_node_except_for_evictions() 
         e["related"]["name"] = json!(s.ghost.name);
     }))?;
     assert!(
-        is_denial_by(&elsewhere, "the node agent's events about a pod must name its own node"),
+        is_denial_by(
+            &elsewhere,
+            "the node agent's events about a pod must name its own node"
+        ),
         "an event about a pod on another node: {}",
         elsewhere.text
     );
@@ -910,15 +1132,27 @@ fn the_api_server_keeps_the_agents_token_to_its_own_node_except_for_evictions() 
         &format!("/apis/events.k8s.io/v1/namespaces/{}/events/not-the-agents", ns.name),
         &json!({"series": {"count": 2, "lastObservedTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}}),
     )?;
-    assert_eq!(series.status, 403, "an event the agent did not write: {}", series.text);
-    assert!(series.message().contains(&policy_denial("")), "{}", series.text);
+    assert_eq!(
+        series.status, 403,
+        "an event the agent did not write: {}",
+        series.text
+    );
+    assert!(
+        series.message().contains(&policy_denial("")),
+        "{}",
+        series.text
+    );
     eprintln!("patching an event it did not write: {}", series.message());
 
     // Evictions: the policy cannot see the evicted pod's node (the Eviction is all the
     // request carries), so a pod on another node can be evicted by UID, as
     // node-agent-kube/README.md says ("What the policy cannot bind"); without the UID, not.
     let far = s.evict(&s.bound, &s.ghost_pod, true)?;
-    assert_eq!(far.status, 201, "evicting a pod on another node, by UID: {}", far.text);
+    assert_eq!(
+        far.status, 201,
+        "evicting a pod on another node, by UID: {}",
+        far.text
+    );
     let far = s.evict(&s.bound, &s.ghost_pod, false)?;
     assert!(
         is_denial_by(&far, "must carry the pod's UID as a precondition"),
@@ -926,7 +1160,11 @@ fn the_api_server_keeps_the_agents_token_to_its_own_node_except_for_evictions() 
         far.text
     );
     let near = s.evict(&s.bound, &s.own_pod, true)?;
-    assert_eq!(near.status, 201, "evicting a pod on its node: {}", near.text);
+    assert_eq!(
+        near.status, 201,
+        "evicting a pod on its node: {}",
+        near.text
+    );
     drop(s);
     Ok(())
 }

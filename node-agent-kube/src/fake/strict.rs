@@ -668,8 +668,12 @@ mod tests {
         let rows: Vec<(&str, Seen, &str, Value)> = vec![
             (
                 "an eviction",
-                seen("POST", "/api/v1/namespaces/t-writes/pods/grower-0/eviction", Some("application/json"),
-                    &json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "grower-0", "namespace": "t-writes"}})),
+                seen(
+                    "POST",
+                    "/api/v1/namespaces/t-writes/pods/grower-0/eviction",
+                    Some("application/json"),
+                    &json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "grower-0", "namespace": "t-writes"}}),
+                ),
                 "pods/eviction",
                 json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
                     "message": format!("pods \"grower-0\" is forbidden: User \"{user}\" cannot create resource \"pods/eviction\" in API group \"\" in the namespace \"t-writes\""),
@@ -677,8 +681,12 @@ mod tests {
             ),
             (
                 "an event's series",
-                seen("PATCH", "/apis/events.k8s.io/v1/namespaces/t-series/events/looper.18ec2e595d7f8ce5", Some("application/merge-patch+json"),
-                    &json!({"series": {"count": 2, "lastObservedTime": "2026-11-28T10:22:07.000000Z"}})),
+                seen(
+                    "PATCH",
+                    "/apis/events.k8s.io/v1/namespaces/t-series/events/looper.18ec2e595d7f8ce5",
+                    Some("application/merge-patch+json"),
+                    &json!({"series": {"count": 2, "lastObservedTime": "2026-11-28T10:22:07.000000Z"}}),
+                ),
                 "events",
                 json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
                     "message": format!("events.events.k8s.io \"looper.18ec2e595d7f8ce5\" is forbidden: User \"{user}\" cannot patch resource \"events\" in API group \"events.k8s.io\" in the namespace \"t-series\""),
@@ -686,7 +694,12 @@ mod tests {
             ),
             (
                 "a new event",
-                seen("POST", "/apis/events.k8s.io/v1/namespaces/default/events", Some("application/json"), &json!({})),
+                seen(
+                    "POST",
+                    "/apis/events.k8s.io/v1/namespaces/default/events",
+                    Some("application/json"),
+                    &json!({}),
+                ),
                 "events",
                 json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
                     "message": format!("events.events.k8s.io is forbidden: User \"{user}\" cannot create resource \"events\" in API group \"events.k8s.io\" in the namespace \"default\""),
@@ -694,7 +707,12 @@ mod tests {
             ),
             (
                 "the node's pods listed",
-                seen("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-agent-0", None, &Value::Null),
+                seen(
+                    "GET",
+                    "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-agent-0",
+                    None,
+                    &Value::Null,
+                ),
                 "pods",
                 json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
                     "message": format!("pods is forbidden: User \"{user}\" cannot list resource \"pods\" in API group \"\" at the cluster scope"),
@@ -702,8 +720,12 @@ mod tests {
             ),
             (
                 "the node's status",
-                seen("PATCH", "/api/v1/nodes/node-agent-0/status", Some("application/strategic-merge-patch+json"),
-                    &json!({"status": {"conditions": [{"type": "NodeAgentPressure", "status": "False"}]}})),
+                seen(
+                    "PATCH",
+                    "/api/v1/nodes/node-agent-0/status",
+                    Some("application/strategic-merge-patch+json"),
+                    &json!({"status": {"conditions": [{"type": "NodeAgentPressure", "status": "False"}]}}),
+                ),
                 "nodes/status",
                 json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden", "code": 403,
                     "message": format!("nodes \"node-agent-0\" is forbidden: User \"{user}\" cannot patch resource \"nodes/status\" in API group \"\" at the cluster scope"),
@@ -743,7 +765,12 @@ mod tests {
             "action": "Evicting", "reason": "Evicted", "type": "Warning", "note": "x",
             "regarding": {"kind": "Pod", "namespace": "exp1", "name": "onghost", "uid": "u1", "apiVersion": "v1"}});
         let reply = refused(
-            &seen("POST", "/apis/events.k8s.io/v1/namespaces/exp1/events", Some("application/json"), &event),
+            &seen(
+                "POST",
+                "/apis/events.k8s.io/v1/namespaces/exp1/events",
+                Some("application/json"),
+                &event,
+            ),
             &[],
         );
         let denial = "ValidatingAdmissionPolicy 'node-agent-own-node' with binding 'node-agent-own-node' denied request: the node agent's events about a pod must name its own node as the related object";
