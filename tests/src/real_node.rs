@@ -355,3 +355,24 @@ pub fn pods_cgroup_available(node: &NodeSpec) -> anyhow::Result<f64> {
         .parse()?;
     Ok(limit - (usage - inactive_file).max(0.0))
 }
+
+/// Waits for a line of the current agent pod's log containing every one of `needles`.
+pub fn wait_log(
+    rc: &RealCluster,
+    node: &str,
+    needles: &[&str],
+    limit: Duration,
+) -> anyhow::Result<String> {
+    rc.kubectl.wait_for(
+        &format!("an agent log line with {needles:?}"),
+        limit,
+        |_| {
+            let pod = rc.agent_pod(node, "node-agent")?;
+            let logs = rc.agent_logs(&pod)?;
+            Ok(logs
+                .lines()
+                .find(|l| needles.iter().all(|n| l.contains(n)))
+                .map(str::to_string))
+        },
+    )
+}

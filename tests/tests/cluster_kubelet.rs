@@ -12,34 +12,13 @@ use node_agent_cluster::node_components::KubeletOptions;
 use node_agent_tests::{
     agent_access::agent_requests_since,
     real_cluster::{workspace, Qos, RealCluster, Variant, WorkloadPod, AGENT_NS},
-    real_node::{grow_until_left, restart_kubelet},
+    real_node::{grow_until_left, restart_kubelet, wait_log},
 };
 
 /// The line the agent logs when it has worked out where its kubelet is and how it checks it.
 fn reading_line(ip: &str, node: &str) -> String {
     format!(
         "reading the kubelet at this address kubelet=https://{ip}:10250, the InternalIP of node {node}; its certificate must chain to /var/lib/kubelet/pki/kubelet.crt or /var/run/secrets/kubernetes.io/serviceaccount/ca.crt and name {ip} or {node}"
-    )
-}
-
-/// Waits for a line of the current agent pod's log containing every one of `needles`.
-fn wait_log(
-    rc: &RealCluster,
-    node: &str,
-    needles: &[&str],
-    limit: Duration,
-) -> anyhow::Result<String> {
-    rc.kubectl.wait_for(
-        &format!("an agent log line with {needles:?}"),
-        limit,
-        |_| {
-            let pod = rc.agent_pod(node, "node-agent")?;
-            let logs = rc.agent_logs(&pod)?;
-            Ok(logs
-                .lines()
-                .find(|l| needles.iter().all(|n| l.contains(n)))
-                .map(str::to_string))
-        },
     )
 }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use node_agent_tests::real_cluster::{
     wait_running, Qos, RealCluster, Variant, WorkloadPod, AGENT_NS, AGENT_SA,
 };
+use node_agent_tests::real_node::condition;
 use serde_json::Value;
 
 const MIB: f64 = 1048576.0;
@@ -29,16 +30,6 @@ fn node_taints(rc: &RealCluster, node: &str) -> anyhow::Result<Vec<String>> {
         .flatten()
         .filter_map(|t| t["key"].as_str().map(str::to_string))
         .collect())
-}
-
-fn condition(rc: &RealCluster, node: &str, kind: &str) -> anyhow::Result<Option<Value>> {
-    let n = rc.kubectl.get_json(&["node", node])?;
-    Ok(n["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == kind)
-        .cloned())
 }
 
 #[test]

@@ -13,7 +13,7 @@ use node_agent_tests::{
     real_cluster::{
         metric_value, wait_running, Patch, Qos, RealCluster, Variant, WorkloadPod, AGENT_NS,
     },
-    real_node::{condition, grow_until_left, pressure_taint, GhostNode},
+    real_node::{condition, grow_until_left, pressure_taint, wait_log, GhostNode},
 };
 use serde_json::{json, Value};
 
@@ -141,27 +141,6 @@ fn validation_messages() -> Vec<String> {
         .iter()
         .map(|v| v["message"].as_str().unwrap_or("").trim().to_string())
         .collect()
-}
-
-/// Waits for a line of the current agent pod's log containing every one of `needles`.
-fn wait_log(
-    rc: &RealCluster,
-    node: &str,
-    needles: &[&str],
-    limit: Duration,
-) -> anyhow::Result<String> {
-    rc.kubectl.wait_for(
-        &format!("an agent log line with {needles:?}"),
-        limit,
-        |_| {
-            let pod = rc.agent_pod(node, "node-agent")?;
-            let logs = rc.agent_logs(&pod)?;
-            Ok(logs
-                .lines()
-                .find(|l| needles.iter().all(|n| l.contains(n)))
-                .map(str::to_string))
-        },
-    )
 }
 
 /// Waits for an audited request of the agent's matching `pick`.
