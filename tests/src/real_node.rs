@@ -356,23 +356,50 @@ pub fn pods_cgroup_available(node: &NodeSpec) -> anyhow::Result<f64> {
     Ok(limit - (usage - inactive_file).max(0.0))
 }
 
-/// Waits for a line of the current agent pod's log containing every one of `needles`.
+/// Waits for a line of the current agent pod's log containing every one of `needles`: the
+/// newest on `node` first, then those on the other nodes, since a rollout surges one node at a
+/// time in the controller's order and a new agent that never gets Ready holds it there.
 pub fn wait_log(
     rc: &RealCluster,
     node: &str,
     needles: &[&str],
     limit: Duration,
 ) -> anyhow::Result<String> {
-    rc.kubectl.wait_for(
-        &format!("an agent log line with {needles:?}"),
-        limit,
-        |_| {
-            let pod = rc.agent_pod(node, "node-agent")?;
-            let logs = rc.agent_logs(&pod)?;
-            Ok(logs
-                .lines()
-                .find(|l| needles.iter().all(|n| l.contains(n)))
-                .map(str::to_string))
-        },
-    )
+    rc.kubectl
+        .wait_for(&format!("an agent log line with {needles:?}"), limit, |k| {
+            let pods = k.get_json(&[
+                "-n",
+                AGENT_NS,
+                "pods",
+                "-l",
+                "app.kubernetes.io/instance=node-agent",
+                "--field-selector",
+                "status.phase=Running",
+            ])?;
+            let mut running: Vec<(bool, String, String)> = pods["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                .map(|p| {
+                    (
+                        p["spec"]["nodeName"] != node,
+                        // RFC 3339 at one-second precision: ordered as text; newest first below.
+                        p["metadata"]["creationTimestamp"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string(),
+                        p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect();
+            running.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            for (_, _, pod) in running {
+                let logs = rc.agent_logs(&pod)?;
+                if let Some(line) = logs.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+                    return Ok(Some(line.to_string()));
+                }
+            }
+            Ok(None)
+        })
 }

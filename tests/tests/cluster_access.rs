@@ -65,6 +65,14 @@ fn metrics_go_to_callers_granted_get_and_readyz_names_no_path_to_strangers() -> 
         ),
         ("clusterCA: true", "clusterCA: false"),
     ]);
+    // The rollout surges one node at a time, in the controller's order: the new agent is on
+    // either node, beside the old ones, which stay Ready.
+    let before: Vec<String> = rc.kubectl.get_json(&["-n", AGENT_NS, "pods"])?["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
     rc.apply_variant(
         "wrong-kubelet-ca",
         &Variant {
@@ -76,13 +84,7 @@ fn metrics_go_to_callers_granted_get_and_readyz_names_no_path_to_strangers() -> 
         "the new agent running, not ready",
         Duration::from_secs(120),
         |k| {
-            let pods = k.get_json(&[
-                "-n",
-                AGENT_NS,
-                "pods",
-                "--field-selector",
-                &format!("spec.nodeName={node}"),
-            ])?;
+            let pods = k.get_json(&["-n", AGENT_NS, "pods"])?;
             Ok(pods["items"]
                 .as_array()
                 .into_iter()
@@ -95,8 +97,8 @@ fn metrics_go_to_callers_granted_get_and_readyz_names_no_path_to_strangers() -> 
                         .into_iter()
                         .flatten()
                         .any(|c| c["type"] == "Ready" && c["status"] == "True");
-                    (running && !ready && p["metadata"]["name"] != agent.as_str())
-                        .then(|| p["metadata"]["name"].as_str().unwrap_or("").to_string())
+                    let name = p["metadata"]["name"].as_str().unwrap_or("").to_string();
+                    (running && !ready && !before.contains(&name)).then_some(name)
                 }))
         },
     )?;
