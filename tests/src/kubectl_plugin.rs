@@ -272,20 +272,10 @@ impl AgentConfig {
     }
 
     fn agents(&self) -> anyhow::Result<Vec<String>> {
-        let pods = self.rc.kubectl.get_json(&[
-            "-n",
-            AGENT_NS,
-            "pods",
-            "-l",
-            "app.kubernetes.io/instance=node-agent",
-            "--field-selector",
-            "status.phase=Running",
-        ])?;
-        Ok(pods["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        Ok(self
+            .rc
+            .running_agent_pods("node-agent")?
+            .iter()
             .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
             .collect())
     }

@@ -117,20 +117,9 @@ impl RealCluster {
     /// `node-agent-enforce`), running and not terminating; the newest, when a rollout's surge
     /// has put a new one beside the old (a new agent that never gets Ready stays beside it).
     pub fn agent_pod(&self, node: &str, instance: &str) -> anyhow::Result<String> {
-        let pods = self.kubectl.get_json(&[
-            "-n",
-            AGENT_NS,
-            "pods",
-            "-l",
-            &format!("app.kubernetes.io/instance={instance}"),
-            "--field-selector",
-            &format!("spec.nodeName={node},status.phase=Running"),
-        ])?;
-        pods["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        self.running_agent_pods(instance)?
+            .iter()
+            .filter(|p| p["spec"]["nodeName"] == node)
             // RFC 3339 in UTC at one-second precision: ordered as text.
             .max_by_key(|p| {
                 p["metadata"]["creationTimestamp"]
@@ -140,6 +129,27 @@ impl RealCluster {
             })
             .and_then(|p| p["metadata"]["name"].as_str().map(str::to_string))
             .with_context(|| format!("no running pod of {instance} on {node}"))
+    }
+
+    /// The pods of DaemonSet instance `instance` (`node-agent`, or `node-agent-enforce`) on
+    /// every node that are running and not terminating, as the API server lists them.
+    pub fn running_agent_pods(&self, instance: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+        let pods = self.kubectl.get_json(&[
+            "-n",
+            AGENT_NS,
+            "pods",
+            "-l",
+            &format!("app.kubernetes.io/instance={instance}"),
+            "--field-selector",
+            "status.phase=Running",
+        ])?;
+        Ok(pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .cloned()
+            .collect())
     }
 
     /// The agent's `/metrics`, scraped as Prometheus scrapes it: at the pod's address, with

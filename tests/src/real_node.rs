@@ -365,22 +365,13 @@ pub fn wait_log(
     needles: &[&str],
     limit: Duration,
 ) -> anyhow::Result<String> {
-    rc.kubectl
-        .wait_for(&format!("an agent log line with {needles:?}"), limit, |k| {
-            let pods = k.get_json(&[
-                "-n",
-                AGENT_NS,
-                "pods",
-                "-l",
-                "app.kubernetes.io/instance=node-agent",
-                "--field-selector",
-                "status.phase=Running",
-            ])?;
-            let mut running: Vec<(bool, String, String)> = pods["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+    rc.kubectl.wait_for(
+        &format!("an agent log line with {needles:?}"),
+        limit,
+        |_| {
+            let mut running: Vec<(bool, String, String)> = rc
+                .running_agent_pods("node-agent")?
+                .iter()
                 .map(|p| {
                     (
                         p["spec"]["nodeName"] != node,
@@ -401,5 +392,6 @@ pub fn wait_log(
                 }
             }
             Ok(None)
-        })
+        },
+    )
 }
