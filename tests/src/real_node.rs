@@ -356,6 +356,27 @@ pub fn pods_cgroup_available(node: &NodeSpec) -> anyhow::Result<f64> {
     Ok(limit - (usage - inactive_file).max(0.0))
 }
 
+/// The node's disk as statfs(2) gives it now, inside the node's mount namespace: (available
+/// bytes to an unprivileged writer, capacity bytes). Read fresh, unlike the agent's figure and
+/// the kubelet's summary, which can be a sampling period old.
+pub fn nodefs_statfs(rc: &RealCluster, node: &NodeSpec) -> anyhow::Result<(f64, f64)> {
+    let ns = rc.cluster.node_ns(node)?;
+    let out = node_agent_cluster::node::in_ns(
+        ns,
+        "stat",
+        &["--file-system", "--format", "%a %b %S", "/var/lib/kubelet"],
+    )?;
+    let fields: Vec<f64> = out
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("stat -f printed {out:?}"))?;
+    match fields[..] {
+        [avail, blocks, size] => Ok((avail * size, blocks * size)),
+        _ => anyhow::bail!("stat -f printed {out:?}, not three numbers"),
+    }
+}
+
 /// Waits for a line of the current agent pod's log containing every one of `needles`: the
 /// newest on `node` first, then those on the other nodes, since a rollout surges one node at a
 /// time in the controller's order and a new agent that never gets Ready holds it there.
