@@ -18,6 +18,7 @@ fn main() -> anyhow::Result<()> {
     let mut scenarios = Vec::new();
     let mut out = std::path::PathBuf::from(".");
     let mut commit = String::from("unknown");
+    let mut render: Option<String> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -33,8 +34,21 @@ fn main() -> anyhow::Result<()> {
             }
             "--out" => out = it.next().context("--out DIR")?.into(),
             "--commit" => commit = it.next().context("--commit SHA")?.clone(),
+            "--render" => render = Some(it.next().context("--render RECORDS.json")?.clone()),
             other => anyhow::bail!("unknown argument {other:?}"),
         }
+    }
+    if let Some(path) = render {
+        // The table and the picture again from a run's records (a partial one included),
+        // without a cluster.
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        let records: Vec<node_agent_tests::race::run::RunRecord> =
+            serde_json::from_str(&text).with_context(|| format!("{path} is not a bench record"))?;
+        let meta = format!(
+            "Rendered from `{path}`: {} runs (see the run's own record for its load and duration).",
+            records.len()
+        );
+        return write_outputs(&out, &records, &meta);
     }
     if scenarios.is_empty() {
         scenarios = Scenario::ALL.to_vec();
@@ -60,7 +74,11 @@ fn main() -> anyhow::Result<()> {
             };
             for config in order {
                 match bench.run(*scenario, config, i) {
-                    Ok(r) => records.push(r),
+                    Ok(r) => {
+                        records.push(r);
+                        // Kept after every run: a bench ended early still leaves what it saw.
+                        save(&out, &format!("race-{commit}.partial.json"), &records)?;
+                    }
                     Err(e) => eprintln!(
                         "race: {} / {} #{i} failed: {e:#}",
                         scenario.name(),
@@ -80,15 +98,20 @@ fn main() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64() / 60.0,
         std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
     );
-    let table = report::markdown(&records, &meta);
+    save(&out, &format!("race-{commit}.json"), &records)?;
+    let _ = std::fs::remove_file(out.join(format!("target/bench/race-{commit}.partial.json")));
+    write_outputs(&out, &records, &meta)
+}
+
+/// The table between docs/benchmarks.md's race markers (also printed) and docs/race.svg.
+fn write_outputs(
+    out: &std::path::Path,
+    records: &[node_agent_tests::race::run::RunRecord],
+    meta: &str,
+) -> anyhow::Result<()> {
+    let table = report::markdown(records, meta);
     println!("{table}");
-    let bench_dir = out.join("target/bench");
-    std::fs::create_dir_all(&bench_dir)?;
-    std::fs::write(
-        bench_dir.join(format!("race-{commit}.json")),
-        serde_json::to_vec_pretty(&records)?,
-    )?;
-    std::fs::write(out.join("docs/race.svg"), report::svg(&records))?;
+    std::fs::write(out.join("docs/race.svg"), report::svg(records))?;
     let doc_path = out.join("docs/benchmarks.md");
     let doc = std::fs::read_to_string(&doc_path)?;
     let (begin, end) = ("<!-- race:results:begin -->", "<!-- race:results:end -->");
@@ -100,4 +123,16 @@ fn main() -> anyhow::Result<()> {
         .context("docs/benchmarks.md has no race end marker")?;
     std::fs::write(&doc_path, format!("{head}{begin}\n{table}\n![allocatableMemory.available against time, each side's evictions and the OOM kills](race.svg)\n{end}{tail}"))?;
     Ok(())
+}
+
+/// Writes the runs' records to `target/bench/<name>` under `out`.
+fn save(
+    out: &std::path::Path,
+    name: &str,
+    records: &[node_agent_tests::race::run::RunRecord],
+) -> anyhow::Result<()> {
+    let dir = out.join("target/bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(dir.join(name), serde_json::to_vec_pretty(records)?)
+        .with_context(|| format!("writing {}", dir.join(name).display()))
 }
