@@ -58,8 +58,8 @@ enum ClusterCommand {
     /// target/bench/race-<commit>.json. Brings a one-node cluster up (or uses the one that is
     /// up with --reuse) and ends it after.
     Bench {
-        /// Runs per cell of the memory scenarios (the PID and disk ones take at most 3).
-        #[arg(long, default_value_t = 5)]
+        /// Runs per cell (the PID and disk scenarios take at most 3).
+        #[arg(long, default_value_t = 3)]
         runs: usize,
         /// Only these scenarios (slow-ramp, fast-ramp, fastest-ramp, burst, many-small-pods,
         /// fork-storm, disk-fill, emptydir-over-limit).

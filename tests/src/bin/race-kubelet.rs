@@ -1,7 +1,7 @@
 //! `cargo xtask cluster bench`: races the real kubelet on the real cluster and writes the
 //! table (docs/benchmarks.md, between the race markers), the picture (docs/race.svg) and every
-//! run's record (target/bench/race-<commit>.json). Arguments: `--runs N` (memory scenarios;
-//! the PID and disk ones take at most 3), `--scenario NAME` (repeatable), `--out DIR` (the
+//! run's record (target/bench/race-<commit>.json). Arguments: `--runs N` (3 by default;
+//! the PID and disk scenarios take at most 3), `--scenario NAME` (repeatable), `--out DIR` (the
 //! workspace), `--commit SHA`.
 
 use std::time::Instant;
@@ -14,7 +14,7 @@ use node_agent_tests::{
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut runs = 5usize;
+    let mut runs = 3usize;
     let mut scenarios = Vec::new();
     let mut out = std::path::PathBuf::from(".");
     let mut commit = String::from("unknown");

@@ -20,7 +20,7 @@ use crate::real_cluster::{Qos, RealCluster, Variant, WorkloadPod, AGENT_NS, AGEN
 
 /// Where the scenario starts: the signal this far above the agent's line (MiB).
 const START_ABOVE_AGENT_LINE_MIB: f64 = 700.0;
-const SLOW_START_ABOVE_MIB: f64 = 400.0;
+const SLOW_START_ABOVE_MIB: f64 = 200.0;
 /// The agent's line and the kubelet's (kubeadm) on allocatableMemory.available, MiB.
 pub const AGENT_LINE_MIB: f64 = 200.0;
 pub const KUBELET_LINE_MIB: f64 = 100.0;
@@ -259,10 +259,18 @@ impl<'a> Bench<'a> {
         let start = Instant::now();
         let mut conditions = Conditions::default();
         let mut written_ns = None;
-        loop {
+        // A condition counts when it turned True in this run: both sides hold one for
+        // evictionPressureTransitionPeriod (5 min) after the pressure, so an earlier run's may
+        // still be True (lastTransitionTime has whole seconds).
+        let since_s = started_ns / 1_000_000_000;
+        let poll_conditions = |conditions: &mut Conditions| {
             if let Ok(n) = rc.kubectl.get_json(&["node", &node.name]) {
                 for c in n["status"]["conditions"].as_array().into_iter().flatten() {
-                    if c["status"] == "True" {
+                    let turned_s = c["lastTransitionTime"]
+                        .as_str()
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                        .map_or(0, |t| t.as_second());
+                    if c["status"] == "True" && turned_s >= since_s {
                         if let Some(t) = c["type"]
                             .as_str()
                             .filter(|t| observe::CONDITIONS.contains(t))
@@ -272,6 +280,9 @@ impl<'a> Bench<'a> {
                     }
                 }
             }
+        };
+        loop {
+            poll_conditions(&mut conditions);
             if written_ns.is_none()
                 && pressed == Pressed::LocalStorage
                 && rc
@@ -296,11 +307,15 @@ impl<'a> Bench<'a> {
             if active == 0 || start.elapsed() > limit {
                 break;
             }
-            std::thread::sleep(Duration::from_secs(1));
+            std::thread::sleep(Duration::from_millis(500));
         }
-        // What the sides still do once the pressure is gone (over-evictions): 12 s, more than a
-        // kubelet period.
-        std::thread::sleep(Duration::from_secs(12));
+        // What the sides still do once the pressure is gone (over-evictions, conditions): 12 s,
+        // more than a kubelet period.
+        let tail = Instant::now();
+        while tail.elapsed() < Duration::from_secs(12) {
+            poll_conditions(&mut conditions);
+            std::thread::sleep(Duration::from_millis(500));
+        }
         let sampled = sampler.stop();
         let mut evictions =
             observe::agent_evictions(&rc.audit_events()?, &ns.name, AGENT_SA, started_ns);
