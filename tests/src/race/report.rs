@@ -244,11 +244,11 @@ pub fn svg(records: &[RunRecord]) -> String {
         ("#ff7f0e", Config::KubeletAgentThresholds),
         ("#1f77b4", Config::KubeletAndAgent),
     ];
-    let (pw, ph, left, top) = (560.0, 220.0, 70.0, 40.0);
-    let height = top + scenarios.len() as f64 * (ph + 60.0) + 40.0;
-    let width = left + pw + 230.0;
+    let (pw, ph, left, top) = (560.0, 220.0, 70.0, 50.0);
+    let height = top + scenarios.len() as f64 * (ph + 60.0) + 60.0;
+    let width = left + pw + 300.0;
     let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"22\" font-size=\"15\">allocatableMemory.available (MiB) against time from the first line crossed, the median run of each configuration</text>\n"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"18\" font-size=\"15\">allocatableMemory.available (MiB) against time from the first line crossed,</text>\n<text x=\"{left}\" y=\"36\" font-size=\"15\">the median run of each configuration</text>\n"
     );
     for (row, scenario) in scenarios.iter().enumerate() {
         let y0 = top + row as f64 * (ph + 60.0) + 20.0;
@@ -266,14 +266,17 @@ pub fn svg(records: &[RunRecord]) -> String {
                 40.0
             },
         );
-        let (v_min, v_max) = (-200.0, 1200.0);
+        let (v_min, v_max) = (-250.0, 1200.0);
         let x = |t: f64| left + (t.clamp(t_min, t_max) - t_min) / (t_max - t_min) * pw;
         let y = |v: f64| y0 + ph - (v.clamp(v_min, v_max) - v_min) / (v_max - v_min) * ph;
         out.push_str(&format!("<rect x=\"{left}\" y=\"{y0}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#999\"/>\n"));
+        // The kubelet on the agent's thresholds reserves 200 MiB, not 100: its allocatable is
+        // 100 MiB less, so on its own allocatable the kubepods limit sits at −200.
         for (v, label) in [
-            (200.0, "agent's line"),
-            (100.0, "kubelet's line"),
-            (-100.0, "OOM (kubepods limit)"),
+            (200.0, "agent's line (both)"),
+            (100.0, "kubelet's line (kubeadm)"),
+            (-100.0, "OOM: kubepods limit"),
+            (-200.0, "OOM (agent's thresholds)"),
         ] {
             out.push_str(&format!(
                 "<line x1=\"{left}\" x2=\"{}\" y1=\"{yy}\" y2=\"{yy}\" stroke=\"#bbb\" stroke-dasharray=\"4 3\"/><text x=\"{}\" y=\"{}\" fill=\"#666\">{label} ({v:.0})</text>\n",
@@ -356,13 +359,13 @@ pub fn svg(records: &[RunRecord]) -> String {
             }
         }
     }
-    let ly = height - 26.0;
+    let ly = height - 44.0;
     let mut lx = left;
     for (color, config) in colors {
         out.push_str(&format!("<line x1=\"{lx}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"3\"/><text x=\"{}\" y=\"{}\">{}</text>\n", lx + 24.0, lx + 30.0, ly + 4.0, config.label()));
-        lx += 200.0;
+        lx += 210.0;
     }
-    out.push_str(&format!("<text x=\"{lx}\" y=\"{}\">▲ agent's eviction  ● kubelet's eviction  ✕ kernel OOM kill</text>\n", ly + 4.0));
+    out.push_str(&format!("<text x=\"{left}\" y=\"{}\">▲ agent's eviction request   ● kubelet's eviction   ✕ kernel OOM kill</text>\n", ly + 24.0));
     out.push_str("</svg>\n");
     out
 }
