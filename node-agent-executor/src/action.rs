@@ -39,6 +39,15 @@ pub enum Action {
     Identify(Box<Unnamed>),
 }
 
+/// A kernel OOM kill whose victim is named as far as it can be, as it is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OomTold {
+    /// In a pod the agent can name: an event on the pod (or one more in its series).
+    Pod(PodOomKill),
+    /// Anywhere else: an event on the node, unless `kubernetes.nodeOOMEvents: off`.
+    Node(OomKill),
+}
+
 /// An OOM kill in a container the agent cannot name yet: its cgroup gave the pod's UID and the
 /// container's id, the runtime's labels give the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]

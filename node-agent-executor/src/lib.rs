@@ -22,7 +22,9 @@ pub mod plan;
 pub mod reclaim;
 mod run;
 
-pub use action::{Action, Evict, NodeEvent, Outcome, PodOomEvent, Report, StatusReport, Unnamed};
+pub use action::{
+    Action, Evict, NodeEvent, OomTold, Outcome, PodOomEvent, Report, StatusReport, Unnamed,
+};
 pub use lanes::{Refused, LANES};
 pub use reclaim::Identity;
 pub use run::{

@@ -2,15 +2,16 @@
 //! hands actions to, the executor's settings, and when the runtime's images were last asked
 //! about. Handing over never waits (see `node_agent_executor`).
 
-use std::time::Duration;
-
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
 
 use node_agent_executor::{
-    plan::{Acting, NodeReclaim, Plan, Rates, Timing},
-    Action, Executor, Outcome, Settings, Unnamed,
+    plan::{oom_kill_actions, Acting, NodeReclaim, Plan, Rates, Timing},
+    Action, Executor, OomTold, Outcome, Settings, Unnamed,
 };
-use node_agent_kube::config::PdbPolicy;
+use node_agent_kube::config::{KubeConfig, PdbPolicy};
 use node_agent_policy::Eligibility;
 use tokio::sync::{mpsc, watch};
 
@@ -81,6 +82,25 @@ impl Acts {
         }
         self.identifying.insert(id, Vec::new());
         self.executor.submit(Action::Identify(Box::new(kill)));
+    }
+
+    /// An OOM kill, its victim named as far as it can be: its pod's event (or nothing while it
+    /// joins a series), or the node's.
+    pub fn oom_kill(&mut self, told: OomTold, kube: Option<&KubeConfig>, now: Duration) {
+        let actions = match told {
+            OomTold::Pod(kill) => self
+                .plan
+                .pod_oom_kill(kill, now, SystemTime::now())
+                .into_iter()
+                .collect(),
+            OomTold::Node(kill) => oom_kill_actions(kube, kill),
+        };
+        self.submit(actions);
+    }
+
+    /// The pods whose eviction is in flight, `namespace/name`.
+    pub fn in_flight_pods(&self) -> Vec<String> {
+        self.plan.in_flight().map(|f| f.pod.clone()).collect()
     }
 
     /// The runtime answered for this container: the kills that waited for it.

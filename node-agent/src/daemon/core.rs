@@ -4,16 +4,12 @@
 //! to the executor never waits, files are read off the loop).
 
 use std::{
-    path::Path,
     sync::Arc,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
-use node_agent_executor::{plan::oom_kill_actions, Action, Outcome, Unnamed};
-use node_agent_kube::{
-    api::Counters,
-    events::{OomCause, OomKill, PodOomKill},
-};
+use node_agent_executor::{Action, Outcome};
+use node_agent_kube::api::Counters;
 use node_agent_policy::{evaluate_among, PodInfo, PolicyState};
 
 use super::{
@@ -33,7 +29,7 @@ use super::{
 use crate::{
     error_chain,
     kernel::{
-        attribution::{Constraint, Direction, Happened},
+        attribution::{Direction, Happened},
         Attributed, NoNames, Records,
     },
     saw_before::SawBefore,
@@ -139,7 +135,7 @@ async fn next_candidate(watcher: &mut Option<ConfigWatcher>) -> Option<Candidate
 }
 
 impl Daemon {
-    fn now(&self) -> Duration {
+    pub(super) fn now(&self) -> Duration {
         self.clock.now()
     }
 
@@ -254,15 +250,11 @@ impl Daemon {
         }
         let mut first = None;
         for event in &batch.events {
-            if let Happened::OomKill(kill) = &event.what {
-                if !self.on_this_node(kill) {
-                    tracing::debug!(pid = kill.pid, cgroup = ?kill.victim.path,
-                        "OOM kill outside the node's cgroup: not this node's");
-                    continue;
-                }
-            }
             let saw_before = match &event.what {
-                Happened::OomKill(kill) => Some(self.saw_before(event.ktime_ns, kill)),
+                Happened::OomKill(kill) => match self.before_oom_kill(event.ktime_ns, kill) {
+                    Some(saw) => Some(saw),
+                    None => continue,
+                },
                 Happened::MemoryThreshold {
                     cgroup,
                     direction: Direction::Up,
@@ -287,26 +279,8 @@ impl Daemon {
         }
     }
 
-    /// Whether an OOM kill's victim lives under the node's cgroup (`nodeCgroup`, the whole
-    /// hierarchy by default). A victim whose cgroup is not known is taken as the node's.
-    fn on_this_node(&self, kill: &crate::kernel::attribution::OomKill) -> bool {
-        let node = &self.config.current.settings.node_cgroup;
-        kill.victim
-            .path
-            .as_deref()
-            .is_none_or(|path| Path::new(path).starts_with(node))
-    }
-
-    /// What the agent saw and did in the minute before an OOM kill.
-    fn saw_before(&self, ktime_ns: u64, kill: &crate::kernel::attribution::OomKill) -> SawBefore {
-        let in_flight = self.acts.plan.in_flight().map(|f| f.pod.clone()).collect();
-        self.report
-            .recent
-            .before(ktime_ns, kill.victim.path.as_deref(), in_flight)
-    }
-
-    /// What a kernel event asks for: an evaluation (and for an OOM kill, its event: on the pod
-    /// when the process was a pod's, on the node otherwise).
+    /// What a kernel event asks for: an evaluation (and for an OOM kill, its event: see
+    /// [`Daemon::on_oom_kill`]).
     fn on_kernel_event(&mut self, event: &Attributed, saw: Option<&SawBefore>) -> Option<Trigger> {
         match &event.what {
             Happened::MemoryThreshold {
@@ -319,112 +293,10 @@ impl Daemon {
             }
             Happened::PidThreshold { .. } => Some(Trigger::PidThreshold),
             Happened::OomKill(kill) => {
-                let cause = self.oom_cause(kill);
-                let victim = kill.victim.pod.as_ref();
-                let foreseen = saw.is_some_and(|s| s.pressure.is_some());
-                let saw_before = saw.map(ToString::to_string).unwrap_or_default();
-                // A container the pod source has not named (its pod not listed yet, or the
-                // container just started): the runtime names it, and the kill is counted and
-                // told once it has.
-                if let Some((pod, id)) = victim.and_then(|p| {
-                    Some((p, p.container_id.as_ref()?)).filter(|(p, _)| p.container.is_none())
-                }) {
-                    self.acts.identify(Unnamed {
-                        container_id: id.clone(),
-                        pod_uid: pod.uid.clone(),
-                        pod: pod.namespace.clone().zip(pod.name.clone()),
-                        pid: kill.pid,
-                        comm: kill.comm.clone(),
-                        cause,
-                        saw_before,
-                        foreseen,
-                    });
-                    return Some(Trigger::OomKill);
-                }
-                self.report.metrics.oom_kill(
-                    victim.and_then(|p| p.namespace.as_deref()).unwrap_or(""),
-                    victim.and_then(|p| p.container.as_deref()).unwrap_or(""),
-                    cause.label(),
-                    foreseen,
-                );
-                let actions = match victim {
-                    Some(pod) => match (&pod.namespace, &pod.name) {
-                        (Some(namespace), Some(name)) => {
-                            let kill = PodOomKill {
-                                namespace: namespace.clone(),
-                                name: name.clone(),
-                                uid: pod.uid.clone(),
-                                container: pod.container.clone(),
-                                pid: kill.pid,
-                                comm: kill.comm.clone(),
-                                cause,
-                                saw_before,
-                                named_late: false,
-                            };
-                            self.acts
-                                .plan
-                                .pod_oom_kill(kill, self.now(), SystemTime::now())
-                                .into_iter()
-                                .collect()
-                        }
-                        // Not listed, and not in a container's cgroup (a container's went to
-                        // the runtime above): the pod's UID is all there is.
-                        _ => oom_kill_actions(
-                            self.config.current.kubernetes.as_ref(),
-                            OomKill {
-                                pid: kill.pid,
-                                comm: kill.comm.clone(),
-                                pod_uid: Some(pod.uid.clone()),
-                            },
-                        ),
-                    },
-                    None => oom_kill_actions(
-                        self.config.current.kubernetes.as_ref(),
-                        OomKill {
-                            pid: kill.pid,
-                            comm: kill.comm.clone(),
-                            pod_uid: None,
-                        },
-                    ),
-                };
-                self.acts.submit(actions);
+                self.on_oom_kill(kill, saw);
                 Some(Trigger::OomKill)
             }
             Happened::ForkStorm { .. } => None,
-        }
-    }
-
-    /// What ran out: a cgroup's limit (the container's or the pod's, with the memory in use
-    /// against it, read now from the cgroup the kernel named), the whole node, or not known.
-    fn oom_cause(&self, kill: &crate::kernel::attribution::OomKill) -> OomCause {
-        match kill.constraint {
-            Constraint::System => OomCause::Node,
-            Constraint::Unknown => OomCause::Unknown,
-            Constraint::CgroupLimit => {
-                let limit = kill.limit.as_ref().unwrap_or(&kill.victim);
-                let of = match &limit.pod {
-                    Some(p) if p.container_id.is_some() => "container",
-                    Some(_) => "pod",
-                    None => "cgroup",
-                };
-                let reading = limit.path.as_ref().and_then(|path| {
-                    let dir = self
-                        .node
-                        .layout
-                        .memory
-                        .mount()
-                        .join(path.trim_start_matches('/'));
-                    crate::cgroup::paths::read_memory(&dir, self.node.layout.version()).ok()
-                });
-                OomCause::Limit {
-                    of,
-                    usage_bytes: reading.map(|r| r.usage),
-                    limit_bytes: reading.and_then(|r| match r.limit {
-                        crate::cgroup::paths::Limit::At(b) => Some(b),
-                        crate::cgroup::paths::Limit::Unlimited => None,
-                    }),
-                }
-            }
         }
     }
 
@@ -590,65 +462,7 @@ impl Daemon {
                 self.node.fs.runtime_unavailable(why.clone());
                 self.report.runtime(Some(why));
             }
-            Outcome::Identified { kill, who } => {
-                let waiting = self.acts.identified(&kill.container_id);
-                let kills = std::iter::once(*kill).chain(waiting);
-                let mut actions = Vec::new();
-                match who {
-                    Ok(who) => {
-                        for kill in kills {
-                            self.report.metrics.oom_kill(
-                                &who.namespace,
-                                &who.container,
-                                kill.cause.label(),
-                                kill.foreseen,
-                            );
-                            let named = kill.named(who.clone());
-                            actions.extend(self.acts.plan.pod_oom_kill(
-                                named,
-                                now,
-                                SystemTime::now(),
-                            ));
-                        }
-                    }
-                    Err(error) => {
-                        // Nobody can name the container: the pod's event when the pod is
-                        // known, else the node's, says what is known.
-                        tracing::warn!(error = %error_chain(&error), "the runtime could not name an OOM-killed container");
-                        for kill in kills {
-                            let namespace = kill
-                                .pod
-                                .as_ref()
-                                .map(|(ns, _)| ns.clone())
-                                .unwrap_or_default();
-                            self.report.metrics.oom_kill(
-                                &namespace,
-                                "",
-                                kill.cause.label(),
-                                kill.foreseen,
-                            );
-                            let pod_uid = kill.pod_uid.clone();
-                            let (pid, comm) = (kill.pid, kill.comm.clone());
-                            match kill.on_pod() {
-                                Some(on_pod) => actions.extend(self.acts.plan.pod_oom_kill(
-                                    on_pod,
-                                    now,
-                                    SystemTime::now(),
-                                )),
-                                None => actions.extend(oom_kill_actions(
-                                    self.config.current.kubernetes.as_ref(),
-                                    OomKill {
-                                        pid,
-                                        comm,
-                                        pod_uid: Some(pod_uid),
-                                    },
-                                )),
-                            }
-                        }
-                    }
-                }
-                self.acts.submit(actions);
-            }
+            Outcome::Identified { kill, who } => self.on_identified(*kill, who, now),
             other => {
                 if let Outcome::PodOomEvent {
                     namespace,

@@ -25,6 +25,7 @@ mod kernel_side;
 mod kubelet;
 mod live;
 mod node;
+mod oom;
 mod pods;
 mod probe;
 mod recent;
