@@ -17,13 +17,12 @@ use super::{
     allocatable,
     config::{AgentConfig, Overrides},
     error::DaemonError,
-    feed::{same_connection, Cluster},
-    kernel_side::{fork_limit, KernelSide},
-    kubelet,
-    node::{Filesystems, Node, NodeReading},
+    feed::Cluster,
+    kernel_side::KernelSide,
+    node::Node,
     pods::{self, SnapshotNames},
     recent::Acted,
-    reload::{remap_state, unchangeable, Candidate, ConfigWatcher},
+    reload::{Candidate, ConfigWatcher},
     report::Reporter,
 };
 use crate::{
@@ -85,6 +84,11 @@ impl Clock {
 
     pub fn now(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    /// A reload changed the intervals: the timers started anew.
+    pub fn set_intervals(&mut self, config: &AgentConfig) {
+        (self.resync, self.poll) = intervals(config);
     }
 }
 
@@ -302,7 +306,7 @@ impl Daemon {
 
     /// Reads the node, decides among the pods the agent may act on, hands what the plan says
     /// to the executor, reports, and re-arms the kernel's lines.
-    fn evaluate(&mut self, trigger: Trigger, ktime_ns: Option<u64>) {
+    pub(super) fn evaluate(&mut self, trigger: Trigger, ktime_ns: Option<u64>) {
         self.report.metrics.evaluation(trigger);
         let now = self.now();
         for (done, gone) in self.acts.plan.settle(now, &|p| p.exists()) {
@@ -523,7 +527,7 @@ impl Daemon {
     }
 
     /// At start and after each reload: where allocatable memory comes from, and its figure.
-    fn sync_allocatable(&mut self) {
+    pub(super) fn sync_allocatable(&mut self) {
         let settings = &self.config.current.settings;
         let figure = self.node.allocatable_feed.sync(
             settings.allocatable_memory,
@@ -552,131 +556,4 @@ impl Daemon {
         self.evaluate(Trigger::Allocatable, None);
         allocatable::say_changed(&was, &self.node.allocatable);
     }
-
-    /// Applies a new config whole, or refuses it whole and keeps the running one.
-    fn reload(&mut self, candidate: Candidate) {
-        let why = candidate.why;
-        let metrics = self.report.metrics.clone();
-        let new = match candidate.config {
-            Ok(new) => *new,
-            Err(super::reload::Refusal::Read(e)) if e.is_transient() => {
-                metrics.config_reload("retrying");
-                tracing::warn!(error = %error_chain(&e), "the config file could not be read for now (no fault of the file); keeping the running config and reading it again every second until it can be read");
-                return;
-            }
-            Err(e) => {
-                metrics.config_reload("invalid");
-                tracing::error!(reason = why, error = %error_chain(&e), "invalid config; keeping the previous one");
-                return;
-            }
-        };
-        let old = &self.config.current;
-        if let Some(field) = unchangeable(old, &new) {
-            metrics.config_reload("refused");
-            tracing::error!(reason = why, field, "config reload refused: {field} cannot change while the agent runs (restart it to change this); keeping the previous config");
-            return;
-        }
-        // A new way to reach the cluster (or a new pod refresh interval): connected before
-        // anything changes, so a bad CA file refuses the reload instead of half-applying it.
-        let reconnect = match (&self.kube, &old.kubernetes, &new.kubernetes) {
-            (Some(kube), Some(o), Some(k))
-                if !same_connection(o, k)
-                    || old.settings.pod_refresh_interval != new.settings.pod_refresh_interval =>
-            {
-                match Cluster::connect(
-                    k,
-                    new.settings.pod_refresh_interval,
-                    kube.counters.clone(),
-                    metrics.clone(),
-                    self.report.health.clone(),
-                ) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        metrics.config_reload("refused");
-                        tracing::error!(reason = why, error = %error_chain(&e), "config reload refused: the new kubernetes connection cannot be made; keeping the previous config");
-                        return;
-                    }
-                }
-            }
-            _ => None,
-        };
-        // New filesystem probes before anything changes, for the same reason.
-        let (o, n) = (&old.settings, &new.settings);
-        let fs = if (&o.nodefs_path, &o.imagefs_path) != (&n.nodefs_path, &n.imagefs_path) {
-            match Filesystems::new(&n.nodefs_path, n.imagefs_path.as_deref()) {
-                Ok(fs) => Some(fs),
-                Err(e) => {
-                    metrics.config_reload("refused");
-                    tracing::error!(reason = why, error = %e, "config reload refused: no thread for the new filesystem probes; keeping the previous config");
-                    return;
-                }
-            }
-        } else {
-            None
-        };
-        let timers_change = (o.resync_interval, o.pressure_poll_interval)
-            != (n.resync_interval, n.pressure_poll_interval);
-        let reconnected = reconnect.is_some();
-        if let (Some(kube), Some(cluster)) = (&mut self.kube, reconnect) {
-            kube.reviewer
-                .send_replace(Some(Arc::new(node_agent_kube::access::Reviewer::new(
-                    cluster.api.clone(),
-                ))));
-            kube.cluster = cluster;
-        }
-        // The executor first: dry run and exclusions hold from this moment.
-        let now = self.now();
-        self.acts.reconfigure(
-            &new,
-            self.kube.as_ref().map(|k| &k.cluster),
-            &self.config.overrides,
-            reconnected,
-            now,
-        );
-        self.policy = remap_state(&old.eviction, &new.eviction, &self.policy);
-        self.config.current = new;
-        let config = &self.config.current;
-        crate::logging::configure(config.settings.log_format, &config.settings.log_level);
-        self.node.memory_capacity = config.settings.memory_capacity;
-        if let Some(fs) = fs {
-            self.node.fs = fs;
-        }
-        if timers_change {
-            (self.clock.resync, self.clock.poll) = intervals(config);
-        }
-        if let Err(e) = self.kernel.feed.set_fork_limit(fork_limit(config)) {
-            tracing::error!(error = %error_chain(&e), "applying the new fork limit to the tracked cgroups");
-        }
-        // Thresholds at once: every kernel line is written anew at the next reading (now).
-        self.kernel.triggers.forget();
-        self.sync_allocatable();
-        let reading = self.node.read();
-        let config = &self.config.current;
-        self.kernel.set_pid_trigger(&config.eviction, &reading);
-        check_kubelet(config, &reading);
-        metrics.config_reload("ok");
-        self.report
-            .inspect
-            .set_mode(super::wiring::inspect_mode(config));
-        tracing::info!(
-            reason = why,
-            dry_run = config.dry_run(),
-            "config reloaded; every setting applies now"
-        );
-        self.evaluate(Trigger::Reload, None);
-    }
-}
-
-/// Compares the kubelet's thresholds with the agent's, off the loop.
-pub fn check_kubelet(config: &AgentConfig, reading: &NodeReading) {
-    let capacities = reading
-        .observations
-        .iter()
-        .map(|(s, o)| (*s, o.capacity))
-        .collect();
-    kubelet::check_off_loop(
-        config.eviction.clone(),
-        config.settings.kubelet_config.clone(),
-        capacities,
-    );
 }

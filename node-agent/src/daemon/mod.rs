@@ -12,8 +12,9 @@
 //! (the node's layout and readings, with [`probe`] for filesystems off the loop and
 //! [`allocatable`] for the Node's figure), [`feed`] (the Kubernetes connection) and [`pods`],
 //! [`report`] (metrics, readiness, logs, the live stream of [`live`]), and [`reload`] (the
-//! config watched off the loop, applied whole or refused). [`wiring`] starts everything;
-//! [`kubelet`] compares the kubelet's own thresholds with the agent's.
+//! config watched off the loop), applied whole or refused by [`reconfigure`]. What the loop does
+//! with a kernel OOM kill is in [`oom`]. [`wiring`] starts everything; [`kubelet`] compares the
+//! kubelet's own thresholds with the agent's.
 
 mod acts;
 mod allocatable;
@@ -29,6 +30,7 @@ mod oom;
 mod pods;
 mod probe;
 mod recent;
+mod reconfigure;
 mod reload;
 mod report;
 mod triggers;
