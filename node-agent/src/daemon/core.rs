@@ -176,7 +176,7 @@ impl Daemon {
                 () = wait_paced, if pressure => self.evaluate(Trigger::Pacing, None),
                 _ = self.clock.poll.tick(), if polling => self.evaluate(Trigger::PressurePoll, None),
                 _ = self.clock.resync.tick() => self.evaluate(Trigger::Resync, None),
-                () = allocatable::changed(&mut self.node.allocatable_feed) => self.allocatable_changed(),
+                () = self.node.allocatable_feed.changed() => self.allocatable_changed(),
                 candidate = next_candidate(&mut self.config.watcher) => match candidate {
                     Some(c) => self.reload(c),
                     None => {
@@ -529,31 +529,26 @@ impl Daemon {
     /// At start and after each reload: where allocatable memory comes from, and its figure.
     pub(super) fn sync_allocatable(&mut self) {
         let settings = &self.config.current.settings;
-        let figure = self.node.allocatable_feed.sync(
+        let changed = self.node.allocatable_feed.sync(
             settings.allocatable_memory,
             self.kube.as_ref().map(|k| &k.cluster),
             settings.resync_interval,
             self.acts.generation(),
-            &self.node.allocatable,
+            &mut self.node.allocatable,
             &self.report.metrics,
         );
-        if figure != self.node.allocatable {
-            self.node.allocatable = figure;
+        if changed {
             self.kernel.triggers.forget();
         }
     }
 
     /// The Node's figure changed: taken at once, the kernel lines re-armed by an evaluation now.
     fn allocatable_changed(&mut self) {
-        let Some(next) = self.node.allocatable_feed.latest() else {
-            return;
-        };
-        if next == self.node.allocatable {
-            return;
+        let feed = &mut self.node.allocatable_feed;
+        if let Some(was) = feed.take_change(&mut self.node.allocatable) {
+            self.kernel.triggers.forget();
+            self.evaluate(Trigger::Allocatable, None);
+            allocatable::say_changed(&was, &self.node.allocatable);
         }
-        let was = std::mem::replace(&mut self.node.allocatable, next);
-        self.kernel.triggers.forget();
-        self.evaluate(Trigger::Allocatable, None);
-        allocatable::say_changed(&was, &self.node.allocatable);
     }
 }
