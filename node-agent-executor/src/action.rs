@@ -48,6 +48,17 @@ pub enum OomTold {
     Node(OomKill),
 }
 
+/// How an OOM kill is counted (`node_agent_oom_kills_total`): the pod's namespace and the
+/// container where known (empty where not), the cause's label, and whether the agent saw
+/// memory pressure in the minute before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OomCounted {
+    pub namespace: String,
+    pub container: String,
+    pub cause: &'static str,
+    pub foreseen: bool,
+}
+
 /// An OOM kill in a container the agent cannot name yet: its cgroup gave the pod's UID and the
 /// container's id, the runtime's labels give the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +107,43 @@ impl Unnamed {
             saw_before: self.saw_before,
             named_late: false,
         })
+    }
+
+    /// The kill as told once the runtime answered: on the pod `who` names; when nobody could
+    /// name the container, on the pod when it is known, else on the node with the pod's UID.
+    /// With how it is counted.
+    pub fn told(self, who: Option<&Identity>) -> (OomTold, OomCounted) {
+        let (cause, foreseen) = (self.cause.label(), self.foreseen);
+        let Some(who) = who else {
+            let counted = OomCounted {
+                namespace: self
+                    .pod
+                    .as_ref()
+                    .map(|(ns, _)| ns.clone())
+                    .unwrap_or_default(),
+                container: String::new(),
+                cause,
+                foreseen,
+            };
+            let pod_uid = self.pod_uid.clone();
+            let (pid, comm) = (self.pid, self.comm.clone());
+            let told = match self.on_pod() {
+                Some(on_pod) => OomTold::Pod(on_pod),
+                None => OomTold::Node(OomKill {
+                    pid,
+                    comm,
+                    pod_uid: Some(pod_uid),
+                }),
+            };
+            return (told, counted);
+        };
+        let counted = OomCounted {
+            namespace: who.namespace.clone(),
+            container: who.container.clone(),
+            cause,
+            foreseen,
+        };
+        (OomTold::Pod(self.named(who.clone())), counted)
     }
 
     /// The kill, named.

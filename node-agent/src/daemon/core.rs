@@ -8,13 +8,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use node_agent_executor::{Action, Outcome};
+use node_agent_executor::{Acts, Decided, Outcome};
 use node_agent_kube::api::Counters;
 use node_agent_policy::{evaluate_among, PodInfo, PolicyState};
 
 use super::{
-    acts::{base_eligibility, Acts},
-    allocatable,
+    acts, allocatable,
     config::{AgentConfig, Overrides},
     error::DaemonError,
     feed::Cluster,
@@ -149,14 +148,13 @@ impl Daemon {
         let reading = self.node.read();
         self.kernel
             .set_pid_trigger(&self.config.current.eviction, &reading);
-        self.acts
-            .detect_images_if_due(&self.config.current, self.now(), false);
+        self.acts.detect_images_if_due(self.now(), false);
         self.evaluate(Trigger::Start, None);
         self.report.health.set_ready(true);
         loop {
             self.report.health.beat();
             let now = self.now();
-            let paced = self.acts.plan.paced_until(now);
+            let paced = self.acts.paced_until(now);
             let wait_paced = async {
                 match paced {
                     Some(at) => tokio::time::sleep(at.saturating_sub(now)).await,
@@ -164,13 +162,13 @@ impl Daemon {
                 }
             };
             let pressure = self.clock.polling;
-            let polling = pressure || self.acts.plan.has_in_flight();
+            let polling = pressure || self.acts.has_in_flight();
             tokio::select! {
                 records = self.kernel.feed.recv() => {
                     let records = records.map_err(DaemonError::Feed)?;
                     self.on_records(records);
                 }
-                outcome = self.acts.outcomes.recv() => {
+                outcome = self.acts.outcome() => {
                     self.on_outcome(outcome.ok_or(DaemonError::ExecutorStopped)?);
                 }
                 () = wait_paced, if pressure => self.evaluate(Trigger::Pacing, None),
@@ -309,13 +307,14 @@ impl Daemon {
     pub(super) fn evaluate(&mut self, trigger: Trigger, ktime_ns: Option<u64>) {
         self.report.metrics.evaluation(trigger);
         let now = self.now();
-        for (done, gone) in self.acts.plan.settle(now, &|p| p.exists()) {
+        for (done, gone) in self.acts.settle(now) {
             tracing::debug!(pod = %done.pod_id, cgroup_gone = gone, "eviction settled");
         }
         let reading = self.node.read();
         self.report.sources(&reading.failed);
         let config = &self.config.current;
-        self.acts.set_node_reclaim(config, reading.fs_layout);
+        self.acts
+            .set_node_reclaim(acts::node_reclaim(config, reading.fs_layout));
         let index = self.kernel.feed.index();
         let node_cgroup = &config.settings.node_cgroup;
         let cluster = self.kube.as_ref().map(|k| &k.cluster);
@@ -325,12 +324,9 @@ impl Daemon {
             listed,
         } = pods::current(cluster.zip(config.kubernetes.as_ref()), index, node_cgroup);
         if let Some(listed) = &listed {
-            self.acts.plan.forget_absent(listed);
+            self.acts.forget_absent(listed);
         }
-        let eligibility = self
-            .acts
-            .plan
-            .eligibility(&base_eligibility(config, &self.config.overrides), now);
+        let eligibility = self.acts.eligibility(now);
         let decide = |pods: &[PodInfo]| {
             evaluate_among(
                 &config.eviction,
@@ -362,14 +358,17 @@ impl Daemon {
             Some(uid) => pods::pod_cgroup(index, node_cgroup, uid),
             None => Some(index.root().join(pod.name.trim_start_matches('/'))),
         };
-        let plan = self
-            .acts
-            .plan
-            .plan(&decision, &ranked, fresh, ktime_ns, &cgroup_of, now);
         // The executor gets its work first; reporting and re-arming follow, off its path.
-        self.remember(&decision, &plan.actions);
-        let notes = self.acts.carry_out(plan);
-        self.report.notes(notes, fresh);
+        let handed_at = crate::sys::monotonic_ns();
+        let decided = Decided {
+            decision: &decision,
+            pods: &ranked,
+            fresh,
+            trigger_ktime_ns: ktime_ns,
+        };
+        let handed = self.acts.act_on(decided, &cgroup_of, now);
+        self.remember(handed_at, &decision, &handed.evictions);
+        self.report.notes(handed.notes, fresh);
         let config = &self.config.current;
         self.report.decision(&config.eviction, &reading, &decision);
         self.kernel
@@ -383,19 +382,20 @@ impl Daemon {
 
     /// What an OOM kill later is told came before it: the evictions handed over, a memory
     /// threshold met while its grace period runs.
-    fn remember(&mut self, decision: &node_agent_policy::Decision, actions: &[Action]) {
-        let now = crate::sys::monotonic_ns();
-        for action in actions {
-            if let Action::Evict(e) = action {
-                let e = &e.eviction;
-                self.report.recent.acted(
-                    now,
-                    Acted::Evicting {
-                        pod: format!("{}/{}", e.namespace, e.name),
-                        signal: e.signal.as_str().to_string(),
-                    },
-                );
-            }
+    fn remember(
+        &mut self,
+        now: u64,
+        decision: &node_agent_policy::Decision,
+        evictions: &[node_agent_policy::Eviction],
+    ) {
+        for e in evictions {
+            self.report.recent.acted(
+                now,
+                Acted::Evicting {
+                    pod: format!("{}/{}", e.namespace, e.name),
+                    signal: e.signal.as_str().to_string(),
+                },
+            );
         }
         let in_grace = decision
             .thresholds_met
@@ -411,19 +411,18 @@ impl Daemon {
     /// Records what the executor reports, and decides again when the next step may go now.
     fn on_outcome(&mut self, outcome: Outcome) {
         let now = self.now();
+        self.acts.learn(&outcome, now);
         match outcome {
             Outcome::Eviction(report) => {
                 self.report.eviction(&report);
-                self.acts.plan.reported(&report, &self.acts.timing, now);
                 // The next pod goes as soon as the pacing allows: decide again now.
                 if !report.attempt.result.pod_goes() {
                     self.evaluate(Trigger::EvictionOutcome, None);
                 }
             }
-            Outcome::EvictionShed { evict, refused } => {
+            Outcome::EvictionShed { refused, .. } => {
                 // Never attempted: a refusal of the lane, counted as such; tried again shortly.
                 self.report.side_effect(&Outcome::Refused(refused));
-                self.acts.plan.shed(&evict.eviction, now);
             }
             Outcome::Reclaim(outcome) => {
                 let after = Reporter::reading_after(&self.node.read(), outcome.signal);
@@ -431,10 +430,8 @@ impl Daemon {
                     != node_agent_executor::reclaim::ReclaimResult::RuntimeUnavailable
                     && self.report.runtime(None);
                 self.report.reclaim(&outcome, after);
-                self.acts.plan.reclaimed(now);
                 // A runtime back from an outage may have restarted elsewhere: ask it anew.
-                self.acts
-                    .detect_images_if_due(&self.config.current, now, back);
+                self.acts.detect_images_if_due(now, back);
                 // Observe the node again now: evict only if the threshold is still met.
                 self.evaluate(Trigger::ReclaimOutcome, None);
             }
@@ -452,8 +449,7 @@ impl Daemon {
                         "the container runtime's filesystems: the layout is decided by their devices");
                 }
                 if back {
-                    self.acts
-                        .detect_images_if_due(&self.config.current, now, true);
+                    self.acts.detect_images_if_due(now, true);
                 }
             }
             Outcome::ImagesDetected(Err(error)) => {
@@ -468,14 +464,6 @@ impl Daemon {
             }
             Outcome::Identified { kill, who } => self.on_identified(*kill, who, now),
             other => {
-                if let Outcome::PodOomEvent {
-                    namespace,
-                    name,
-                    result: Err(_),
-                } = &other
-                {
-                    self.acts.plan.oom_event_failed(namespace, name);
-                }
                 if matches!(
                     other,
                     Outcome::NodeEvent { .. } | Outcome::PodOomEvent { .. }
@@ -490,11 +478,9 @@ impl Daemon {
     /// Every second: losses, rescans, the runtime's images when due, local storage limits.
     fn housekeeping(&mut self) {
         self.kernel.housekeeping(&self.report);
-        let series = self.acts.plan.flush_oom(self.now());
-        self.acts.submit(series);
+        self.acts.flush_oom(self.now());
         self.report.recent.expire(crate::sys::monotonic_ns());
-        self.acts
-            .detect_images_if_due(&self.config.current, self.now(), false);
+        self.acts.detect_images_if_due(self.now(), false);
         if self.local_storage_due() {
             self.evaluate(Trigger::LocalStorage, None);
         }
@@ -509,21 +495,12 @@ impl Daemon {
         let Some(kube) = &self.kube else {
             return false;
         };
-        let now = self.now();
-        let plan = &self.acts.plan;
-        if !plan.local_storage_room(now) {
-            return false;
-        }
         let snapshot = kube.cluster.snapshots.borrow();
         let Some(snapshot) = snapshot.as_ref() else {
             return false;
         };
-        let base = base_eligibility(&self.config.current, &self.config.overrides);
-        let eligibility = plan.eligibility(&base, now);
-        let has_imagefs = self.node.has_imagefs();
-        let over =
-            node_agent_policy::over_local_storage_limits(&snapshot.pods, has_imagefs, &eligibility);
-        !over.evict.is_empty() || over.kept != plan.over_limit_kept()
+        self.acts
+            .local_storage_due(&snapshot.pods, self.node.has_imagefs(), self.now())
     }
 
     /// At start and after each reload: where allocatable memory comes from, and its figure.

@@ -5,7 +5,7 @@
 
 use std::{path::Path, time::Duration};
 
-use node_agent_executor::{reclaim::RuntimeError, Identity, OomTold, Unnamed};
+use node_agent_executor::{reclaim::RuntimeError, Identity, OomCounted, OomTold, Unnamed};
 use node_agent_kube::events::{OomCause, OomKill, PodOomKill};
 
 use super::core::Daemon;
@@ -67,7 +67,7 @@ impl Daemon {
             });
             return;
         }
-        let counted = Counted {
+        let counted = OomCounted {
             namespace: victim.and_then(|p| p.namespace.clone()).unwrap_or_default(),
             container: victim.and_then(|p| p.container.clone()).unwrap_or_default(),
             cause: cause.label(),
@@ -100,72 +100,39 @@ impl Daemon {
                 pod_uid: None,
             }),
         };
-        self.tell(&counted, told, self.now());
+        self.count(&counted);
+        let now = self.now();
+        self.acts
+            .oom_kill(told, self.config.current.kubernetes.as_ref(), now);
     }
 
     /// The runtime named the container of an OOM kill (and of those that waited for it), or
-    /// could not: each kill counted and told.
+    /// could not: the acting half tells each kill; each is counted here.
     pub(super) fn on_identified(
         &mut self,
         kill: Unnamed,
         who: Result<Identity, RuntimeError>,
         now: Duration,
     ) {
-        let waiting = self.acts.identified(&kill.container_id);
-        let kills = std::iter::once(kill).chain(waiting);
-        match who {
-            Ok(who) => {
-                for kill in kills {
-                    let counted = Counted {
-                        namespace: who.namespace.clone(),
-                        container: who.container.clone(),
-                        cause: kill.cause.label(),
-                        foreseen: kill.foreseen,
-                    };
-                    self.tell(&counted, OomTold::Pod(kill.named(who.clone())), now);
-                }
-            }
-            Err(error) => {
-                // Nobody can name the container: the pod's event when the pod is known, else
-                // the node's, says what is known.
-                tracing::warn!(error = %error_chain(&error), "the runtime could not name an OOM-killed container");
-                for kill in kills {
-                    let counted = Counted {
-                        namespace: kill
-                            .pod
-                            .as_ref()
-                            .map(|(ns, _)| ns.clone())
-                            .unwrap_or_default(),
-                        container: String::new(),
-                        cause: kill.cause.label(),
-                        foreseen: kill.foreseen,
-                    };
-                    let pod_uid = kill.pod_uid.clone();
-                    let (pid, comm) = (kill.pid, kill.comm.clone());
-                    let told = match kill.on_pod() {
-                        Some(on_pod) => OomTold::Pod(on_pod),
-                        None => OomTold::Node(OomKill {
-                            pid,
-                            comm,
-                            pod_uid: Some(pod_uid),
-                        }),
-                    };
-                    self.tell(&counted, told, now);
-                }
-            }
+        if let Err(error) = &who {
+            // Nobody can name the container: the pod's event when the pod is known, else
+            // the node's, says what is known.
+            tracing::warn!(error = %error_chain(error), "the runtime could not name an OOM-killed container");
+        }
+        let kube = self.config.current.kubernetes.as_ref();
+        for counted in self.acts.identified(kill, &who, kube, now) {
+            self.count(&counted);
         }
     }
 
-    /// One kill, its victim named as far as it can be: counted, then told.
-    fn tell(&mut self, counted: &Counted, told: OomTold, now: Duration) {
+    /// How a kill is counted, once its victim is named as far as it can be.
+    fn count(&self, counted: &OomCounted) {
         self.report.metrics.oom_kill(
             &counted.namespace,
             &counted.container,
             counted.cause,
             counted.foreseen,
         );
-        self.acts
-            .oom_kill(told, self.config.current.kubernetes.as_ref(), now);
     }
 
     /// What ran out: a cgroup's limit (the container's or the pod's, with the memory in use
@@ -201,13 +168,4 @@ impl Daemon {
             }
         }
     }
-}
-
-/// How an OOM kill is counted (`node_agent_oom_kills_total`): the pod's namespace and the
-/// container where known (empty where not), the cause, and whether pressure came before.
-struct Counted {
-    namespace: String,
-    container: String,
-    cause: &'static str,
-    foreseen: bool,
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::{
+    acts,
     core::Daemon,
     feed::{same_connection, Cluster},
     kernel_side::fork_limit,
@@ -91,7 +92,8 @@ impl Daemon {
         }
         // The executor first: dry run and exclusions hold from this moment.
         let now = self.now();
-        self.acts.reconfigure(
+        acts::reconfigure(
+            &mut self.acts,
             &new,
             self.kube.as_ref().map(|k| &k.cluster),
             &self.config.overrides,

@@ -6,7 +6,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use node_agent_kube::{access::Reviewer, api::Counters};
 
 use super::{
-    acts::Acts,
+    acts,
     config::{AgentConfig, Overrides},
     core::{Clock, Config, Daemon, Kube, Signals},
     error::DaemonError,
@@ -174,7 +174,7 @@ async fn start(
         None => None,
     };
     let clock = Clock::new(&config.current);
-    let acts = Acts::start(
+    let acts = acts::start(
         &config.current,
         kube.as_ref().map(|k| &k.cluster),
         &config.overrides,
