@@ -262,3 +262,84 @@ pub struct StatusReport {
     /// `Ok(None)`: nothing was sent (dry run, standalone, taints off and none to remove).
     pub taint: Result<Option<TaintChange>, TaintError>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unnamed(pod: Option<(&str, &str)>) -> Unnamed {
+        Unnamed {
+            container_id: "c0ffee".into(),
+            pod_uid: "uid-cart".into(),
+            pod: pod.map(|(ns, name)| (ns.into(), name.into())),
+            pid: 7,
+            comm: "java".into(),
+            cause: OomCause::Node,
+            saw_before: "pressure".into(),
+            foreseen: true,
+        }
+    }
+
+    fn on_pod(namespace: &str, container: Option<&str>, named_late: bool) -> OomTold {
+        OomTold::Pod(PodOomKill {
+            namespace: namespace.into(),
+            name: "cart".into(),
+            uid: "uid-cart".into(),
+            container: container.map(Into::into),
+            pid: 7,
+            comm: "java".into(),
+            cause: OomCause::Node,
+            saw_before: "pressure".into(),
+            named_late,
+        })
+    }
+
+    fn counted(namespace: &str, container: &str) -> OomCounted {
+        OomCounted {
+            namespace: namespace.into(),
+            container: container.into(),
+            cause: OomCause::Node.label(),
+            foreseen: true,
+        }
+    }
+
+    #[test]
+    fn a_kill_the_runtime_answered_for_is_told_where_it_is_known_best() {
+        let who = Identity {
+            namespace: "shop".into(),
+            name: "cart".into(),
+            uid: "uid-cart".into(),
+            container: "app".into(),
+        };
+        let rows = [
+            (
+                "named by the runtime: on its pod, with its container",
+                unnamed(None),
+                Some(&who),
+                on_pod("shop", Some("app"), true),
+                counted("shop", "app"),
+            ),
+            (
+                "not named, the pod listed: on the pod, no container",
+                unnamed(Some(("shop", "cart"))),
+                None,
+                on_pod("shop", None, false),
+                counted("shop", ""),
+            ),
+            (
+                "not named, the pod not listed: on the node, with the pod's UID",
+                unnamed(None),
+                None,
+                OomTold::Node(OomKill {
+                    pid: 7,
+                    comm: "java".into(),
+                    pod_uid: Some("uid-cart".into()),
+                }),
+                counted("", ""),
+            ),
+        ];
+        for (behaviour, kill, who, told, count) in rows {
+            assert_eq!(kill.told(who), (told, count), "{behaviour}");
+        }
+    }
+}
