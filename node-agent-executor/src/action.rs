@@ -39,6 +39,26 @@ pub enum Action {
     Identify(Box<Unnamed>),
 }
 
+/// A kernel OOM kill whose victim is named as far as it can be, as it is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OomTold {
+    /// In a pod the agent can name: an event on the pod (or one more in its series).
+    Pod(PodOomKill),
+    /// Anywhere else: an event on the node, unless `kubernetes.nodeOOMEvents: off`.
+    Node(OomKill),
+}
+
+/// How an OOM kill is counted (`node_agent_oom_kills_total`): the pod's namespace and the
+/// container where known (empty where not), the cause's label, and whether the agent saw
+/// memory pressure in the minute before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OomCounted {
+    pub namespace: String,
+    pub container: String,
+    pub cause: &'static str,
+    pub foreseen: bool,
+}
+
 /// An OOM kill in a container the agent cannot name yet: its cgroup gave the pod's UID and the
 /// container's id, the runtime's labels give the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +107,43 @@ impl Unnamed {
             saw_before: self.saw_before,
             named_late: false,
         })
+    }
+
+    /// The kill as told once the runtime answered: on the pod `who` names; when nobody could
+    /// name the container, on the pod when it is known, else on the node with the pod's UID.
+    /// With how it is counted.
+    pub fn told(self, who: Option<&Identity>) -> (OomTold, OomCounted) {
+        let (cause, foreseen) = (self.cause.label(), self.foreseen);
+        let Some(who) = who else {
+            let counted = OomCounted {
+                namespace: self
+                    .pod
+                    .as_ref()
+                    .map(|(ns, _)| ns.clone())
+                    .unwrap_or_default(),
+                container: String::new(),
+                cause,
+                foreseen,
+            };
+            let pod_uid = self.pod_uid.clone();
+            let (pid, comm) = (self.pid, self.comm.clone());
+            let told = match self.on_pod() {
+                Some(on_pod) => OomTold::Pod(on_pod),
+                None => OomTold::Node(OomKill {
+                    pid,
+                    comm,
+                    pod_uid: Some(pod_uid),
+                }),
+            };
+            return (told, counted);
+        };
+        let counted = OomCounted {
+            namespace: who.namespace.clone(),
+            container: who.container.clone(),
+            cause,
+            foreseen,
+        };
+        (OomTold::Pod(self.named(who.clone())), counted)
     }
 
     /// The kill, named.
@@ -204,4 +261,85 @@ pub struct StatusReport {
     pub condition: Result<(), ApiError>,
     /// `Ok(None)`: nothing was sent (dry run, standalone, taints off and none to remove).
     pub taint: Result<Option<TaintChange>, TaintError>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unnamed(pod: Option<(&str, &str)>) -> Unnamed {
+        Unnamed {
+            container_id: "c0ffee".into(),
+            pod_uid: "uid-cart".into(),
+            pod: pod.map(|(ns, name)| (ns.into(), name.into())),
+            pid: 7,
+            comm: "java".into(),
+            cause: OomCause::Node,
+            saw_before: "pressure".into(),
+            foreseen: true,
+        }
+    }
+
+    fn on_pod(namespace: &str, container: Option<&str>, named_late: bool) -> OomTold {
+        OomTold::Pod(PodOomKill {
+            namespace: namespace.into(),
+            name: "cart".into(),
+            uid: "uid-cart".into(),
+            container: container.map(Into::into),
+            pid: 7,
+            comm: "java".into(),
+            cause: OomCause::Node,
+            saw_before: "pressure".into(),
+            named_late,
+        })
+    }
+
+    fn counted(namespace: &str, container: &str) -> OomCounted {
+        OomCounted {
+            namespace: namespace.into(),
+            container: container.into(),
+            cause: OomCause::Node.label(),
+            foreseen: true,
+        }
+    }
+
+    #[test]
+    fn a_kill_the_runtime_answered_for_is_told_where_it_is_known_best() {
+        let who = Identity {
+            namespace: "shop".into(),
+            name: "cart".into(),
+            uid: "uid-cart".into(),
+            container: "app".into(),
+        };
+        let rows = [
+            (
+                "named by the runtime: on its pod, with its container",
+                unnamed(None),
+                Some(&who),
+                on_pod("shop", Some("app"), true),
+                counted("shop", "app"),
+            ),
+            (
+                "not named, the pod listed: on the pod, no container",
+                unnamed(Some(("shop", "cart"))),
+                None,
+                on_pod("shop", None, false),
+                counted("shop", ""),
+            ),
+            (
+                "not named, the pod not listed: on the node, with the pod's UID",
+                unnamed(None),
+                None,
+                OomTold::Node(OomKill {
+                    pid: 7,
+                    comm: "java".into(),
+                    pod_uid: Some("uid-cart".into()),
+                }),
+                counted("", ""),
+            ),
+        ];
+        for (behaviour, kill, who, told, count) in rows {
+            assert_eq!(kill.told(who), (told, count), "{behaviour}");
+        }
+    }
 }

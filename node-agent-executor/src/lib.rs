@@ -3,9 +3,10 @@
 //! now, the eviction pacing), and the one [`Executor`] that carries those actions out through
 //! its two sinks, the Kubernetes API and the container runtime.
 //!
-//! Data flows one way: decision → [`plan::Acting::plan`] (`now` passed in) → [`Action`]s →
-//! [`Executor::submit`] → side effects → [`Outcome`]s (typed errors, never strings) →
-//! [`plan::Acting::reported`]. The plan owns every rule about when to act, pacing included, so
+//! [`Acts`] owns both: the loop hands it each decision, outcome and OOM kill, and it plans and
+//! submits itself. Data flows one way: decision → [`Acts::act_on`] → [`plan::Acting::plan`]
+//! (`now` passed in) → [`Action`]s → [`Executor::submit`] → side effects → [`Outcome`]s (typed
+//! errors, never strings) → [`Acts::learn`] → [`plan::Acting::reported`]. The plan owns every rule about when to act, pacing included, so
 //! the executor never refuses an action for a rule of the plan's; it only applies what is
 //! true at the moment a request leaves (dry run, exclusions, the cluster connection), read
 //! from its [`Settings`] before every request.
@@ -17,12 +18,17 @@
 //! act cannot wait on each other in a cycle.
 
 mod action;
+mod acts;
 mod lanes;
 pub mod plan;
 pub mod reclaim;
 mod run;
 
-pub use action::{Action, Evict, NodeEvent, Outcome, PodOomEvent, Report, StatusReport, Unnamed};
+pub use action::{
+    Action, Evict, NodeEvent, OomCounted, OomTold, Outcome, PodOomEvent, Report, StatusReport,
+    Unnamed,
+};
+pub use acts::{Acts, Decided, Handed};
 pub use lanes::{Refused, LANES};
 pub use reclaim::Identity;
 pub use run::{

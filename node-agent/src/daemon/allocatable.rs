@@ -109,31 +109,22 @@ impl Reader {
     }
 }
 
-/// Resolves when the Node reader has a new figure; never while there is no reader.
-pub(super) async fn changed(feed: &mut AllocatableFeed) {
-    let Some(reader) = feed.reader.as_mut() else {
-        return std::future::pending().await;
-    };
-    if reader.updates.changed().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 impl AllocatableFeed {
     /// At start and after each reload: the source the config asks for (`configured`, else the
-    /// Node through `cluster`, else none), the Node reader started, restarted (a new connection
-    /// or interval) or stopped. Returns the figure the next reading uses; a reader that is
-    /// restarted keeps `current` until its first answer.
+    /// Node through `cluster`, read `every` so long), the Node reader started, restarted (a new
+    /// connection or interval) or stopped; `figure`, the node's, set to what the next reading
+    /// uses (a reader that is restarted keeps it until its first answer). Returns whether it
+    /// changed: the kernel's lines are then written anew.
     pub(super) fn sync(
         &mut self,
         configured: Option<i64>,
         cluster: Option<&Cluster>,
         every: Duration,
         generation: u64,
-        current: &Allocatable,
+        figure: &mut Allocatable,
         metrics: &Arc<Metrics>,
-    ) -> Allocatable {
-        let (from, figure) = match (configured, cluster) {
+    ) -> bool {
+        let (from, next) = match (configured, cluster) {
             (Some(bytes), _) => {
                 self.reader = None;
                 (Some(Origin::Config), Allocatable::Bytes(bytes))
@@ -145,7 +136,7 @@ impl AllocatableFeed {
                     .is_some_and(|r| r.every == every && r.generation == generation);
                 if !kept {
                     let current = match self.said {
-                        Some(Origin::Node) => current.clone(),
+                        Some(Origin::Node) => figure.clone(),
                         _ => Allocatable::NotObserved,
                     };
                     self.reader = Some(Reader::spawn(
@@ -171,12 +162,31 @@ impl AllocatableFeed {
             say(from, configured, cluster.is_some(), every);
         }
         self.said = from;
-        figure
+        if next == *figure {
+            return false;
+        }
+        *figure = next;
+        true
     }
 
-    /// The Node reader's newest figure, once [`changed`] said there is one.
-    pub(super) fn latest(&mut self) -> Option<Allocatable> {
-        Some(self.reader.as_mut()?.updates.borrow_and_update().clone())
+    /// Resolves when the Node reader has a new figure; never while there is no reader.
+    pub(super) async fn changed(&mut self) {
+        let Some(reader) = self.reader.as_mut() else {
+            return std::future::pending().await;
+        };
+        if reader.updates.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// The Node reader's newest figure, once [`Self::changed`] said there is one, taken into
+    /// `figure` (the node's) when it differs: then the figure it replaced.
+    pub(super) fn take_change(&mut self, figure: &mut Allocatable) -> Option<Allocatable> {
+        let next = self.reader.as_mut()?.updates.borrow_and_update().clone();
+        if next == *figure {
+            return None;
+        }
+        Some(std::mem::replace(figure, next))
     }
 }
 

@@ -4,36 +4,30 @@
 //! to the executor never waits, files are read off the loop).
 
 use std::{
-    path::Path,
     sync::Arc,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
-use node_agent_executor::{plan::oom_kill_actions, Action, Outcome, Unnamed};
-use node_agent_kube::{
-    api::Counters,
-    events::{OomCause, OomKill, PodOomKill},
-};
+use node_agent_executor::{Acts, Decided, Outcome};
+use node_agent_kube::api::Counters;
 use node_agent_policy::{evaluate_among, PodInfo, PolicyState};
 
 use super::{
-    acts::{base_eligibility, Acts},
-    allocatable,
+    acts, allocatable,
     config::{AgentConfig, Overrides},
     error::DaemonError,
-    feed::{same_connection, Cluster},
-    kernel_side::{fork_limit, KernelSide},
-    kubelet,
-    node::{Filesystems, Node, NodeReading},
+    feed::Cluster,
+    kernel_side::KernelSide,
+    node::Node,
     pods::{self, SnapshotNames},
     recent::Acted,
-    reload::{remap_state, unchangeable, Candidate, ConfigWatcher},
+    reload::{Candidate, ConfigWatcher},
     report::Reporter,
 };
 use crate::{
     error_chain,
     kernel::{
-        attribution::{Constraint, Direction, Happened},
+        attribution::{Direction, Happened},
         Attributed, NoNames, Records,
     },
     saw_before::SawBefore,
@@ -90,6 +84,11 @@ impl Clock {
     pub fn now(&self) -> Duration {
         self.started.elapsed()
     }
+
+    /// A reload changed the intervals: the timers started anew.
+    pub fn set_intervals(&mut self, config: &AgentConfig) {
+        (self.resync, self.poll) = intervals(config);
+    }
 }
 
 fn intervals(config: &AgentConfig) -> (tokio::time::Interval, tokio::time::Interval) {
@@ -139,7 +138,7 @@ async fn next_candidate(watcher: &mut Option<ConfigWatcher>) -> Option<Candidate
 }
 
 impl Daemon {
-    fn now(&self) -> Duration {
+    pub(super) fn now(&self) -> Duration {
         self.clock.now()
     }
 
@@ -149,14 +148,13 @@ impl Daemon {
         let reading = self.node.read();
         self.kernel
             .set_pid_trigger(&self.config.current.eviction, &reading);
-        self.acts
-            .detect_images_if_due(&self.config.current, self.now(), false);
+        self.acts.detect_images_if_due(self.now(), false);
         self.evaluate(Trigger::Start, None);
         self.report.health.set_ready(true);
         loop {
             self.report.health.beat();
             let now = self.now();
-            let paced = self.acts.plan.paced_until(now);
+            let paced = self.acts.paced_until(now);
             let wait_paced = async {
                 match paced {
                     Some(at) => tokio::time::sleep(at.saturating_sub(now)).await,
@@ -164,19 +162,19 @@ impl Daemon {
                 }
             };
             let pressure = self.clock.polling;
-            let polling = pressure || self.acts.plan.has_in_flight();
+            let polling = pressure || self.acts.has_in_flight();
             tokio::select! {
                 records = self.kernel.feed.recv() => {
                     let records = records.map_err(DaemonError::Feed)?;
                     self.on_records(records);
                 }
-                outcome = self.acts.outcomes.recv() => {
+                outcome = self.acts.outcome() => {
                     self.on_outcome(outcome.ok_or(DaemonError::ExecutorStopped)?);
                 }
                 () = wait_paced, if pressure => self.evaluate(Trigger::Pacing, None),
                 _ = self.clock.poll.tick(), if polling => self.evaluate(Trigger::PressurePoll, None),
                 _ = self.clock.resync.tick() => self.evaluate(Trigger::Resync, None),
-                () = allocatable::changed(&mut self.node.allocatable_feed) => self.allocatable_changed(),
+                () = self.node.allocatable_feed.changed() => self.allocatable_changed(),
                 candidate = next_candidate(&mut self.config.watcher) => match candidate {
                     Some(c) => self.reload(c),
                     None => {
@@ -254,15 +252,11 @@ impl Daemon {
         }
         let mut first = None;
         for event in &batch.events {
-            if let Happened::OomKill(kill) = &event.what {
-                if !self.on_this_node(kill) {
-                    tracing::debug!(pid = kill.pid, cgroup = ?kill.victim.path,
-                        "OOM kill outside the node's cgroup: not this node's");
-                    continue;
-                }
-            }
             let saw_before = match &event.what {
-                Happened::OomKill(kill) => Some(self.saw_before(event.ktime_ns, kill)),
+                Happened::OomKill(kill) => match self.before_oom_kill(event.ktime_ns, kill) {
+                    Some(saw) => Some(saw),
+                    None => continue,
+                },
                 Happened::MemoryThreshold {
                     cgroup,
                     direction: Direction::Up,
@@ -287,26 +281,8 @@ impl Daemon {
         }
     }
 
-    /// Whether an OOM kill's victim lives under the node's cgroup (`nodeCgroup`, the whole
-    /// hierarchy by default). A victim whose cgroup is not known is taken as the node's.
-    fn on_this_node(&self, kill: &crate::kernel::attribution::OomKill) -> bool {
-        let node = &self.config.current.settings.node_cgroup;
-        kill.victim
-            .path
-            .as_deref()
-            .is_none_or(|path| Path::new(path).starts_with(node))
-    }
-
-    /// What the agent saw and did in the minute before an OOM kill.
-    fn saw_before(&self, ktime_ns: u64, kill: &crate::kernel::attribution::OomKill) -> SawBefore {
-        let in_flight = self.acts.plan.in_flight().map(|f| f.pod.clone()).collect();
-        self.report
-            .recent
-            .before(ktime_ns, kill.victim.path.as_deref(), in_flight)
-    }
-
-    /// What a kernel event asks for: an evaluation (and for an OOM kill, its event: on the pod
-    /// when the process was a pod's, on the node otherwise).
+    /// What a kernel event asks for: an evaluation (and for an OOM kill, its event: see
+    /// [`Daemon::on_oom_kill`]).
     fn on_kernel_event(&mut self, event: &Attributed, saw: Option<&SawBefore>) -> Option<Trigger> {
         match &event.what {
             Happened::MemoryThreshold {
@@ -319,127 +295,26 @@ impl Daemon {
             }
             Happened::PidThreshold { .. } => Some(Trigger::PidThreshold),
             Happened::OomKill(kill) => {
-                let cause = self.oom_cause(kill);
-                let victim = kill.victim.pod.as_ref();
-                let foreseen = saw.is_some_and(|s| s.pressure.is_some());
-                let saw_before = saw.map(ToString::to_string).unwrap_or_default();
-                // A container the pod source has not named (its pod not listed yet, or the
-                // container just started): the runtime names it, and the kill is counted and
-                // told once it has.
-                if let Some((pod, id)) = victim.and_then(|p| {
-                    Some((p, p.container_id.as_ref()?)).filter(|(p, _)| p.container.is_none())
-                }) {
-                    self.acts.identify(Unnamed {
-                        container_id: id.clone(),
-                        pod_uid: pod.uid.clone(),
-                        pod: pod.namespace.clone().zip(pod.name.clone()),
-                        pid: kill.pid,
-                        comm: kill.comm.clone(),
-                        cause,
-                        saw_before,
-                        foreseen,
-                    });
-                    return Some(Trigger::OomKill);
-                }
-                self.report.metrics.oom_kill(
-                    victim.and_then(|p| p.namespace.as_deref()).unwrap_or(""),
-                    victim.and_then(|p| p.container.as_deref()).unwrap_or(""),
-                    cause.label(),
-                    foreseen,
-                );
-                let actions = match victim {
-                    Some(pod) => match (&pod.namespace, &pod.name) {
-                        (Some(namespace), Some(name)) => {
-                            let kill = PodOomKill {
-                                namespace: namespace.clone(),
-                                name: name.clone(),
-                                uid: pod.uid.clone(),
-                                container: pod.container.clone(),
-                                pid: kill.pid,
-                                comm: kill.comm.clone(),
-                                cause,
-                                saw_before,
-                                named_late: false,
-                            };
-                            self.acts
-                                .plan
-                                .pod_oom_kill(kill, self.now(), SystemTime::now())
-                                .into_iter()
-                                .collect()
-                        }
-                        // Not listed, and not in a container's cgroup (a container's went to
-                        // the runtime above): the pod's UID is all there is.
-                        _ => oom_kill_actions(
-                            self.config.current.kubernetes.as_ref(),
-                            OomKill {
-                                pid: kill.pid,
-                                comm: kill.comm.clone(),
-                                pod_uid: Some(pod.uid.clone()),
-                            },
-                        ),
-                    },
-                    None => oom_kill_actions(
-                        self.config.current.kubernetes.as_ref(),
-                        OomKill {
-                            pid: kill.pid,
-                            comm: kill.comm.clone(),
-                            pod_uid: None,
-                        },
-                    ),
-                };
-                self.acts.submit(actions);
+                self.on_oom_kill(kill, saw);
                 Some(Trigger::OomKill)
             }
             Happened::ForkStorm { .. } => None,
         }
     }
 
-    /// What ran out: a cgroup's limit (the container's or the pod's, with the memory in use
-    /// against it, read now from the cgroup the kernel named), the whole node, or not known.
-    fn oom_cause(&self, kill: &crate::kernel::attribution::OomKill) -> OomCause {
-        match kill.constraint {
-            Constraint::System => OomCause::Node,
-            Constraint::Unknown => OomCause::Unknown,
-            Constraint::CgroupLimit => {
-                let limit = kill.limit.as_ref().unwrap_or(&kill.victim);
-                let of = match &limit.pod {
-                    Some(p) if p.container_id.is_some() => "container",
-                    Some(_) => "pod",
-                    None => "cgroup",
-                };
-                let reading = limit.path.as_ref().and_then(|path| {
-                    let dir = self
-                        .node
-                        .layout
-                        .memory
-                        .mount()
-                        .join(path.trim_start_matches('/'));
-                    crate::cgroup::paths::read_memory(&dir, self.node.layout.version()).ok()
-                });
-                OomCause::Limit {
-                    of,
-                    usage_bytes: reading.map(|r| r.usage),
-                    limit_bytes: reading.and_then(|r| match r.limit {
-                        crate::cgroup::paths::Limit::At(b) => Some(b),
-                        crate::cgroup::paths::Limit::Unlimited => None,
-                    }),
-                }
-            }
-        }
-    }
-
     /// Reads the node, decides among the pods the agent may act on, hands what the plan says
     /// to the executor, reports, and re-arms the kernel's lines.
-    fn evaluate(&mut self, trigger: Trigger, ktime_ns: Option<u64>) {
+    pub(super) fn evaluate(&mut self, trigger: Trigger, ktime_ns: Option<u64>) {
         self.report.metrics.evaluation(trigger);
         let now = self.now();
-        for (done, gone) in self.acts.plan.settle(now, &|p| p.exists()) {
+        for (done, gone) in self.acts.settle(now) {
             tracing::debug!(pod = %done.pod_id, cgroup_gone = gone, "eviction settled");
         }
         let reading = self.node.read();
         self.report.sources(&reading.failed);
         let config = &self.config.current;
-        self.acts.set_node_reclaim(config, reading.fs_layout);
+        self.acts
+            .set_node_reclaim(acts::node_reclaim(config, reading.fs_layout));
         let index = self.kernel.feed.index();
         let node_cgroup = &config.settings.node_cgroup;
         let cluster = self.kube.as_ref().map(|k| &k.cluster);
@@ -449,12 +324,9 @@ impl Daemon {
             listed,
         } = pods::current(cluster.zip(config.kubernetes.as_ref()), index, node_cgroup);
         if let Some(listed) = &listed {
-            self.acts.plan.forget_absent(listed);
+            self.acts.forget_absent(listed);
         }
-        let eligibility = self
-            .acts
-            .plan
-            .eligibility(&base_eligibility(config, &self.config.overrides), now);
+        let eligibility = self.acts.eligibility(now);
         let decide = |pods: &[PodInfo]| {
             evaluate_among(
                 &config.eviction,
@@ -486,14 +358,17 @@ impl Daemon {
             Some(uid) => pods::pod_cgroup(index, node_cgroup, uid),
             None => Some(index.root().join(pod.name.trim_start_matches('/'))),
         };
-        let plan = self
-            .acts
-            .plan
-            .plan(&decision, &ranked, fresh, ktime_ns, &cgroup_of, now);
         // The executor gets its work first; reporting and re-arming follow, off its path.
-        self.remember(&decision, &plan.actions);
-        let notes = self.acts.carry_out(plan);
-        self.report.notes(notes, fresh);
+        let handed_at = crate::sys::monotonic_ns();
+        let decided = Decided {
+            decision: &decision,
+            pods: &ranked,
+            fresh,
+            trigger_ktime_ns: ktime_ns,
+        };
+        let handed = self.acts.act_on(decided, &cgroup_of, now);
+        self.remember(handed_at, &decision, &handed.evictions);
+        self.report.notes(handed.notes, fresh);
         let config = &self.config.current;
         self.report.decision(&config.eviction, &reading, &decision);
         self.kernel
@@ -507,19 +382,20 @@ impl Daemon {
 
     /// What an OOM kill later is told came before it: the evictions handed over, a memory
     /// threshold met while its grace period runs.
-    fn remember(&mut self, decision: &node_agent_policy::Decision, actions: &[Action]) {
-        let now = crate::sys::monotonic_ns();
-        for action in actions {
-            if let Action::Evict(e) = action {
-                let e = &e.eviction;
-                self.report.recent.acted(
-                    now,
-                    Acted::Evicting {
-                        pod: format!("{}/{}", e.namespace, e.name),
-                        signal: e.signal.as_str().to_string(),
-                    },
-                );
-            }
+    fn remember(
+        &mut self,
+        now: u64,
+        decision: &node_agent_policy::Decision,
+        evictions: &[node_agent_policy::Eviction],
+    ) {
+        for e in evictions {
+            self.report.recent.acted(
+                now,
+                Acted::Evicting {
+                    pod: format!("{}/{}", e.namespace, e.name),
+                    signal: e.signal.as_str().to_string(),
+                },
+            );
         }
         let in_grace = decision
             .thresholds_met
@@ -535,19 +411,18 @@ impl Daemon {
     /// Records what the executor reports, and decides again when the next step may go now.
     fn on_outcome(&mut self, outcome: Outcome) {
         let now = self.now();
+        self.acts.learn(&outcome, now);
         match outcome {
             Outcome::Eviction(report) => {
                 self.report.eviction(&report);
-                self.acts.plan.reported(&report, &self.acts.timing, now);
                 // The next pod goes as soon as the pacing allows: decide again now.
                 if !report.attempt.result.pod_goes() {
                     self.evaluate(Trigger::EvictionOutcome, None);
                 }
             }
-            Outcome::EvictionShed { evict, refused } => {
+            Outcome::EvictionShed { refused, .. } => {
                 // Never attempted: a refusal of the lane, counted as such; tried again shortly.
                 self.report.side_effect(&Outcome::Refused(refused));
-                self.acts.plan.shed(&evict.eviction, now);
             }
             Outcome::Reclaim(outcome) => {
                 let after = Reporter::reading_after(&self.node.read(), outcome.signal);
@@ -555,10 +430,8 @@ impl Daemon {
                     != node_agent_executor::reclaim::ReclaimResult::RuntimeUnavailable
                     && self.report.runtime(None);
                 self.report.reclaim(&outcome, after);
-                self.acts.plan.reclaimed(now);
                 // A runtime back from an outage may have restarted elsewhere: ask it anew.
-                self.acts
-                    .detect_images_if_due(&self.config.current, now, back);
+                self.acts.detect_images_if_due(now, back);
                 // Observe the node again now: evict only if the threshold is still met.
                 self.evaluate(Trigger::ReclaimOutcome, None);
             }
@@ -576,8 +449,7 @@ impl Daemon {
                         "the container runtime's filesystems: the layout is decided by their devices");
                 }
                 if back {
-                    self.acts
-                        .detect_images_if_due(&self.config.current, now, true);
+                    self.acts.detect_images_if_due(now, true);
                 }
             }
             Outcome::ImagesDetected(Err(error)) => {
@@ -590,74 +462,8 @@ impl Daemon {
                 self.node.fs.runtime_unavailable(why.clone());
                 self.report.runtime(Some(why));
             }
-            Outcome::Identified { kill, who } => {
-                let waiting = self.acts.identified(&kill.container_id);
-                let kills = std::iter::once(*kill).chain(waiting);
-                let mut actions = Vec::new();
-                match who {
-                    Ok(who) => {
-                        for kill in kills {
-                            self.report.metrics.oom_kill(
-                                &who.namespace,
-                                &who.container,
-                                kill.cause.label(),
-                                kill.foreseen,
-                            );
-                            let named = kill.named(who.clone());
-                            actions.extend(self.acts.plan.pod_oom_kill(
-                                named,
-                                now,
-                                SystemTime::now(),
-                            ));
-                        }
-                    }
-                    Err(error) => {
-                        // Nobody can name the container: the pod's event when the pod is
-                        // known, else the node's, says what is known.
-                        tracing::warn!(error = %error_chain(&error), "the runtime could not name an OOM-killed container");
-                        for kill in kills {
-                            let namespace = kill
-                                .pod
-                                .as_ref()
-                                .map(|(ns, _)| ns.clone())
-                                .unwrap_or_default();
-                            self.report.metrics.oom_kill(
-                                &namespace,
-                                "",
-                                kill.cause.label(),
-                                kill.foreseen,
-                            );
-                            let pod_uid = kill.pod_uid.clone();
-                            let (pid, comm) = (kill.pid, kill.comm.clone());
-                            match kill.on_pod() {
-                                Some(on_pod) => actions.extend(self.acts.plan.pod_oom_kill(
-                                    on_pod,
-                                    now,
-                                    SystemTime::now(),
-                                )),
-                                None => actions.extend(oom_kill_actions(
-                                    self.config.current.kubernetes.as_ref(),
-                                    OomKill {
-                                        pid,
-                                        comm,
-                                        pod_uid: Some(pod_uid),
-                                    },
-                                )),
-                            }
-                        }
-                    }
-                }
-                self.acts.submit(actions);
-            }
+            Outcome::Identified { kill, who } => self.on_identified(*kill, who, now),
             other => {
-                if let Outcome::PodOomEvent {
-                    namespace,
-                    name,
-                    result: Err(_),
-                } = &other
-                {
-                    self.acts.plan.oom_event_failed(namespace, name);
-                }
                 if matches!(
                     other,
                     Outcome::NodeEvent { .. } | Outcome::PodOomEvent { .. }
@@ -672,11 +478,9 @@ impl Daemon {
     /// Every second: losses, rescans, the runtime's images when due, local storage limits.
     fn housekeeping(&mut self) {
         self.kernel.housekeeping(&self.report);
-        let series = self.acts.plan.flush_oom(self.now());
-        self.acts.submit(series);
+        self.acts.flush_oom(self.now());
         self.report.recent.expire(crate::sys::monotonic_ns());
-        self.acts
-            .detect_images_if_due(&self.config.current, self.now(), false);
+        self.acts.detect_images_if_due(self.now(), false);
         if self.local_storage_due() {
             self.evaluate(Trigger::LocalStorage, None);
         }
@@ -691,178 +495,37 @@ impl Daemon {
         let Some(kube) = &self.kube else {
             return false;
         };
-        let now = self.now();
-        let plan = &self.acts.plan;
-        if !plan.local_storage_room(now) {
-            return false;
-        }
         let snapshot = kube.cluster.snapshots.borrow();
         let Some(snapshot) = snapshot.as_ref() else {
             return false;
         };
-        let base = base_eligibility(&self.config.current, &self.config.overrides);
-        let eligibility = plan.eligibility(&base, now);
-        let has_imagefs = self.node.has_imagefs();
-        let over =
-            node_agent_policy::over_local_storage_limits(&snapshot.pods, has_imagefs, &eligibility);
-        !over.evict.is_empty() || over.kept != plan.over_limit_kept()
+        self.acts
+            .local_storage_due(&snapshot.pods, self.node.has_imagefs(), self.now())
     }
 
     /// At start and after each reload: where allocatable memory comes from, and its figure.
-    fn sync_allocatable(&mut self) {
+    pub(super) fn sync_allocatable(&mut self) {
         let settings = &self.config.current.settings;
-        let figure = self.node.allocatable_feed.sync(
+        let changed = self.node.allocatable_feed.sync(
             settings.allocatable_memory,
             self.kube.as_ref().map(|k| &k.cluster),
             settings.resync_interval,
             self.acts.generation(),
-            &self.node.allocatable,
+            &mut self.node.allocatable,
             &self.report.metrics,
         );
-        if figure != self.node.allocatable {
-            self.node.allocatable = figure;
+        if changed {
             self.kernel.triggers.forget();
         }
     }
 
     /// The Node's figure changed: taken at once, the kernel lines re-armed by an evaluation now.
     fn allocatable_changed(&mut self) {
-        let Some(next) = self.node.allocatable_feed.latest() else {
-            return;
-        };
-        if next == self.node.allocatable {
-            return;
+        let feed = &mut self.node.allocatable_feed;
+        if let Some(was) = feed.take_change(&mut self.node.allocatable) {
+            self.kernel.triggers.forget();
+            self.evaluate(Trigger::Allocatable, None);
+            allocatable::say_changed(&was, &self.node.allocatable);
         }
-        let was = std::mem::replace(&mut self.node.allocatable, next);
-        self.kernel.triggers.forget();
-        self.evaluate(Trigger::Allocatable, None);
-        allocatable::say_changed(&was, &self.node.allocatable);
     }
-
-    /// Applies a new config whole, or refuses it whole and keeps the running one.
-    fn reload(&mut self, candidate: Candidate) {
-        let why = candidate.why;
-        let metrics = self.report.metrics.clone();
-        let new = match candidate.config {
-            Ok(new) => *new,
-            Err(super::reload::Refusal::Read(e)) if e.is_transient() => {
-                metrics.config_reload("retrying");
-                tracing::warn!(error = %error_chain(&e), "the config file could not be read for now (no fault of the file); keeping the running config and reading it again every second until it can be read");
-                return;
-            }
-            Err(e) => {
-                metrics.config_reload("invalid");
-                tracing::error!(reason = why, error = %error_chain(&e), "invalid config; keeping the previous one");
-                return;
-            }
-        };
-        let old = &self.config.current;
-        if let Some(field) = unchangeable(old, &new) {
-            metrics.config_reload("refused");
-            tracing::error!(reason = why, field, "config reload refused: {field} cannot change while the agent runs (restart it to change this); keeping the previous config");
-            return;
-        }
-        // A new way to reach the cluster (or a new pod refresh interval): connected before
-        // anything changes, so a bad CA file refuses the reload instead of half-applying it.
-        let reconnect = match (&self.kube, &old.kubernetes, &new.kubernetes) {
-            (Some(kube), Some(o), Some(k))
-                if !same_connection(o, k)
-                    || old.settings.pod_refresh_interval != new.settings.pod_refresh_interval =>
-            {
-                match Cluster::connect(
-                    k,
-                    new.settings.pod_refresh_interval,
-                    kube.counters.clone(),
-                    metrics.clone(),
-                    self.report.health.clone(),
-                ) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        metrics.config_reload("refused");
-                        tracing::error!(reason = why, error = %error_chain(&e), "config reload refused: the new kubernetes connection cannot be made; keeping the previous config");
-                        return;
-                    }
-                }
-            }
-            _ => None,
-        };
-        // New filesystem probes before anything changes, for the same reason.
-        let (o, n) = (&old.settings, &new.settings);
-        let fs = if (&o.nodefs_path, &o.imagefs_path) != (&n.nodefs_path, &n.imagefs_path) {
-            match Filesystems::new(&n.nodefs_path, n.imagefs_path.as_deref()) {
-                Ok(fs) => Some(fs),
-                Err(e) => {
-                    metrics.config_reload("refused");
-                    tracing::error!(reason = why, error = %e, "config reload refused: no thread for the new filesystem probes; keeping the previous config");
-                    return;
-                }
-            }
-        } else {
-            None
-        };
-        let timers_change = (o.resync_interval, o.pressure_poll_interval)
-            != (n.resync_interval, n.pressure_poll_interval);
-        let reconnected = reconnect.is_some();
-        if let (Some(kube), Some(cluster)) = (&mut self.kube, reconnect) {
-            kube.reviewer
-                .send_replace(Some(Arc::new(node_agent_kube::access::Reviewer::new(
-                    cluster.api.clone(),
-                ))));
-            kube.cluster = cluster;
-        }
-        // The executor first: dry run and exclusions hold from this moment.
-        let now = self.now();
-        self.acts.reconfigure(
-            &new,
-            self.kube.as_ref().map(|k| &k.cluster),
-            &self.config.overrides,
-            reconnected,
-            now,
-        );
-        self.policy = remap_state(&old.eviction, &new.eviction, &self.policy);
-        self.config.current = new;
-        let config = &self.config.current;
-        crate::logging::configure(config.settings.log_format, &config.settings.log_level);
-        self.node.memory_capacity = config.settings.memory_capacity;
-        if let Some(fs) = fs {
-            self.node.fs = fs;
-        }
-        if timers_change {
-            (self.clock.resync, self.clock.poll) = intervals(config);
-        }
-        if let Err(e) = self.kernel.feed.set_fork_limit(fork_limit(config)) {
-            tracing::error!(error = %error_chain(&e), "applying the new fork limit to the tracked cgroups");
-        }
-        // Thresholds at once: every kernel line is written anew at the next reading (now).
-        self.kernel.triggers.forget();
-        self.sync_allocatable();
-        let reading = self.node.read();
-        let config = &self.config.current;
-        self.kernel.set_pid_trigger(&config.eviction, &reading);
-        check_kubelet(config, &reading);
-        metrics.config_reload("ok");
-        self.report
-            .inspect
-            .set_mode(super::wiring::inspect_mode(config));
-        tracing::info!(
-            reason = why,
-            dry_run = config.dry_run(),
-            "config reloaded; every setting applies now"
-        );
-        self.evaluate(Trigger::Reload, None);
-    }
-}
-
-/// Compares the kubelet's thresholds with the agent's, off the loop.
-pub fn check_kubelet(config: &AgentConfig, reading: &NodeReading) {
-    let capacities = reading
-        .observations
-        .iter()
-        .map(|(s, o)| (*s, o.capacity))
-        .collect();
-    kubelet::check_off_loop(
-        config.eviction.clone(),
-        config.settings.kubelet_config.clone(),
-        capacities,
-    );
 }

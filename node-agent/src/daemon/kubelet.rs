@@ -14,6 +14,8 @@ use std::{
 
 use node_agent_policy::{beside::kubelet_acts_first, EvictionConfig, Signal};
 
+use super::{config::AgentConfig, node::NodeReading};
+
 /// A check reading the kubelet's file is under way (one at a time: a hung filesystem ties up
 /// one thread, not one per reload).
 static CHECKING: AtomicBool = AtomicBool::new(false);
@@ -95,6 +97,20 @@ pub fn check_off_loop(
         CHECKING.store(false, Ordering::Release);
         tracing::warn!(error = %e, "the kubelet's thresholds are not compared: no thread");
     }
+}
+
+/// Compares the kubelet's thresholds with the agent's, off the loop.
+pub fn check_kubelet(config: &AgentConfig, reading: &NodeReading) {
+    let capacities = reading
+        .observations
+        .iter()
+        .map(|(s, o)| (*s, o.capacity))
+        .collect();
+    check_off_loop(
+        config.eviction.clone(),
+        config.settings.kubelet_config.clone(),
+        capacities,
+    );
 }
 
 /// Logs, for the agent's thresholds, each kubelet threshold the agent would not act before

@@ -7,13 +7,15 @@
 //! met or a memory trigger has fired, the node is re-read every `pressurePollInterval`;
 //! otherwise only every `resyncInterval`, which just guards against drift and missed events.
 //!
-//! [`core`] holds the daemon and its one loop; its parts: [`acts`] (the plan and the
-//! executor), [`kernel_side`] (the kernel feed and the lines it arms, [`triggers`]), [`node`]
+//! [`core`] holds the daemon and its one loop; its parts: the acting half
+//! (`node_agent_executor::Acts`: the plan and the executor, started from the config by
+//! [`acts`]), [`kernel_side`] (the kernel feed and the lines it arms, [`triggers`]), [`node`]
 //! (the node's layout and readings, with [`probe`] for filesystems off the loop and
 //! [`allocatable`] for the Node's figure), [`feed`] (the Kubernetes connection) and [`pods`],
 //! [`report`] (metrics, readiness, logs, the live stream of [`live`]), and [`reload`] (the
-//! config watched off the loop, applied whole or refused). [`wiring`] starts everything;
-//! [`kubelet`] compares the kubelet's own thresholds with the agent's.
+//! config watched off the loop), applied whole or refused by [`reconfigure`]. What the loop does
+//! with a kernel OOM kill is in [`oom`]. [`wiring`] starts everything; [`kubelet`] compares the
+//! kubelet's own thresholds with the agent's.
 
 mod acts;
 mod allocatable;
@@ -25,9 +27,11 @@ mod kernel_side;
 mod kubelet;
 mod live;
 mod node;
+mod oom;
 mod pods;
 mod probe;
 mod recent;
+mod reconfigure;
 mod reload;
 mod report;
 mod triggers;

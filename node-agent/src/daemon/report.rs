@@ -16,13 +16,14 @@ use node_agent_kube::api::ApiError;
 use node_agent_policy::{Decision, EvictionConfig, NodeCondition, Signal};
 
 use super::{
+    config::AgentConfig,
     live::Live,
     node::{NodeReading, Source},
     recent::{Acted, Recent},
 };
 use crate::{
     error_chain,
-    inspect::Inspect,
+    inspect::{Inspect, Mode},
     kernel::Attributed,
     saw_before::SawBefore,
     telemetry::{Health, KubeOperation, Metrics},
@@ -354,5 +355,14 @@ impl Reporter {
     /// The signal a reclaim was for, read again after it: for the trace.
     pub fn reading_after(reading: &NodeReading, signal: Signal) -> Option<i64> {
         reading.observations.get(&signal).map(|o| o.available)
+    }
+}
+
+/// What `kubectl node-agent status` says the agent may do (at start and after each reload).
+pub fn inspect_mode(config: &AgentConfig) -> Mode {
+    match (&config.kubernetes, config.dry_run()) {
+        (None, _) => Mode::Standalone,
+        (Some(_), true) => Mode::DryRun,
+        (Some(_), false) => Mode::Enforcing,
     }
 }

@@ -6,22 +6,23 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use node_agent_kube::{access::Reviewer, api::Counters};
 
 use super::{
-    acts::Acts,
+    acts,
     config::{AgentConfig, Overrides},
-    core::{check_kubelet, Clock, Config, Daemon, Kube, Signals},
+    core::{Clock, Config, Daemon, Kube, Signals},
     error::DaemonError,
     feed::Cluster,
     kernel_side::{fork_limit, KernelSide},
+    kubelet::check_kubelet,
     live::Live,
     node::{Filesystems, Node, NodeLayout},
     reload::{read_capped, Checks, ConfigWatcher},
-    report::Reporter,
+    report::{inspect_mode, Reporter},
     RunArgs, DEFAULT_CONFIG,
 };
 use crate::{
     cgroup::{self, Layout},
     ebpf::LoadOptions,
-    inspect::{self, Identity, Inspect, Mode},
+    inspect::{self, Identity, Inspect},
     kernel::KernelFeed,
     telemetry::{self, Health, Metrics},
 };
@@ -173,7 +174,7 @@ async fn start(
         None => None,
     };
     let clock = Clock::new(&config.current);
-    let acts = Acts::start(
+    let acts = acts::start(
         &config.current,
         kube.as_ref().map(|k| &k.cluster),
         &config.overrides,
@@ -258,13 +259,4 @@ async fn start(
     // Dropping the daemon detaches every program and stops the executor.
     drop(daemon);
     result
-}
-
-/// What `kubectl node-agent status` says the agent may do (at start and after each reload).
-pub(super) fn inspect_mode(config: &AgentConfig) -> Mode {
-    match (&config.kubernetes, config.dry_run()) {
-        (None, _) => Mode::Standalone,
-        (Some(_), true) => Mode::DryRun,
-        (Some(_), false) => Mode::Enforcing,
-    }
 }
