@@ -7,6 +7,7 @@ mod error;
 mod explain;
 mod forward;
 mod status;
+mod stop;
 mod trace;
 
 use std::process::ExitCode;

@@ -68,7 +68,7 @@ pub struct TraceArgs {
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
     /// Stop after this long (a duration such as 30s or 5m); default: until Ctrl-C.
-    #[arg(long, value_name = "DURATION", value_parser = crate::cli::duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::stop::duration)]
     pub timeout: Option<Duration>,
 }
 
@@ -128,7 +128,7 @@ pub async fn run(cluster: Cluster, args: &TraceArgs) -> Result<(), PluginError> 
     let mut node_listing: Option<BTreeSet<String>> = None;
     let mut following = Following::default();
     let mut said_none = false;
-    let mut stop = crate::cli::Stop::new(args.timeout);
+    let mut stop = crate::stop::Stop::new(args.timeout);
     let target = records.target();
     let result = loop {
         let wait = merger
