@@ -323,7 +323,10 @@ fn with_agent_log(rc: &RealCluster, agent: &str, err: anyhow::Error) -> anyhow::
         Ok(log) => {
             let tail: Vec<&str> = log.lines().rev().take(150).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            err.context(format!("the agent's log ({agent}), its last lines:\n{}", tail.join("\n")))
+            err.context(format!(
+                "the agent's log ({agent}), its last lines:\n{}",
+                tail.join("\n")
+            ))
         }
         Err(e) => err.context(format!("the agent's log ({agent}) could not be read: {e}")),
     }
