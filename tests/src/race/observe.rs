@@ -313,7 +313,10 @@ pub fn kubelet_evictions(log: &str, namespace: &str, since_ns: i64) -> Vec<Evict
                 .nth(1)
                 .and_then(|r| r.split('"').next())
                 .unwrap_or("");
-            if let (Some(at), Some((ns, name))) = (ranked_at, pod.split_once('/')) {
+            // Local-storage evictions (an emptyDir over its limit) rank nothing: the
+            // eviction's own line is their time.
+            let at = ranked_at.or_else(|| time(line).filter(|t| *t >= since_ns));
+            if let (Some(at), Some((ns, name))) = (at, pod.split_once('/')) {
                 if ns == namespace {
                     out.push(Eviction {
                         wall_ns: at,
@@ -370,5 +373,11 @@ mod tests {
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!(got[0].pod, "hog");
         assert_eq!(got[0].wall_ns - since, 5_250_000_000);
+        // An emptyDir over its limit: evicted with no ranking before it.
+        let log = "I1128 10:00:07.500000   1 eviction_manager.go:658] \"Eviction manager: pod is evicted successfully\" pod=\"ns/filler\"\n";
+        let got = kubelet_evictions(log, "ns", since);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].pod, "filler");
+        assert_eq!(got[0].wall_ns - since, 7_500_000_000);
     }
 }
