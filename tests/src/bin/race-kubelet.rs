@@ -2,7 +2,8 @@
 //! table (docs/benchmarks.md, between the race markers), the picture (docs/race.svg) and every
 //! run's record (target/bench/race-<commit>.json). Arguments: `--runs N` (3 by default;
 //! the PID and disk scenarios take at most 3), `--scenario NAME` (repeatable), `--out DIR` (the
-//! workspace), `--commit SHA`.
+//! workspace), `--commit SHA`; `--render RECORDS.json` (repeatable) writes the table and
+//! picture again from records, without a cluster.
 
 use std::time::Instant;
 
@@ -18,7 +19,7 @@ fn main() -> anyhow::Result<()> {
     let mut scenarios = Vec::new();
     let mut out = std::path::PathBuf::from(".");
     let mut commit = String::from("unknown");
-    let mut render: Option<String> = None;
+    let mut render: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -34,18 +35,29 @@ fn main() -> anyhow::Result<()> {
             }
             "--out" => out = it.next().context("--out DIR")?.into(),
             "--commit" => commit = it.next().context("--commit SHA")?.clone(),
-            "--render" => render = Some(it.next().context("--render RECORDS.json")?.clone()),
+            "--render" => render.push(it.next().context("--render RECORDS.json")?.clone()),
             other => anyhow::bail!("unknown argument {other:?}"),
         }
     }
-    if let Some(path) = render {
-        // The table and the picture again from a run's records (a partial one included),
-        // without a cluster.
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        let records: Vec<node_agent_tests::race::run::RunRecord> =
-            serde_json::from_str(&text).with_context(|| format!("{path} is not a bench record"))?;
+    if !render.is_empty() {
+        // The table and the picture again from runs' records (partial ones included), without
+        // a cluster. A scenario found in a later file replaces that scenario's earlier runs: a
+        // scenario run again after a fix of the bench.
+        let mut records: Vec<node_agent_tests::race::run::RunRecord> = Vec::new();
+        for path in &render {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+            let more: Vec<node_agent_tests::race::run::RunRecord> = serde_json::from_str(&text)
+                .with_context(|| format!("{path} is not a bench record"))?;
+            records.retain(|r| !more.iter().any(|m| m.scenario == r.scenario));
+            records.extend(more);
+        }
         let meta = format!(
-            "Rendered from `{path}`: {} runs (see the run's own record for its load and duration).",
+            "Rendered from {}: {} runs (a scenario in a later file replaces its runs in an earlier one).",
+            render
+                .iter()
+                .map(|p| format!("`{}`", std::path::Path::new(p).file_name().map_or(p.clone(), |f| f.to_string_lossy().into_owned())))
+                .collect::<Vec<_>>()
+                .join(", "),
             records.len()
         );
         return write_outputs(&out, &records, &meta);
