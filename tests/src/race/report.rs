@@ -58,9 +58,9 @@ pub fn figures(r: &RunRecord) -> RunFigures {
     let kubelet_ms = if matches!(pressed, Pressed::LocalStorage) {
         ms(r.written_ns, first_by(By::Kubelet))
     } else {
-        ms(origin(r.kubelet_line), first_by(By::Kubelet))
+        ms(origin(kubelet_line(r)), first_by(By::Kubelet))
     };
-    let first_line = [r.agent_line, r.kubelet_line]
+    let first_line = [r.agent_line, kubelet_line(r)]
         .into_iter()
         .flatten()
         .fold(None::<f64>, |a, b| Some(a.map_or(b, |a| a.max(b))));
@@ -75,7 +75,7 @@ pub fn figures(r: &RunRecord) -> RunFigures {
         .filter(|e| {
             let line = match e.by {
                 By::Agent => r.agent_line,
-                By::Kubelet => r.kubelet_line,
+                By::Kubelet => kubelet_line(r),
             };
             match (line, signal_at(r, e.wall_ns)) {
                 (Some(line), Some(v)) => v >= line,
@@ -108,6 +108,23 @@ pub fn figures(r: &RunRecord) -> RunFigures {
         over_evictions: over,
     }
 }
+
+/// Where the kubelet's line lies on the bench's axis. For memory the axis is
+/// `allocatableMemory.available` as the agent measures it (the Node's allocatable less the pods'
+/// working set), but the kubelet measures the pods cgroup's own headroom (its limit, capacity less
+/// the reservations, less the working set: `AvailableBytes` of the summary's `pods` container),
+/// which is its hard `memory.available` threshold higher. Its line (that same threshold) falls at
+/// 0 on the axis in both kubelet configurations: 100 − 100 with kubeadm's, 200 − 200 with the
+/// agent's. The run records keep the threshold as configured.
+pub fn kubelet_line(r: &RunRecord) -> Option<f64> {
+    match r.scenario.pressed() {
+        Pressed::Memory => r.kubelet_line.map(|_| KUBELET_LINE_ON_AXIS_MIB),
+        _ => r.kubelet_line,
+    }
+}
+
+/// The kubelet's memory line on the bench's axis (see [`kubelet_line`]).
+pub const KUBELET_LINE_ON_AXIS_MIB: f64 = 0.0;
 
 fn show_ms(values: &[f64]) -> String {
     if values.is_empty() {
@@ -273,8 +290,8 @@ pub fn svg(records: &[RunRecord]) -> String {
         // The kubelet on the agent's thresholds reserves 200 MiB, not 100: its allocatable is
         // 100 MiB less, so on its own allocatable the kubepods limit sits at −200.
         for (v, label) in [
-            (200.0, "agent's line (both)"),
-            (100.0, "kubelet's line (kubeadm)"),
+            (200.0, "agent's line"),
+            (KUBELET_LINE_ON_AXIS_MIB, "kubelet's line (both)"),
             (-100.0, "OOM: kubepods limit"),
             (-200.0, "OOM (agent's thresholds)"),
         ] {
@@ -317,7 +334,7 @@ pub fn svg(records: &[RunRecord]) -> String {
             let Some((_, r)) = by_lowest.get(by_lowest.len() / 2) else {
                 continue;
             };
-            let line = r.agent_line.or(r.kubelet_line).unwrap_or(200.0);
+            let line = r.agent_line.or(kubelet_line(r)).unwrap_or(200.0);
             let Some(t0) = first_crossing(r, line.max(super::run::AGENT_LINE_MIB))
                 .or_else(|| first_crossing(r, line))
             else {
