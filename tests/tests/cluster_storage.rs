@@ -321,8 +321,8 @@ impl Drop for SandboxImageBack<'_> {
 fn with_agent_log(rc: &RealCluster, agent: &str, err: anyhow::Error) -> anyhow::Error {
     match rc.agent_logs(agent) {
         Ok(log) => {
-            let tail: Vec<&str> = log.lines().rev().take(150).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(150)..];
             err.context(format!(
                 "the agent's log ({agent}), its last lines:\n{}",
                 tail.join("\n")
