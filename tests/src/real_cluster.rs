@@ -759,12 +759,25 @@ impl RealCluster {
                     return Ok(out.stderr.contains("NotFound").then_some(()));
                 }
                 let p: Value = serde_json::from_str(&out.stdout)?;
-                Ok(
-                    (p["status"]["phase"] == "Failed" && p["status"]["reason"] == "Evicted")
-                        .then_some(()),
-                )
+                Ok(evicted_by_kubelet(&p).then_some(()))
             })
     }
+}
+
+/// Whether the kubelet ended `pod` (its JSON) by an eviction: `Failed` with reason `Evicted`,
+/// or, as Kubernetes 1.37's kubelet leaves a pod whose containers exit 0 on SIGTERM (the
+/// workload does), ended with the `DisruptionTarget` condition of reason
+/// `TerminationByKubelet`.
+pub fn evicted_by_kubelet(pod: &Value) -> bool {
+    let status = &pod["status"];
+    let failed_evicted = status["phase"] == "Failed" && status["reason"] == "Evicted";
+    let ended = status["phase"] == "Failed" || status["phase"] == "Succeeded";
+    let disrupted = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "DisruptionTarget" && c["reason"] == "TerminationByKubelet");
+    failed_evicted || (ended && disrupted)
 }
 
 /// deploy/kustomization.yaml's `images:` block, as written there.

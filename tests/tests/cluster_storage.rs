@@ -7,7 +7,7 @@ use std::{process::Command, time::Duration};
 
 use node_agent_cluster::images::Archive;
 use node_agent_tests::real_cluster::{
-    wait_running, Namespace, Qos, RealCluster, Variant, WorkloadPod, AGENT_SA,
+    evicted_by_kubelet, wait_running, Namespace, Qos, RealCluster, Variant, WorkloadPod, AGENT_SA,
 };
 use node_agent_tests::real_node::nodefs_statfs;
 use serde_json::Value;
@@ -41,9 +41,8 @@ fn who_evicted(rc: &RealCluster, ns: &str, pod: &str) -> anyhow::Result<&'static
         None,
         Duration::from_secs(10),
     )?;
-    let by_kubelet = p.success
-        && serde_json::from_str::<Value>(&p.stdout)
-            .is_ok_and(|v| v["status"]["reason"] == "Evicted");
+    let by_kubelet =
+        p.success && serde_json::from_str::<Value>(&p.stdout).is_ok_and(|v| evicted_by_kubelet(&v));
     Ok(match (by_agent, by_kubelet) {
         (true, false) => "agent",
         (false, true) => "kubelet",
