@@ -2,8 +2,8 @@
 //! table (docs/benchmarks.md, between the race markers), the picture (docs/race.svg) and every
 //! run's record (target/bench/race-<commit>.json). Arguments: `--runs N` (3 by default;
 //! the PID and disk scenarios take at most 3), `--scenario NAME` (repeatable), `--out DIR` (the
-//! workspace), `--commit SHA`; `--render RECORDS.json` (repeatable) writes the table and
-//! picture again from records, without a cluster.
+//! workspace), `--commit SHA`; `--render RECORDS.json|.jsonl` (repeatable) writes the table
+//! and picture again from records (a partial bench's `.partial.jsonl` too), without a cluster.
 
 use std::time::Instant;
 
@@ -46,8 +46,16 @@ fn main() -> anyhow::Result<()> {
         let mut records: Vec<node_agent_tests::race::run::RunRecord> = Vec::new();
         for path in &render {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-            let more: Vec<node_agent_tests::race::run::RunRecord> = serde_json::from_str(&text)
-                .with_context(|| format!("{path} is not a bench record"))?;
+            // A finished bench's array, or a partial one's line per run.
+            let more: Vec<node_agent_tests::race::run::RunRecord> = if path.ends_with(".jsonl") {
+                text.lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(serde_json::from_str)
+                    .collect::<Result<_, _>>()
+            } else {
+                serde_json::from_str(&text)
+            }
+            .with_context(|| format!("{path} is not a bench record"))?;
             records.retain(|r| !more.iter().any(|m| m.scenario == r.scenario));
             records.extend(more);
         }
@@ -87,9 +95,10 @@ fn main() -> anyhow::Result<()> {
             for config in order {
                 match bench.run(*scenario, config, i) {
                     Ok(r) => {
+                        // Kept after every run, one line each: a bench ended early still
+                        // leaves what it saw.
+                        append(&out, &format!("race-{commit}.partial.jsonl"), &r)?;
                         records.push(r);
-                        // Kept after every run: a bench ended early still leaves what it saw.
-                        save(&out, &format!("race-{commit}.partial.json"), &records)?;
                     }
                     Err(e) => eprintln!(
                         "race: {} / {} #{i} failed: {e:#}",
@@ -111,7 +120,7 @@ fn main() -> anyhow::Result<()> {
         std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
     );
     save(&out, &format!("race-{commit}.json"), &records)?;
-    let _ = std::fs::remove_file(out.join(format!("target/bench/race-{commit}.partial.json")));
+    let _ = std::fs::remove_file(out.join(format!("target/bench/race-{commit}.partial.jsonl")));
     write_outputs(&out, &records, &meta)
 }
 
@@ -147,4 +156,24 @@ fn save(
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join(name), serde_json::to_vec_pretty(records)?)
         .with_context(|| format!("writing {}", dir.join(name).display()))
+}
+
+/// Appends one run's record as a line to `target/bench/<name>` under `out`.
+fn append(
+    out: &std::path::Path,
+    name: &str,
+    record: &node_agent_tests::race::run::RunRecord,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let dir = out.join("target/bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(name);
+    let mut line = serde_json::to_vec(record)?;
+    line.push(b'\n');
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(&line))
+        .with_context(|| format!("appending to {}", path.display()))
 }

@@ -21,7 +21,8 @@ use crate::real_cluster::{Qos, RealCluster, Variant, WorkloadPod, AGENT_NS, AGEN
 /// Where the scenario starts: the signal this far above the agent's line (MiB).
 const START_ABOVE_AGENT_LINE_MIB: f64 = 700.0;
 const SLOW_START_ABOVE_MIB: f64 = 200.0;
-/// The agent's line and the kubelet's (kubeadm) on allocatableMemory.available, MiB.
+/// The agent's line on allocatableMemory.available (MiB), and the kubelet's (kubeadm) threshold
+/// as configured: the report places the kubelet's line on the axis (`report::kubelet_line`).
 pub const AGENT_LINE_MIB: f64 = 200.0;
 pub const KUBELET_LINE_MIB: f64 = 100.0;
 /// The fork storm's thresholds: this many PIDs below pid.available at the run's start.
