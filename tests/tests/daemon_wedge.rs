@@ -9,7 +9,7 @@ use std::time::Duration;
 use node_agent_tests::{
     cluster::{wait_until, PodSpec},
     fuse::HungFs,
-    move_into, require_root, scaled, set_memory_limit,
+    move_into, require_root, scaled, set_memory_limit, time_scale,
     world::{wait, World},
     Helper,
 };
@@ -71,7 +71,11 @@ fn an_oom_storm_against_a_slow_api_server_never_holds_up_an_eviction() -> anyhow
     require_root();
     const KILLS: usize = 30;
     let w = World::new("wedge-oom", &pods(), MEM_HELPER)?;
-    w.cluster().event_delay = Duration::from_secs(1);
+    // A second per event request on the host. Under emulation each kill takes about a second
+    // itself, so a lane that coalesces kills could still write one update per kill: there the
+    // API server is slower (4 s, within the agent's 10 s request timeout), so that the bound
+    // below tells coalescing from one request per kill.
+    w.cluster().event_delay = Duration::from_secs(1) * time_scale().min(4);
     // The killing happens in a cgroup of its own below the hog's pod, so the pod's own
     // container keeps its memory for the pressure that follows.
     let pod_dir = w.dir_of("hog").parent().unwrap().to_path_buf();
