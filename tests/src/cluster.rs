@@ -106,6 +106,8 @@ pub struct ClusterState {
     pub node: NodeStore,
     /// The kubelet's `/stats/summary` pods; none by default.
     pub summary_pods: Vec<Value>,
+    /// The summary's `node.rlimit` (the kubelet's task figures); none by default.
+    pub summary_rlimit: Option<Value>,
     /// Answers the test gives itself (a hostile kubelet or API server), first.
     pub hook: Option<Hook>,
     /// How long every event POST takes to be answered (a slow API server); none by default.
@@ -120,6 +122,7 @@ impl Default for ClusterState {
             answered: Vec::new(),
             evict_reply: None,
             summary_pods: Vec::new(),
+            summary_rlimit: None,
             hook: None,
             event_delay: Duration::ZERO,
             node: NodeStore::new(json!({"kind": "Node", "apiVersion": "v1",
@@ -185,10 +188,14 @@ pub fn responder(state: SharedCluster) -> impl Fn(&Seen, usize) -> Reply + Send 
                 );
             }
             ("GET", "/stats/summary") => {
+                let mut node = json!({"nodeName": NODE});
+                if let Some(rlimit) = &s.summary_rlimit {
+                    node["rlimit"] = rlimit.clone();
+                }
                 return Reply::json(
                     200,
-                    json!({"node": {"nodeName": NODE}, "pods": s.summary_pods}).to_string(),
-                )
+                    json!({"node": node, "pods": s.summary_pods}).to_string(),
+                );
             }
             ("GET", p) if p == format!("/api/v1/nodes/{NODE}") => {
                 return s
@@ -502,6 +509,33 @@ pub fn attach_trace(socket: &Path, extra: &[&str]) -> anyhow::Result<AgentProces
             return Ok(trace);
         }
     }
+}
+
+/// The kernel time (`ktime_ns`) of the first upward memory line crossing a trace client
+/// reports, within `limit`. When none comes, the error lists what the trace did say: a
+/// `stream_lost` among it means the client fell behind and the crossing may be in the gap.
+pub fn first_crossing_up(trace: &AgentProcess, limit: Duration) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + limit;
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let Ok(v) = trace.json.recv_timeout(left) else {
+            break;
+        };
+        if v["kind"] == "memory_threshold" && v["direction"] == "up" {
+            return v["ktime_ns"]
+                .as_u64()
+                .with_context(|| format!("a crossing without its time: {v}"));
+        }
+        seen.push(v.to_string());
+    }
+    bail!(
+        "no upward memory line crossing within {limit:?}; the trace said: {}",
+        if seen.is_empty() {
+            "nothing".to_string()
+        } else {
+            seen.join("; ")
+        }
+    )
 }
 
 /// The next JSON record of `kind` from a trace client (others skipped), within `limit`.

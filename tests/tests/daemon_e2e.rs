@@ -10,7 +10,10 @@ use std::{
 
 use node_agent_kube::fake::Reply;
 use node_agent_tests::{
-    cluster::{attach_trace, free_port, monotonic_ns, next_record, wait_until, Daemon, PodSpec},
+    cluster::{
+        attach_trace, first_crossing_up, free_port, monotonic_ns, next_record, wait_until, Daemon,
+        PodSpec,
+    },
     move_into, require_root, scaled, time_scale,
     world::{eviction_after_kubepods_crossing, wait, World},
     AgentProcess, Helper, TestCgroup,
@@ -871,12 +874,7 @@ fn local_storage_evictions_never_hold_up_a_memory_eviction() -> anyhow::Result<(
         let trace = attach_trace(&w.socket, &["--kind", "memory_threshold"])?;
         let _calm = w.load("calm", 120)?;
         let _hog = w.load("hog", 100)?;
-        let crossing = loop {
-            let v = trace.json.recv_timeout(wait())?;
-            if v["direction"] == "up" {
-                break v["ktime_ns"].as_u64().expect("a crossing's time");
-            }
-        };
+        let crossing = first_crossing_up(&trace, wait())?;
         let hog_path = hog().eviction_path();
         let sent = |path: &str| {
             w.cluster()
@@ -983,12 +981,7 @@ fn a_lane_full_of_local_storage_evictions_never_holds_up_a_memory_eviction() -> 
     })?;
     let _calm = w.load("calm", 120)?;
     let _hog = w.load("hog", 100)?;
-    let crossing = loop {
-        let v = trace.json.recv_timeout(wait())?;
-        if v["direction"] == "up" {
-            break v["ktime_ns"].as_u64().expect("a crossing's time");
-        }
-    };
+    let crossing = first_crossing_up(&trace, wait())?;
     let hog_path = hog().eviction_path();
     let sent = || {
         w.cluster()
@@ -1025,5 +1018,59 @@ fn a_lane_full_of_local_storage_evictions_never_holds_up_a_memory_eviction() -> 
     );
     w.assert_nothing_refused();
     drop(trace);
+    daemon.stop()
+}
+
+/// The host's live task count, as `/proc/loadavg` gives it.
+fn live_tasks() -> anyhow::Result<i64> {
+    let text = std::fs::read_to_string("/proc/loadavg")?;
+    text.split_whitespace()
+        .nth(3)
+        .and_then(|f| f.split_once('/'))
+        .and_then(|(_, total)| total.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("/proc/loadavg: {text:?}"))
+}
+
+/// `pid.available` is measured against the kubelet's task limit (`node.rlimit.maxpid` of its
+/// summary) once the summary gives one below the agent's own: in a pod, the agent's PID
+/// namespace reads its own `pid_max` (4194304 on 6.18), not the host's. A bad figure is named
+/// and changes nothing; a higher one lifts the pressure.
+#[test]
+fn pid_available_is_measured_against_the_kubelets_task_limit() -> anyhow::Result<()> {
+    require_root();
+    let w = World::new("e2e-pidlimit", &[hog(), calm()], MEM_HELPER)?;
+    let mut daemon = w.start_text(&w.config_with_threshold("1Mi, pid.available: 1000", "", ""))?;
+    const PIDS: &str = "node_agent_signal_available_pids{eviction_signal=\"pid.available\"}";
+    let own = daemon.metric(PIDS)?.expect("pid.available observed");
+    assert!(
+        own > 10_000.0,
+        "no kubelet figure yet: the host's own pid_max (at least 32768) less its tasks: {own}"
+    );
+    // The kubelet's figure: 400 tasks of headroom, under the 1000 threshold.
+    let limit = live_tasks()? + 400;
+    w.cluster().summary_rlimit = Some(serde_json::json!({"maxpid": limit, "curproc": 1}));
+    daemon.wait_log(
+        "pid.available is measured against the kubelet's task limit",
+        wait(),
+    )?;
+    daemon.wait_log("pressure changed thresholds_met={PidAvailable}", wait())?;
+    let available = daemon.metric(PIDS)?.expect("pid.available observed");
+    assert!(
+        available < 1000.0,
+        "measured against the kubelet's {limit}: {available}"
+    );
+    assert_eq!(
+        daemon.metric("node_agent_node_condition{condition=\"PIDPressure\"}")?,
+        Some(1.0)
+    );
+    // A bad figure is named, once, and the last good one stands.
+    w.cluster().summary_rlimit = Some(serde_json::json!({"maxpid": -1}));
+    daemon.wait_log("node.rlimit.maxpid is -1", wait())?;
+    assert!(daemon.metric(PIDS)?.expect("observed") < 1000.0);
+    // The host's limit raised: the pressure goes.
+    w.cluster().summary_rlimit = Some(serde_json::json!({"maxpid": limit + 100_000}));
+    daemon.wait_log("pressure changed thresholds_met={}", wait())?;
+    assert_eq!(daemon.log_count("node.rlimit.maxpid is -1"), 1);
+    w.assert_nothing_refused();
     daemon.stop()
 }

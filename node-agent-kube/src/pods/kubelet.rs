@@ -8,8 +8,7 @@ use std::time::SystemTime;
 use http::StatusCode;
 
 use super::{
-    records::{self, DecodeError, PodList, Problem, Summary},
-    stats::PodStats,
+    records::{self, DecodeError, PodList, Summary},
     PodSnapshot,
 };
 use crate::{
@@ -55,18 +54,15 @@ impl KubeletClient {
         self.get(&req, "v1.PodList", records::decode_pod_list).await
     }
 
-    /// The kubelet's usage summary, retried with backoff: the entries that could be read, and
-    /// the ones that could not. A summary of another node than the agent's is refused: the
-    /// address dialled belongs to another node's kubelet.
-    pub async fn summary(&self) -> Result<(Vec<PodStats>, Vec<Problem>), ApiError> {
+    /// The kubelet's usage summary, retried with backoff: the entries that could be read, the
+    /// ones that could not, and the node's task limit. A summary of another node than the
+    /// agent's is refused: the address dialled belongs to another node's kubelet.
+    pub async fn summary(&self) -> Result<Summary, ApiError> {
         let req = ApiRequest::get(format!("{}/stats/summary", self.prefix)).capped(SUMMARY_CAP);
-        let Summary {
-            node,
-            stats,
-            problems,
-        } = self
+        let summary = self
             .get(&req, "stats/v1alpha1 Summary", records::decode_summary)
             .await?;
+        let node = &summary.node;
         if node.as_deref() != Some(self.ctx.node.as_str()) {
             return Err(ApiError::Unusable {
                 endpoint: self.ctx.transport.endpoint().name,
@@ -80,7 +76,7 @@ impl KubeletClient {
                 ),
             });
         }
-        Ok((stats, problems))
+        Ok(summary)
     }
 
     /// Pods and usage together; `observed_at` is when the earlier of the two answers arrived.
@@ -91,9 +87,16 @@ impl KubeletClient {
             ..
         } = self.pods().await?;
         let pods_at = SystemTime::now();
-        let (stats, stats_problems) = self.summary().await?;
+        let Summary {
+            max_pids,
+            stats,
+            problems: stats_problems,
+            ..
+        } = self.summary().await?;
         problems.extend(stats_problems);
-        Ok(PodSnapshot::build(items, Some(&stats), pods_at, problems))
+        let mut snapshot = PodSnapshot::build(items, Some(&stats), pods_at, problems);
+        snapshot.kubelet_max_pids = max_pids;
+        Ok(snapshot)
     }
 
     /// GETs and decodes, retried with backoff. The decoding (up to the cap's megabytes of

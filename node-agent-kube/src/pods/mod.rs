@@ -39,6 +39,10 @@ pub struct PodSnapshot {
     pub problems: Vec<Problem>,
     /// How many pods the source listed (terminal and left-out ones included).
     pub listed: usize,
+    /// The node's task limit as the kubelet reads it, from its summary (`node.rlimit.maxpid`):
+    /// `None` from the API server's pods, or a summary without it; `Err` naming a bad figure.
+    /// The kubelet reads it in the host's PID namespace, which the agent's pod is not in.
+    pub kubelet_max_pids: Option<Result<i64, String>>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -128,6 +132,7 @@ impl PodSnapshot {
             observed_at,
             problems,
             listed,
+            kubelet_max_pids: None,
         }
     }
 

@@ -167,8 +167,8 @@ struct ListMeta {
     resource_version: Option<String>,
 }
 
-/// A summary, its pod entries still raw (the node part is not used: the agent reads the node
-/// itself).
+/// A summary, its pod entries still raw. Of the node part only its name and the task limit are
+/// read: the agent measures the rest of the node itself.
 #[derive(Deserialize)]
 struct RawSummary<'a> {
     #[serde(default)]
@@ -182,13 +182,34 @@ struct RawSummary<'a> {
 struct RawSummaryNode {
     #[serde(default)]
     node_name: Option<String>,
+    /// `RlimitStats`, read leniently: a bad figure is named, never the whole summary refused.
+    #[serde(default)]
+    rlimit: Option<serde_json::Value>,
 }
 
-/// What a `/stats/summary` says: the node it is of, and its pod entries.
+/// The node's task limit as the kubelet reads it (`node.rlimit.maxpid`: min(`pid_max`,
+/// `threads-max`) in the kubelet's PID namespace, the host's): `None` when the summary has
+/// none, `Err` naming what was there when it is not a positive whole number.
+fn max_pids(rlimit: Option<&serde_json::Value>) -> Option<Result<i64, String>> {
+    let value = rlimit?.get("maxpid")?;
+    if value.is_null() {
+        return None;
+    }
+    Some(
+        value
+            .as_i64()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("node.rlimit.maxpid is {value}, not a positive whole number")),
+    )
+}
+
+/// What a `/stats/summary` says: the node it is of, its task limit, and its pod entries.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Summary {
     /// `node.nodeName`: whose kubelet answered.
     pub node: Option<String>,
+    /// `node.rlimit.maxpid` ([`max_pids`]).
+    pub max_pids: Option<Result<i64, String>>,
     /// The entries that could be read.
     pub stats: Vec<PodStats>,
     /// The ones that could not, named.
@@ -303,6 +324,7 @@ pub fn decode_item(raw: &RawValue, index: usize) -> Result<Item, Problem> {
 /// summary, or its entries would take more than [`STATS_MODEL_BUDGET`].
 pub fn decode_summary(body: &[u8]) -> Result<Summary, DecodeError> {
     let summary: RawSummary = serde_json::from_slice(body)?;
+    let max_pids = max_pids(summary.node.as_ref().and_then(|n| n.rlimit.as_ref()));
     let node = summary.node.and_then(|n| n.node_name);
     let mut stats = Vec::with_capacity(summary.pods.len().min(1024));
     let mut problems = Vec::new();
@@ -345,6 +367,7 @@ pub fn decode_summary(body: &[u8]) -> Result<Summary, DecodeError> {
     });
     Ok(Summary {
         node,
+        max_pids,
         stats,
         problems,
     })
@@ -537,10 +560,12 @@ mod tests {
         ]});
         let Summary {
             node,
+            max_pids,
             stats,
             problems,
         } = decode_summary(summary.to_string().as_bytes()).unwrap();
         assert_eq!(node.as_deref(), Some("n"));
+        assert_eq!(max_pids, None, "no rlimit in this summary");
         let kept: Vec<&str> = stats.iter().map(|s| s.pod_ref.name.as_str()).collect();
         assert_eq!(
             kept,
@@ -555,6 +580,65 @@ mod tests {
         assert!(problems
             .iter()
             .all(|p| p.kind == ProblemKind::StatsUnreadable));
+    }
+
+    #[test]
+    fn the_kubelets_task_limit_is_read_or_named_and_never_refuses_the_summary() {
+        /// (behaviour, the summary's `node.rlimit`, the figure read or words of its error)
+        type Row = (
+            &'static str,
+            serde_json::Value,
+            Option<Result<i64, &'static str>>,
+        );
+        let rows: [Row; 7] = [
+            (
+                "the kubelet's figure",
+                serde_json::json!({"maxpid": 32768, "curproc": 410}),
+                Some(Ok(32768)),
+            ),
+            ("no rlimit", serde_json::Value::Null, None),
+            (
+                "rlimit without maxpid (both reads failed)",
+                serde_json::json!({"curproc": 1}),
+                None,
+            ),
+            ("maxpid null", serde_json::json!({"maxpid": null}), None),
+            (
+                "zero",
+                serde_json::json!({"maxpid": 0}),
+                Some(Err("node.rlimit.maxpid is 0")),
+            ),
+            (
+                "negative",
+                serde_json::json!({"maxpid": -1}),
+                Some(Err("node.rlimit.maxpid is -1")),
+            ),
+            (
+                "a string",
+                serde_json::json!({"maxpid": "lots"}),
+                Some(Err("node.rlimit.maxpid is \"lots\"")),
+            ),
+        ];
+        for (behaviour, rlimit, expected) in rows {
+            let mut node = serde_json::json!({"nodeName": "n"});
+            if !rlimit.is_null() {
+                node["rlimit"] = rlimit;
+            }
+            let body = serde_json::json!({"node": node, "pods": []}).to_string();
+            let summary = decode_summary(body.as_bytes()).expect(behaviour);
+            match (&summary.max_pids, expected) {
+                (None, None) => {}
+                (Some(Ok(got)), Some(Ok(want))) => assert_eq!(*got, want, "{behaviour}"),
+                (Some(Err(why)), Some(Err(needle))) => {
+                    assert!(why.contains(needle), "{behaviour}: {why}")
+                }
+                (got, want) => panic!("{behaviour}: got {got:?}, expected {want:?}"),
+            }
+            assert_eq!(summary.node.as_deref(), Some("n"), "{behaviour}");
+        }
+        // An rlimit that is not even an object is a bad figure too, not a bad summary.
+        let body = r#"{"node": {"nodeName": "n", "rlimit": 7}, "pods": []}"#;
+        assert_eq!(decode_summary(body.as_bytes()).unwrap().max_pids, None);
     }
 
     #[test]

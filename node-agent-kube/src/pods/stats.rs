@@ -1,7 +1,8 @@
 //! The kubelet's `/stats/summary` (`stats/v1alpha1`), only the parts ranking needs: the pod
 //! entries, each read on its own (`records::decode_summary`). Field names follow the kubelet's
-//! JSON tags (`ephemeral-storage`, `process_stats`, `process_count`). The node part is not
-//! read: the agent measures the node itself.
+//! JSON tags (`ephemeral-storage`, `process_stats`, `process_count`). Of the node part,
+//! `records::decode_summary` reads only its name and task limit: the agent measures the rest
+//! of the node itself.
 
 use serde::Deserialize;
 

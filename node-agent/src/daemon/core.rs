@@ -477,6 +477,7 @@ impl Daemon {
 
     /// Every second: losses, rescans, the runtime's images when due, local storage limits.
     fn housekeeping(&mut self) {
+        self.kubelet_pid_limit();
         self.kernel.housekeeping(&self.report);
         self.acts.flush_oom(self.now());
         self.report.recent.expire(crate::sys::monotonic_ns());
@@ -516,6 +517,27 @@ impl Daemon {
         );
         if changed {
             self.kernel.triggers.forget();
+        }
+    }
+
+    /// The kubelet's task limit from the latest summary: when it changes, the kernel's
+    /// `pid.available` line is set again against it and the node decided again at once.
+    fn kubelet_pid_limit(&mut self) {
+        let Some(kube) = &self.kube else {
+            return;
+        };
+        let figure = kube
+            .cluster
+            .snapshots
+            .borrow()
+            .as_ref()
+            .and_then(|s| s.kubelet_max_pids.clone());
+        let own = figure.as_ref().and_then(|_| self.node.own_pid_limit());
+        if self.node.pid_limit.take(figure.as_ref(), own) {
+            let reading = self.node.read();
+            self.kernel
+                .set_pid_trigger(&self.config.current.eviction, &reading);
+            self.evaluate(Trigger::PidLimit, None);
         }
     }
 

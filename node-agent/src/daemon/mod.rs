@@ -28,6 +28,7 @@ mod kubelet;
 mod live;
 mod node;
 mod oom;
+mod pid_limit;
 mod pods;
 mod probe;
 mod recent;

@@ -1,8 +1,9 @@
 //! The node, read as the kubelet reads it: `memory.available` = capacity − working set of the
 //! node's cgroup (usage − inactive_file), `allocatableMemory.available` = allocatable − working
 //! set of the kubepods cgroup (allocatable from the config or the Node), `nodefs.*`/`imagefs.*`
-//! from `statvfs` off the loop ([`super::probe`]), `pid.available` = min(pid_max, threads-max) −
-//! live tasks (sysinfo's `procs`). Readings are taken at the moment of each evaluation.
+//! from `statvfs` off the loop ([`super::probe`]), `pid.available` = min(pid_max, threads-max)
+//! (capped by the kubelet's figure: [`super::pid_limit`]) − live tasks (`/proc/loadavg`'s, as
+//! the kubelet counts them). Readings are taken at the moment of each evaluation.
 //!
 //! [`NodeLayout`] holds the facts decided once about where things are: the memory hierarchy,
 //! the node cgroup and whether it is the hierarchy's root, the kubelet's pods cgroup below it.
@@ -23,6 +24,7 @@ use node_agent_policy::{NodeCapacity, Observation, Observations, Signal};
 
 use super::{
     allocatable::{Allocatable, AllocatableFeed},
+    pid_limit::PidLimit,
     probe::{FsProbe, FsStats, ProbeError},
 };
 use crate::cgroup::{kubepods_dir, paths, CgroupVersion, Hierarchy};
@@ -58,7 +60,7 @@ pub enum Source {
     NodeFs,
     /// statvfs of the runtime's image filesystem: `imagefs.available`, `imagefs.inodesFree`.
     ImageFs,
-    /// `pid_max`, `threads-max` and sysinfo: `pid.available`.
+    /// `pid_max`, `threads-max` (or the kubelet's figure) and `/proc/loadavg`: `pid.available`.
     Pids,
 }
 
@@ -343,6 +345,8 @@ pub struct Node {
     pub allocatable: Allocatable,
     /// The task reading the Node's allocatable memory, while the config does not give it.
     pub allocatable_feed: AllocatableFeed,
+    /// The kubelet's task limit, which caps this PID namespace's own.
+    pub pid_limit: PidLimit,
     pub fs: Filesystems,
     /// The filesystem layout of the last reading.
     last_layout: Cell<FsLayout>,
@@ -357,10 +361,17 @@ impl Node {
             memory_capacity,
             allocatable: Allocatable::NotObserved,
             allocatable_feed: AllocatableFeed::default(),
+            pid_limit: PidLimit::default(),
             fs,
             last_layout: Cell::new(FsLayout::Shared),
             held: crate::sys::HeldFiles::default(),
         }
+    }
+
+    /// This PID namespace's own min(pid_max, threads-max), for the log when the kubelet's
+    /// figure arrives (`None` when it cannot be read).
+    pub fn own_pid_limit(&self) -> Option<i64> {
+        crate::sys::pid_limit_with(&|p| self.held.read(p)).ok()
     }
 
     /// Whether images and writable layers had a filesystem of their own at the last reading.
@@ -398,7 +409,7 @@ impl Node {
         }
         self.fs.read(&mut reading);
         self.last_layout.set(reading.fs_layout);
-        if let Err(e) = read_pids(&self.held, &mut reading) {
+        if let Err(e) = read_pids(&self.held, &self.pid_limit, &mut reading) {
             reading.failed.insert(Source::Pids, crate::error_chain(&e));
         }
         reading
@@ -469,8 +480,13 @@ fn read_allocatable(
     Ok(())
 }
 
-fn read_pids(held: &crate::sys::HeldFiles, reading: &mut NodeReading) -> Result<(), ObserveError> {
-    let (limit, live) = pids(held)?;
+fn read_pids(
+    held: &crate::sys::HeldFiles,
+    pid_limit: &PidLimit,
+    reading: &mut NodeReading,
+) -> Result<(), ObserveError> {
+    let (own, live) = pids(held)?;
+    let limit = pid_limit.limit(own);
     reading.observations.insert(
         Signal::PidAvailable,
         Observation {
@@ -512,18 +528,35 @@ pub fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
     })
 }
 
-/// (min(pid_max, threads-max), live tasks) — the kubelet's PID figures.
+/// (min(pid_max, threads-max), live tasks) — the kubelet's PID figures, read in this PID
+/// namespace. Live tasks are `/proc/loadavg`'s total (the kernel's thread count, the same in
+/// every namespace), as the kubelet reads them: sysinfo's `procs` is 16 bits wide and wraps
+/// past 65535 tasks (kubernetes#107107).
 fn pids(held: &crate::sys::HeldFiles) -> Result<(i64, i64), ObserveError> {
     let limit = crate::sys::pid_limit_with(&|p| held.read(p)).map_err(ObserveError::Sys)?;
-    // SAFETY: sysinfo writes only into `info`.
-    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
-    if unsafe { libc::sysinfo(&mut info) } != 0 {
-        return Err(ObserveError::Io {
-            path: "sysinfo(2)".into(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok((limit, i64::from(info.procs)))
+    let path = Path::new("/proc/loadavg");
+    let text = held.read(path).map_err(|source| ObserveError::Io {
+        path: path.into(),
+        source,
+    })?;
+    let live = parse_loadavg_tasks(&text).map_err(|problem| ObserveError::Malformed {
+        path: path.into(),
+        problem,
+    })?;
+    Ok((limit, live))
+}
+
+/// The task total of `/proc/loadavg` ("0.10 0.20 0.30 2/413 9999": 413).
+pub fn parse_loadavg_tasks(text: &str) -> Result<i64, String> {
+    let field = text
+        .split_whitespace()
+        .nth(3)
+        .ok_or_else(|| format!("expected five fields, found {:?}", text.trim()))?;
+    field
+        .split_once('/')
+        .and_then(|(_, total)| total.parse::<i64>().ok())
+        .filter(|total| *total > 0)
+        .ok_or_else(|| format!("expected running/total tasks, found {field:?}"))
 }
 
 #[cfg(test)]
@@ -553,6 +586,30 @@ mod tests {
             ),
         ] {
             assert!(parse_meminfo(text).unwrap_err().contains(needle), "{text}");
+        }
+    }
+
+    #[test]
+    fn reads_loadavgs_task_total_or_names_the_bad_field() {
+        let rows: [(&str, Result<i64, &str>); 5] = [
+            ("0.10 0.20 0.30 2/413 9999\n", Ok(413)),
+            ("0.00 0.00 0.00 1/70000 4194303", Ok(70000)),
+            ("0.10 0.20 0.30", Err("expected five fields")),
+            (
+                "0.10 0.20 0.30 413 9999",
+                Err("expected running/total tasks"),
+            ),
+            (
+                "0.10 0.20 0.30 2/-4 9999",
+                Err("expected running/total tasks"),
+            ),
+        ];
+        for (text, expected) in rows {
+            match (parse_loadavg_tasks(text), expected) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{text}"),
+                (Err(why), Err(needle)) => assert!(why.contains(needle), "{text}: {why}"),
+                (got, want) => panic!("{text}: got {got:?}, expected {want:?}"),
+            }
         }
     }
 

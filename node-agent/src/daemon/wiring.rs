@@ -173,6 +173,13 @@ async fn start(
         }
         None => None,
     };
+    super::pid_limit::say_namespace(
+        config
+            .current
+            .kubernetes
+            .as_ref()
+            .is_some_and(|k| k.pod_source != node_agent_kube::config::PodSourceKind::Apiserver),
+    );
     let clock = Clock::new(&config.current);
     let acts = acts::start(
         &config.current,

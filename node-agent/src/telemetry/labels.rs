@@ -28,10 +28,12 @@ pub enum Trigger {
     LocalStorage,
     /// The Node's allocatable memory changed.
     Allocatable,
+    /// The kubelet's task limit (`pid.available`'s capacity) changed.
+    PidLimit,
 }
 
 impl Trigger {
-    pub const ALL: [Trigger; 12] = [
+    pub const ALL: [Trigger; 13] = [
         Trigger::Start,
         Trigger::MemoryThreshold,
         Trigger::PidThreshold,
@@ -44,6 +46,7 @@ impl Trigger {
         Trigger::Reload,
         Trigger::LocalStorage,
         Trigger::Allocatable,
+        Trigger::PidLimit,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -60,6 +63,7 @@ impl Trigger {
             Trigger::Reload => "reload",
             Trigger::LocalStorage => "local_storage",
             Trigger::Allocatable => "allocatable",
+            Trigger::PidLimit => "pid_limit",
         }
     }
 }

@@ -347,7 +347,7 @@ impl Metrics {
         );
         r.register_with_unit(
             "signal_available",
-            "Available process IDs (pid.available: min(pid_max, threads-max) minus live PIDs)",
+            "Available process IDs (pid.available: min(pid_max, threads-max, the kubelet's rlimit.maxpid) minus live tasks)",
             Unit::Other("pids".into()),
             self.signal_available_pids.clone(),
         );

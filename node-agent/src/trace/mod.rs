@@ -88,7 +88,9 @@ pub struct TraceArgs {
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub fork_window: Duration,
     /// Report `pid.available` (min(pid_max, threads-max) minus live PIDs) dropping below this;
-    /// 0 disables.
+    /// 0 disables. `pid_max` as this PID namespace reads it: in a pod on Linux 6.14 and later,
+    /// not the host's (the running daemon takes the kubelet's figure; this standalone trace
+    /// has none).
     #[arg(long, default_value_t = 1000)]
     pub pid_available_below: u64,
     /// Ring buffer size in bytes (a power of two).
