@@ -675,17 +675,15 @@ impl RealCluster {
         rate: u64,
     ) -> anyhow::Result<u64> {
         // The agent's exported figure is as old as its last evaluation (up to a resyncInterval
-        // when nothing crosses): read the same quantity fresh, allocatable less the working set
-        // of the pods cgroup, and take the smaller.
+        // when nothing crosses): read the same quantity fresh, the pods cgroup's limit less its
+        // working set (what the kubelet and the agent measure against), and take the smaller.
         let spec = self
             .cluster
             .nodes()
             .into_iter()
             .find(|n| n.name == node)
             .with_context(|| format!("no node {node}"))?;
-        let fresh = (crate::real_node::pods_cgroup_available(&spec)?
-            - crate::real_node::kubelet_allocatable_offset(self, &spec)?)
-            / 1048576.0;
+        let fresh = crate::real_node::pods_cgroup_available(&spec)? / 1048576.0;
         let headroom = fresh.min(self.allocatable_headroom_mib(agent)?);
         let target = (headroom - left_mib).floor();
         if target < 64.0 {

@@ -294,10 +294,10 @@ pub fn kubelet_allocatable_available(rc: &RealCluster, node: &str) -> anyhow::Re
         .context("the kubelet's summary has no pods container with availableBytes")
 }
 
-/// How much higher the kubelet's `allocatableMemory.available` reads than the agent's: its
-/// pods cgroup's memory limit (what the kubelet measures against) less the Node's
-/// `status.allocatable.memory` (what the agent measures against), in bytes. Read from the
-/// cgroup and the Node at once, where the kubelet's `/stats/summary` lags by its housekeeping.
+/// The kubelet's pods cgroup's memory limit (what the kubelet and the agent measure
+/// `allocatableMemory.available` against) less the Node's `status.allocatable.memory` (which
+/// also has the hard eviction threshold taken off), in bytes. Read from the cgroup and the Node
+/// at once, where the kubelet's `/stats/summary` lags by its housekeeping.
 pub fn kubelet_allocatable_offset(rc: &RealCluster, node: &NodeSpec) -> anyhow::Result<f64> {
     let limit_file = format!(
         "/sys/fs/cgroup/memory/{}/kubepods/memory.limit_in_bytes",

@@ -2,11 +2,13 @@
 //! end: `allocatableMemory` is not set, the figure lives only on the fake API server's
 //! Node object (strict wire format), the memory is real, in pod cgroups of the kubelet's layout,
 //! and the kernel line on kubepods reports the crossing. An absent field makes the signal
-//! unknown, naming it; a change of the Node's figure moves the kernel line at once.
+//! unknown, naming it; a change of the Node's figure moves the kernel line at once. Where the
+//! pods cgroup has a memory limit of its own (the kubelet sets one), that limit is what the
+//! kubelet measures against, and so does the agent.
 
 use node_agent_tests::{
     cluster::{attach_trace, wait_until, ClusterState, Daemon, PodSpec},
-    require_root,
+    require_root, set_memory_limit,
     world::{eviction_after_kubepods_crossing, wait, World},
 };
 use serde_json::{json, Value};
@@ -53,7 +55,7 @@ fn start(w: &World, resync: &str) -> anyhow::Result<Daemon> {
         .replace("resyncInterval: 60s", &format!("resyncInterval: {resync}"));
     let mut daemon = w.start_text(&text)?;
     daemon.wait_log(
-        "measured against the Node's status.allocatable.memory",
+        "against the Node's status.allocatable.memory while that cgroup has none",
         wait(),
     )?;
     Ok(daemon)
@@ -180,6 +182,62 @@ fn an_absent_allocatable_is_unknown_and_a_change_of_the_nodes_figure_moves_the_k
         "the moved kernel line on kubepods fired"
     );
     assert_evicted_hog_for_allocatable(&eviction);
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+/// The kubelet measures `allocatableMemory.available` against its pods cgroup's own memory
+/// limit (capacity less the reservations; the Node's figure is that less the hard eviction
+/// threshold too). With a 600Mi limit on kubepods and the Node saying 1Gi, 320Mi in kubepods
+/// leaves 280Mi, under the 300Mi threshold: the hog goes, where the Node's figure would leave
+/// 704Mi.
+#[test]
+fn the_pods_cgroups_own_limit_is_measured_against_as_the_kubelet_does() -> anyhow::Result<()> {
+    require_root();
+    let w = world("e2e-pods-limit", Some("1Gi"))?;
+    set_memory_limit(&w.node.path().join("kubepods"), 600 << 20)?;
+    // Re-read every second: nothing crosses a line on the way to 220Mi.
+    let text = w
+        .config_with_threshold("300Mi", "", "")
+        .replace("resyncInterval: 60s", "resyncInterval: 1s");
+    let mut daemon = w.start_text(&text)?;
+    daemon.wait_log("the Node's status.allocatable.memory read", wait())?;
+    let _calm = w.load("calm", 120)?;
+    let _hog = w.load("hog", 100)?;
+    wait_until(wait(), "the 220Mi in kubepods observed", || {
+        daemon
+            .metric(AVAILABLE)
+            .ok()
+            .flatten()
+            .is_some_and(|a| a < (600 - 200) as f64 * 1048576.0)
+    })?;
+    assert!(
+        w.evictions().is_empty(),
+        "220Mi of the pods cgroup's 600Mi: no eviction"
+    );
+    let trace = attach_trace(&w.socket, &["--kind", "eviction,memory_threshold"])?;
+    let _more = w.load("hog", 100)?;
+    wait_until(wait(), "the eviction request", || !w.evictions().is_empty())?;
+    let (eviction, crossed_on_kubepods) = eviction_after_kubepods_crossing(&trace)?;
+    assert!(crossed_on_kubepods, "the kernel line on kubepods fired");
+    assert_eq!(
+        (
+            eviction["name"].as_str(),
+            eviction["signal"].as_str(),
+            eviction["threshold"].as_i64()
+        ),
+        (
+            Some("hog"),
+            Some("allocatableMemory.available"),
+            Some(300 << 20)
+        ),
+        "{eviction}"
+    );
+    let observed = eviction["observed"].as_i64().expect("observed");
+    assert!(
+        observed < 300 << 20 && observed > 200 << 20,
+        "measured against the pods cgroup's 600Mi, not the Node's 1Gi: {eviction}"
+    );
     w.assert_nothing_refused();
     daemon.stop()
 }

@@ -93,8 +93,7 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
     // read the same quantity fresh from the pods cgroup too, and take the smaller, or the
     // grower overshoots by what the other pods charged since.
     let spec = rc.node0();
-    let fresh = node_agent_tests::real_node::pods_cgroup_available(&spec)?
-        - node_agent_tests::real_node::kubelet_allocatable_offset(&rc, &spec)?;
+    let fresh = node_agent_tests::real_node::pods_cgroup_available(&spec)?;
     let headroom = fresh.min(allocatable_headroom(&rc, &agent)?);
     let target_mib = ((headroom / MIB) - 150.0).floor() as u64;
     assert!(

@@ -1,6 +1,9 @@
 //! What `allocatableMemory.available` is measured against: `allocatableMemory` when it
-//! is set (the config wins), else in Kubernetes mode the Node's own `status.allocatable.memory`,
-//! else (standalone) nothing: the signal is not observed.
+//! is set (the config wins), else in Kubernetes mode what the kubelet measures against: its
+//! pods cgroup's own memory limit (capacity less the reservations; the Node's
+//! `status.allocatable.memory` is that less the hard eviction threshold too), with the Node's
+//! figure standing in while that cgroup has no limit; else (standalone) nothing: the signal is
+//! not observed.
 //!
 //! The Node is read by a task of its own every `resyncInterval` (a `GET` of the agent's Node;
 //! the kubelet changes the figure only when it restarts with other reservations, so a watch of
@@ -26,8 +29,11 @@ use crate::telemetry::{KubeOperation, Metrics};
 pub enum Allocatable {
     /// Not observed: standalone without `allocatableMemory`, or the Node not read yet.
     NotObserved,
-    /// In bytes.
+    /// The config's figure, in bytes: measured against as it is.
     Bytes(i64),
+    /// The Node's `status.allocatable.memory`, in bytes. A reading measures against the pods
+    /// cgroup's own limit, as the kubelet does, and against this only while it has none.
+    Node(i64),
     /// Observed, but the figure is unknown: why, naming the field.
     Unknown(String),
 }
@@ -77,13 +83,13 @@ impl Reader {
             loop {
                 tick.tick().await;
                 let next = match allocatable::read(&api).await {
-                    Ok(bytes) => Allocatable::Bytes(bytes),
+                    Ok(bytes) => Allocatable::Node(bytes),
                     Err(e) => {
                         if e.is_unreachable() {
                             // Counted by the client's backoff; the cluster connection's state
                             // (`daemon::feed`) logs the outage once and names it on /readyz.
                             metrics.kube_error(KubeOperation::NodeAllocatable);
-                            if matches!(*tx.borrow(), Allocatable::Bytes(_)) {
+                            if matches!(*tx.borrow(), Allocatable::Node(_)) {
                                 continue;
                             }
                         }
@@ -198,7 +204,7 @@ fn say(from: Option<Origin>, configured: Option<i64>, kubernetes: bool, every: D
             "allocatableMemory.available is measured against the config's allocatableMemory"),
         (Some(Origin::Node), _) => tracing::info!(
             ?every,
-            "allocatableMemory.available is measured against the Node's {FIELD} (allocatableMemory is not set), read every resyncInterval"),
+            "allocatableMemory.available is measured against the pods cgroup's memory limit, as the kubelet measures it, and against the Node's {FIELD} while that cgroup has none (allocatableMemory is not set; the Node read every resyncInterval)"),
         _ => tracing::info!(
             "allocatableMemory.available is not observed: standalone without allocatableMemory"),
     }
@@ -208,10 +214,10 @@ fn say(from: Option<Origin>, configured: Option<i64>, kubernetes: bool, every: D
 /// source unreadable with the reason).
 pub(super) fn say_changed(was: &Allocatable, next: &Allocatable) {
     match (was, next) {
-        (Allocatable::Bytes(was), Allocatable::Bytes(bytes)) => tracing::info!(was, bytes,
-            "the Node's {FIELD} changed: allocatableMemory.available is measured against it from now, the kernel line on kubepods re-armed"),
-        (_, Allocatable::Bytes(bytes)) => tracing::info!(bytes,
-            "the Node's {FIELD} read: allocatableMemory.available is measured against it, with a kernel line on kubepods"),
+        (Allocatable::Node(was), Allocatable::Node(bytes)) => tracing::info!(was, bytes,
+            "the Node's {FIELD} changed: where the pods cgroup has no memory limit, allocatableMemory.available is measured against it from now; the kernel line on kubepods re-armed"),
+        (_, Allocatable::Node(bytes)) => tracing::info!(bytes,
+            "the Node's {FIELD} read: allocatableMemory.available is observed (against the pods cgroup's memory limit, or this where it has none), with a kernel line on kubepods"),
         _ => {}
     }
 }
@@ -263,7 +269,7 @@ mod tests {
             Allocatable::NotObserved,
             metrics.clone(),
         );
-        assert_eq!(next(&mut reader).await, Allocatable::Bytes(1 << 30));
+        assert_eq!(next(&mut reader).await, Allocatable::Node(1 << 30));
 
         // An outage: the figure read stays (the kubelet changes it only when it restarts), and
         // each failed read is counted.
@@ -276,7 +282,7 @@ mod tests {
         })
         .await
         .expect("reads go on during the outage");
-        assert_eq!(*reader.updates.borrow(), Allocatable::Bytes(1 << 30));
+        assert_eq!(*reader.updates.borrow(), Allocatable::Node(1 << 30));
         assert!(
             metrics
                 .encode()
@@ -286,7 +292,7 @@ mod tests {
 
         down.store(false, Ordering::SeqCst);
         store.change(|n| n["status"]["allocatable"]["memory"] = json!("512Mi"));
-        assert_eq!(next(&mut reader).await, Allocatable::Bytes(512 << 20));
+        assert_eq!(next(&mut reader).await, Allocatable::Node(512 << 20));
         store.change(|n| n["status"] = json!({}));
         match next(&mut reader).await {
             Allocatable::Unknown(why) => assert!(

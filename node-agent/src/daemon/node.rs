@@ -1,6 +1,7 @@
 //! The node, read as the kubelet reads it: `memory.available` = capacity − working set of the
 //! node's cgroup (usage − inactive_file), `allocatableMemory.available` = allocatable − working
-//! set of the kubepods cgroup (allocatable from the config or the Node), `nodefs.*`/`imagefs.*`
+//! set of the kubepods cgroup (allocatable from the config, else the kubepods cgroup's own
+//! memory limit as the kubelet takes it, else the Node's figure), `nodefs.*`/`imagefs.*`
 //! from `statvfs` off the loop ([`super::probe`]), `pid.available` = min(pid_max, threads-max)
 //! (capped by the kubelet's figure: [`super::pid_limit`]) − live tasks (`/proc/loadavg`'s, as
 //! the kubelet counts them). Readings are taken at the moment of each evaluation.
@@ -394,10 +395,12 @@ impl Node {
         }
         match &self.allocatable {
             Allocatable::NotObserved => {}
-            Allocatable::Bytes(allocatable) => {
-                if let Err(e) =
-                    read_allocatable(&self.layout, *allocatable, &self.held, &mut reading)
-                {
+            Allocatable::Bytes(figure) | Allocatable::Node(figure) => {
+                let against = match self.allocatable {
+                    Allocatable::Node(_) => Against::PodsLimitElse(*figure),
+                    _ => Against::Figure(*figure),
+                };
+                if let Err(e) = read_allocatable(&self.layout, against, &self.held, &mut reading) {
                     reading
                         .failed
                         .insert(Source::Allocatable, crate::error_chain(&e));
@@ -455,9 +458,20 @@ fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), Obser
     Ok(())
 }
 
+/// What `allocatableMemory.available` is measured against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Against {
+    /// This figure (the config's `allocatableMemory`).
+    Figure(i64),
+    /// The pods cgroup's own memory limit, as the kubelet measures it (its summary's `pods`
+    /// container: `AvailableBytes` = limit − working set); this figure (the Node's) while the
+    /// cgroup has no limit.
+    PodsLimitElse(i64),
+}
+
 fn read_allocatable(
     layout: &NodeLayout,
-    allocatable: i64,
+    against: Against,
     held: &crate::sys::HeldFiles,
     reading: &mut NodeReading,
 ) -> Result<(), ObserveError> {
@@ -467,13 +481,19 @@ fn read_allocatable(
                   needs the kubelet's pods cgroup"
             .into(),
     })?;
-    let working_set = paths::read_memory_with(&|p| held.read(p), &dir, layout.version())
-        .map_err(ObserveError::Cgroup)?
-        .working_set();
+    let memory = paths::read_memory_with(&|p| held.read(p), &dir, layout.version())
+        .map_err(ObserveError::Cgroup)?;
+    let allocatable = match (against, memory.limit) {
+        (Against::PodsLimitElse(_), paths::Limit::At(limit)) => {
+            i64::try_from(limit).unwrap_or(i64::MAX)
+        }
+        (Against::PodsLimitElse(figure) | Against::Figure(figure), _) => figure,
+    };
+    let working_set = i64::try_from(memory.working_set()).unwrap_or(i64::MAX);
     reading.observations.insert(
         Signal::AllocatableMemoryAvailable,
         Observation {
-            available: allocatable.saturating_sub(i64::try_from(working_set).unwrap_or(i64::MAX)),
+            available: allocatable.saturating_sub(working_set),
             capacity: allocatable,
         },
     );
@@ -798,9 +818,13 @@ mod allocatable_tests {
     use super::*;
     use crate::cgroup::CgroupVersion;
 
-    /// A node cgroup with a kubepods child whose v1 memory files say `usage` and
-    /// `inactive_file` (the machine's memory hierarchy is only used for its version).
-    fn node_with_kubepods(usage: u64, inactive_file: u64) -> (tempfile::TempDir, Node) {
+    /// A node cgroup with a kubepods child whose memory files say `usage`, `inactive_file`
+    /// and `limit` (none: unlimited), in the machine's hierarchy version.
+    fn node_with_kubepods(
+        usage: u64,
+        inactive_file: u64,
+        limit: Option<u64>,
+    ) -> (tempfile::TempDir, Node) {
         let dir = tempfile::tempdir().unwrap();
         let layout = crate::cgroup::detect().expect("cgroups");
         let pods = dir.path().join("kubepods");
@@ -813,7 +837,10 @@ mod allocatable_tests {
         };
         for (file, content) in [
             (files.usage, usage.to_string()),
-            (files.limit, no_limit.to_string()),
+            (
+                files.limit,
+                limit.map_or(no_limit.to_string(), |l| l.to_string()),
+            ),
             (
                 files.stat,
                 format!("anon 0\n{} {inactive_file}\n", files.inactive_file_key),
@@ -831,22 +858,53 @@ mod allocatable_tests {
     }
 
     #[test]
-    fn allocatable_memory_available_is_allocatable_minus_the_pods_working_set() {
-        let (_dir, src) = node_with_kubepods(700 << 20, 100 << 20);
-        let mut reading = NodeReading {
-            observations: Observations::new(),
-            capacity: NodeCapacity::default(),
-            failed: BTreeMap::new(),
-            fs_layout: FsLayout::Shared,
-        };
-        read_allocatable(&src.layout, 1 << 30, &src.held, &mut reading).unwrap();
-        assert_eq!(
-            reading.observations[&Signal::AllocatableMemoryAvailable],
-            Observation {
-                available: (1 << 30) - (600 << 20),
-                capacity: 1 << 30
-            }
-        );
+    fn allocatable_memory_available_is_the_kubelets_allocatable_minus_the_pods_working_set() {
+        const MIB: u64 = 1 << 20;
+        // (behaviour, the pods cgroup's limit, measured against, the capacity taken)
+        let rows: [(&str, Option<u64>, Against, i64); 4] = [
+            (
+                "the config's figure, whatever the cgroup's limit",
+                Some(1200 * MIB),
+                Against::Figure(1 << 30),
+                1 << 30,
+            ),
+            (
+                "the pods cgroup's limit over the Node's figure, as the kubelet",
+                Some(1124 * MIB),
+                Against::PodsLimitElse(1 << 30),
+                1124 << 20,
+            ),
+            (
+                "the Node's figure while the pods cgroup has no limit",
+                None,
+                Against::PodsLimitElse(1 << 30),
+                1 << 30,
+            ),
+            (
+                "the config's figure, the cgroup unlimited",
+                None,
+                Against::Figure(900 << 20),
+                900 << 20,
+            ),
+        ];
+        for (behaviour, limit, against, capacity) in rows {
+            let (_dir, src) = node_with_kubepods(700 * MIB, 100 * MIB, limit);
+            let mut reading = NodeReading {
+                observations: Observations::new(),
+                capacity: NodeCapacity::default(),
+                failed: BTreeMap::new(),
+                fs_layout: FsLayout::Shared,
+            };
+            read_allocatable(&src.layout, against, &src.held, &mut reading).unwrap();
+            assert_eq!(
+                reading.observations[&Signal::AllocatableMemoryAvailable],
+                Observation {
+                    available: capacity - (600 << 20),
+                    capacity
+                },
+                "{behaviour}"
+            );
+        }
     }
 
     #[test]
@@ -898,7 +956,7 @@ mod allocatable_tests {
 
     #[test]
     fn without_a_kubepods_cgroup_only_that_signal_is_unknown() {
-        let (dir, src) = node_with_kubepods(0, 0);
+        let (dir, src) = node_with_kubepods(0, 0, None);
         std::fs::remove_dir_all(dir.path().join("kubepods")).unwrap();
         let r = src.read();
         assert!(
@@ -914,7 +972,7 @@ mod allocatable_tests {
 
     #[test]
     fn an_unknown_allocatable_marks_only_that_signal_unknown_with_the_reason() {
-        let (_dir, src) = node_with_kubepods(100 << 20, 0);
+        let (_dir, src) = node_with_kubepods(100 << 20, 0, None);
         let why = "node n1: status.allocatable.memory is absent";
         let mut src = src;
         src.allocatable = Allocatable::Unknown(why.into());
