@@ -65,6 +65,10 @@ enum ClusterCommand {
         /// fork-storm, disk-fill, emptydir-over-limit).
         #[arg(long = "scenario")]
         scenarios: Vec<String>,
+        /// Only these configurations (kubelet-kubeadm, kubelet-agent-thresholds,
+        /// kubelet-and-agent): a cell run again after a change to the agent.
+        #[arg(long = "config")]
+        configs: Vec<String>,
         /// Use the cluster that is up, and leave it up.
         #[arg(long)]
         reuse: bool,
@@ -123,10 +127,11 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Bench {
             runs,
             scenarios,
+            configs,
             reuse,
         } => {
             let tc = crate::toolchain::setup()?;
-            bench(&tc, *runs, scenarios, *reuse)
+            bench(&tc, *runs, scenarios, configs, *reuse)
         }
         ClusterCommand::Test { files, reuse, args } => {
             let tc = crate::toolchain::setup()?;
@@ -327,7 +332,13 @@ fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> a
 }
 
 /// `cargo xtask cluster bench`.
-fn bench(tc: &EbpfToolchain, runs: usize, scenarios: &[String], reuse: bool) -> anyhow::Result<()> {
+fn bench(
+    tc: &EbpfToolchain,
+    runs: usize,
+    scenarios: &[String],
+    configs: &[String],
+    reuse: bool,
+) -> anyhow::Result<()> {
     let object = ebpf(tc)?;
     let c = cluster();
     let running = reuse && c.layout.state().exists() && c.kubectl().run(&["get", "nodes"]).is_ok();
@@ -364,6 +375,9 @@ fn bench(tc: &EbpfToolchain, runs: usize, scenarios: &[String], reuse: bool) -> 
         .env("NODE_AGENT_CLUSTER_DIR", &c.layout.dir);
     for s in scenarios {
         cmd.args(["--scenario", s]);
+    }
+    for c in configs {
+        cmd.args(["--config", c]);
     }
     let result = run_cmd(&mut cmd);
     if !reuse {

@@ -1,9 +1,10 @@
 //! `cargo xtask cluster bench`: races the real kubelet on the real cluster and writes the
 //! table (docs/benchmarks.md, between the race markers), the picture (docs/race.svg) and every
 //! run's record (target/bench/race-<commit>.json). Arguments: `--runs N` (3 by default;
-//! the PID and disk scenarios take at most 3), `--scenario NAME` (repeatable), `--out DIR` (the
-//! workspace), `--commit SHA`; `--render RECORDS.json|.jsonl` (repeatable) writes the table
-//! and picture again from records (a partial bench's `.partial.jsonl` too), without a cluster.
+//! the PID and disk scenarios take at most 3), `--scenario NAME` and `--config NAME`
+//! (repeatable; every one by default), `--out DIR` (the workspace), `--commit SHA`; `--render
+//! RECORDS.json|.jsonl` (repeatable) writes the table and picture again from records (a partial
+//! bench's `.partial.jsonl` too), without a cluster.
 
 use std::time::Instant;
 
@@ -17,6 +18,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut runs = 3usize;
     let mut scenarios = Vec::new();
+    let mut configs = Vec::new();
     let mut out = std::path::PathBuf::from(".");
     let mut commit = String::from("unknown");
     let mut render: Vec<String> = Vec::new();
@@ -33,6 +35,15 @@ fn main() -> anyhow::Result<()> {
                     )
                 })?);
             }
+            "--config" => {
+                let name = it.next().context("--config NAME")?;
+                configs.push(Config::parse(name).with_context(|| {
+                    format!(
+                        "no configuration {name:?}; one of: {}",
+                        Config::ALL.map(|c| c.name()).join(", ")
+                    )
+                })?);
+            }
             "--out" => out = it.next().context("--out DIR")?.into(),
             "--commit" => commit = it.next().context("--commit SHA")?.clone(),
             "--render" => render.push(it.next().context("--render RECORDS.json")?.clone()),
@@ -41,8 +52,8 @@ fn main() -> anyhow::Result<()> {
     }
     if !render.is_empty() {
         // The table and the picture again from runs' records (partial ones included), without
-        // a cluster. A scenario found in a later file replaces that scenario's earlier runs: a
-        // scenario run again after a fix of the bench.
+        // a cluster. A cell (scenario × configuration) found in a later file replaces that
+        // cell's earlier runs: a cell run again after a fix of the bench or the agent.
         let mut records: Vec<node_agent_tests::race::run::RunRecord> = Vec::new();
         for path in &render {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
@@ -56,11 +67,15 @@ fn main() -> anyhow::Result<()> {
                 serde_json::from_str(&text)
             }
             .with_context(|| format!("{path} is not a bench record"))?;
-            records.retain(|r| !more.iter().any(|m| m.scenario == r.scenario));
+            records.retain(|r| {
+                !more
+                    .iter()
+                    .any(|m| (m.scenario, m.config) == (r.scenario, r.config))
+            });
             records.extend(more);
         }
         let meta = format!(
-            "Rendered from {}: {} runs (a scenario in a later file replaces its runs in an earlier one).",
+            "Rendered from {}: {} runs (a cell, scenario × configuration, in a later file replaces its runs in an earlier one).",
             render
                 .iter()
                 .map(|p| format!("`{}`", std::path::Path::new(p).file_name().map_or(p.clone(), |f| f.to_string_lossy().into_owned())))
@@ -72,6 +87,9 @@ fn main() -> anyhow::Result<()> {
     }
     if scenarios.is_empty() {
         scenarios = Scenario::ALL.to_vec();
+    }
+    if configs.is_empty() {
+        configs = Config::ALL.to_vec();
     }
     let rc = RealCluster::get();
     let mut bench = Bench::new(&rc);
@@ -88,9 +106,9 @@ fn main() -> anyhow::Result<()> {
         for i in 0..n {
             // Alternated: forwards, then backwards.
             let order: Vec<Config> = if i % 2 == 0 {
-                Config::ALL.to_vec()
+                configs.clone()
             } else {
-                Config::ALL.iter().rev().copied().collect()
+                configs.iter().rev().copied().collect()
             };
             for config in order {
                 match bench.run(*scenario, config, i) {

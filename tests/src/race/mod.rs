@@ -34,6 +34,19 @@ impl Config {
             Config::KubeletAndAgent => "kubelet + agent",
         }
     }
+
+    /// The name `--config` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Config::KubeletKubeadm => "kubelet-kubeadm",
+            Config::KubeletAgentThresholds => "kubelet-agent-thresholds",
+            Config::KubeletAndAgent => "kubelet-and-agent",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
 }
 
 /// What a run's pods do.

@@ -109,13 +109,14 @@ pub fn figures(r: &RunRecord) -> RunFigures {
     }
 }
 
-/// Where the kubelet's line lies on the bench's axis. For memory the axis is
-/// `allocatableMemory.available` as the agent measures it (the Node's allocatable less the pods'
-/// working set), but the kubelet measures the pods cgroup's own headroom (its limit, capacity less
-/// the reservations, less the working set: `AvailableBytes` of the summary's `pods` container),
-/// which is its hard `memory.available` threshold higher. Its line (that same threshold) falls at
-/// 0 on the axis in both kubelet configurations: 100 − 100 with kubeadm's, 200 − 200 with the
-/// agent's. The run records keep the threshold as configured.
+/// Where the kubelet's line lies on the bench's axis. For memory the axis is the Node's
+/// allocatable less the pods' working set (what the agent measured against until the race found
+/// the difference), but the kubelet measures the pods cgroup's own headroom (its limit, capacity
+/// less the reservations, less the working set: `AvailableBytes` of the summary's `pods`
+/// container), which is its hard `memory.available` threshold higher. Its line (that same
+/// threshold) falls at 0 on the axis in both kubelet configurations: 100 − 100 with kubeadm's,
+/// 200 − 200 with the agent's. The run records keep the threshold as configured; the agent's
+/// line they record where it falls (`run::AGENT_LINE_MIB`).
 pub fn kubelet_line(r: &RunRecord) -> Option<f64> {
     match r.scenario.pressed() {
         Pressed::Memory => r.kubelet_line.map(|_| KUBELET_LINE_ON_AXIS_MIB),
@@ -265,7 +266,7 @@ pub fn svg(records: &[RunRecord]) -> String {
     let height = top + scenarios.len() as f64 * (ph + 60.0) + 60.0;
     let width = left + pw + 300.0;
     let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"18\" font-size=\"15\">allocatableMemory.available (MiB) against time from the first line crossed,</text>\n<text x=\"{left}\" y=\"36\" font-size=\"15\">the median run of each configuration</text>\n"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"18\" font-size=\"15\">the Node's allocatable less the pods' working set (MiB) against time from its crossing of 200 MiB,</text>\n<text x=\"{left}\" y=\"36\" font-size=\"15\">the median run of each configuration</text>\n"
     );
     for (row, scenario) in scenarios.iter().enumerate() {
         let y0 = top + row as f64 * (ph + 60.0) + 20.0;
@@ -289,12 +290,22 @@ pub fn svg(records: &[RunRecord]) -> String {
         out.push_str(&format!("<rect x=\"{left}\" y=\"{y0}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#999\"/>\n"));
         // The kubelet on the agent's thresholds reserves 200 MiB, not 100: its allocatable is
         // 100 MiB less, so on its own allocatable the kubepods limit sits at −200.
-        for (v, label) in [
-            (200.0, "agent's line"),
+        // The agent's line as its runs recorded it (200 while it measured against the Node's
+        // allocatable, one hard threshold lower since it measures the pods cgroup's headroom).
+        let mut agent_lines: Vec<f64> = records
+            .iter()
+            .filter(|r| r.scenario == *scenario)
+            .filter_map(|r| r.agent_line)
+            .map(f64::round)
+            .collect();
+        agent_lines.sort_by(f64::total_cmp);
+        agent_lines.dedup();
+        let lines = agent_lines.into_iter().map(|v| (v, "agent's line")).chain([
             (KUBELET_LINE_ON_AXIS_MIB, "kubelet's line (both)"),
             (-100.0, "OOM: kubepods limit"),
             (-200.0, "OOM (agent's thresholds)"),
-        ] {
+        ]);
+        for (v, label) in lines {
             out.push_str(&format!(
                 "<line x1=\"{left}\" x2=\"{}\" y1=\"{yy}\" y2=\"{yy}\" stroke=\"#bbb\" stroke-dasharray=\"4 3\"/><text x=\"{}\" y=\"{}\" fill=\"#666\">{label} ({v:.0})</text>\n",
                 left + pw,
@@ -334,9 +345,11 @@ pub fn svg(records: &[RunRecord]) -> String {
             let Some((_, r)) = by_lowest.get(by_lowest.len() / 2) else {
                 continue;
             };
+            // A time origin common to every configuration: the crossing of 200 MiB (the runs
+            // start from the same point above it).
             let line = r.agent_line.or(kubelet_line(r)).unwrap_or(200.0);
-            let Some(t0) = first_crossing(r, line.max(super::run::AGENT_LINE_MIB))
-                .or_else(|| first_crossing(r, line))
+            let Some(t0) =
+                first_crossing(r, super::run::AGENT_LINE_MIB).or_else(|| first_crossing(r, line))
             else {
                 continue;
             };

@@ -21,8 +21,12 @@ use crate::real_cluster::{Qos, RealCluster, Variant, WorkloadPod, AGENT_NS, AGEN
 /// Where the scenario starts: the signal this far above the agent's line (MiB).
 const START_ABOVE_AGENT_LINE_MIB: f64 = 700.0;
 const SLOW_START_ABOVE_MIB: f64 = 200.0;
-/// The agent's line on allocatableMemory.available (MiB), and the kubelet's (kubeadm) threshold
-/// as configured: the report places the kubelet's line on the axis (`report::kubelet_line`).
+/// The agent's threshold on allocatableMemory.available (MiB), and the kubelet's (kubeadm), as
+/// configured. The bench's axis is the Node's allocatable less the pods' working set; both
+/// sides measure the pods cgroup's own headroom, which is the kubelet's hard threshold above
+/// it: the report places the kubelet's line on the axis (`report::kubelet_line`), and a run
+/// records the agent's where it falls (`AGENT_LINE_MIB` until 05d0d49, when the agent measured
+/// against the Node's allocatable too; one hard threshold lower since).
 pub const AGENT_LINE_MIB: f64 = 200.0;
 pub const KUBELET_LINE_MIB: f64 = 100.0;
 /// The fork storm's thresholds: this many PIDs below pid.available at the run's start.
@@ -181,7 +185,8 @@ impl<'a> Bench<'a> {
             (Pressed::Memory, Config::KubeletKubeadm) => (None, Some(KUBELET_LINE_MIB)),
             (Pressed::Memory, Config::KubeletAgentThresholds) => (None, Some(AGENT_LINE_MIB)),
             (Pressed::Memory, Config::KubeletAndAgent) => {
-                (Some(AGENT_LINE_MIB), Some(KUBELET_LINE_MIB))
+                let offset = crate::real_node::kubelet_allocatable_offset(rc, &node)? / 1048576.0;
+                (Some(AGENT_LINE_MIB - offset), Some(KUBELET_LINE_MIB))
             }
             (Pressed::Pids, Config::KubeletKubeadm) => (None, None),
             (Pressed::Pids, Config::KubeletAgentThresholds) => (None, pid_threshold),
