@@ -72,11 +72,12 @@ pub struct NodeAgentConfiguration {
     pub node_cgroup: String,
     /// Node memory capacity; default: MemTotal from /proc/meminfo.
     pub memory_capacity: Option<ByteSize>,
-    /// The node's allocatable memory (the Node's `status.allocatable.memory`).
-    /// `allocatableMemory.available` = allocatable − the working set of the kubepods cgroup
-    /// below `nodeCgroup` is observed, as the kubelet does with `enforceNodeAllocatable: pods`,
-    /// against this when set (it wins), else in Kubernetes mode against the Node's own field,
-    /// read every `resyncInterval`; standalone without it, not observed.
+    /// The node's allocatable memory. `allocatableMemory.available` = allocatable − the
+    /// working set of the kubepods cgroup below `nodeCgroup` is observed, as the kubelet does
+    /// with `enforceNodeAllocatable: pods`, against this when set (it wins), else in Kubernetes
+    /// mode against the kubepods cgroup's own memory limit, as the kubelet measures it (the
+    /// Node's `status.allocatable.memory`, read every `resyncInterval`, while that cgroup has
+    /// none); standalone without it, not observed.
     pub allocatable_memory: Option<ByteSize>,
     /// Filesystem of `nodefs.*` (the kubelet's root dir). Unset: `/var/lib/kubelet`, or `/`
     /// when that does not exist; set, it must exist.
