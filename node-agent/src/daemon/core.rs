@@ -532,8 +532,7 @@ impl Daemon {
             .borrow()
             .as_ref()
             .and_then(|s| s.kubelet_max_pids.clone());
-        let own = figure.as_ref().and_then(|_| self.node.own_pid_limit());
-        if self.node.pid_limit.take(figure.as_ref(), own) {
+        if self.node.take_kubelet_pid_limit(figure.as_ref()) {
             let reading = self.node.read();
             self.kernel
                 .set_pid_trigger(&self.config.current.eviction, &reading);

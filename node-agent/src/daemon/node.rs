@@ -369,10 +369,13 @@ impl Node {
         }
     }
 
-    /// This PID namespace's own min(pid_max, threads-max), for the log when the kubelet's
-    /// figure arrives (`None` when it cannot be read).
-    pub fn own_pid_limit(&self) -> Option<i64> {
-        crate::sys::pid_limit_with(&|p| self.held.read(p)).ok()
+    /// Takes the kubelet's task limit from the latest summary ([`PidLimit::take`]); this PID
+    /// namespace's own figure is read for the log only when it changed.
+    pub fn take_kubelet_pid_limit(&mut self, figure: Option<&Result<i64, String>>) -> bool {
+        let held = &self.held;
+        self.pid_limit.take(figure, || {
+            crate::sys::pid_limit_with(&|p| held.read(p)).ok()
+        })
     }
 
     /// Whether images and writable layers had a filesystem of their own at the last reading.

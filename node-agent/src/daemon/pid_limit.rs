@@ -23,8 +23,13 @@ impl PidLimit {
 
     /// Takes the latest summary's figure (`None`: the summary said nothing, and the last figure
     /// stands). Returns whether the kubelet's figure changed: the kernel's line is then set
-    /// again. A bad figure is named once and leaves the last good one in place.
-    pub fn take(&mut self, figure: Option<&Result<i64, String>>, own: Option<i64>) -> bool {
+    /// again. A bad figure is named once and leaves the last good one in place. `own` (this
+    /// namespace's figure, for the log) is read only when the figure changed.
+    pub fn take(
+        &mut self,
+        figure: Option<&Result<i64, String>>,
+        own: impl FnOnce() -> Option<i64>,
+    ) -> bool {
         match figure {
             None => false,
             Some(Err(why)) => {
@@ -47,6 +52,7 @@ impl PidLimit {
                     return false;
                 }
                 let was = self.kubelet.replace(*figure);
+                let own = own();
                 match own {
                     Some(own) if own > *figure => tracing::info!(
                         kubelet = figure,
@@ -132,7 +138,7 @@ mod tests {
         ];
         for (behaviour, figure, changed, then) in rows {
             assert_eq!(
-                limit.take(figure.as_ref(), Some(own)),
+                limit.take(figure.as_ref(), || Some(own)),
                 changed,
                 "{behaviour}"
             );
