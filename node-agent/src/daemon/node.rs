@@ -396,21 +396,20 @@ impl Node {
                 .failed
                 .insert(Source::Memory, crate::error_chain(&e));
         }
-        match &self.allocatable {
-            Allocatable::NotObserved => {}
-            Allocatable::Bytes(figure) | Allocatable::Node(figure) => {
-                let against = match self.allocatable {
-                    Allocatable::Node(_) => Against::PodsLimitElse(*figure),
-                    _ => Against::Figure(*figure),
-                };
-                if let Err(e) = read_allocatable(&self.layout, against, &self.held, &mut reading) {
-                    reading
-                        .failed
-                        .insert(Source::Allocatable, crate::error_chain(&e));
-                }
-            }
+        let against = match &self.allocatable {
+            Allocatable::NotObserved => None,
+            Allocatable::Bytes(figure) => Some(Against::Figure(*figure)),
+            Allocatable::Node(figure) => Some(Against::PodsLimitElse(*figure)),
             Allocatable::Unknown(why) => {
                 reading.failed.insert(Source::Allocatable, why.clone());
+                None
+            }
+        };
+        if let Some(against) = against {
+            if let Err(e) = read_allocatable(&self.layout, against, &self.held, &mut reading) {
+                reading
+                    .failed
+                    .insert(Source::Allocatable, crate::error_chain(&e));
             }
         }
         self.fs.read(&mut reading);
