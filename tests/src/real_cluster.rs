@@ -405,9 +405,10 @@ pub struct Variant {
     /// A strategic-merge patch of the DaemonSet node-agent (YAML), as an operator's overlay
     /// would carry one.
     pub daemonset_patch: Option<String>,
-    /// Keep deploy/'s rollout as shipped (`minReadySeconds: 30`). Otherwise the variant rolls
-    /// out with `minReadySeconds: 0`: the tests that are not about rollouts would each wait
-    /// 30 s per change of install for nothing they check.
+    /// Keep deploy/'s rollout as shipped (an agent Ready no sooner than 30 s after its start:
+    /// the readiness probe's `initialDelaySeconds`). Otherwise the variant's agents are Ready
+    /// as soon as `/readyz` says so: the tests that are not about rollouts would each wait 30 s
+    /// per change of install for nothing they check.
     pub shipped_rollout: bool,
 }
 
@@ -491,7 +492,7 @@ impl RealCluster {
             );
         }
         if !variant.shipped_rollout {
-            patches.push_str("  - target: {kind: DaemonSet}\n    patch: |-\n      - op: replace\n        path: /spec/minReadySeconds\n        value: 0\n");
+            patches.push_str("  - target: {kind: DaemonSet}\n    patch: |-\n      - op: replace\n        path: /spec/template/spec/containers/0/readinessProbe/initialDelaySeconds\n        value: 0\n");
         }
         for p in &variant.patches {
             // JSON is YAML: the operations as one double-quoted scalar.
@@ -525,6 +526,12 @@ impl RealCluster {
     /// pods are Ready.
     pub fn install(&self, name: &str, variant: &Variant) -> anyhow::Result<()> {
         self.apply_variant(name, variant)?;
+        self.wait_rolled_out()
+    }
+
+    /// Waits until every DaemonSet of the agent has rolled out: `kubectl rollout status`, then
+    /// one Ready agent pod per node and none terminating.
+    pub fn wait_rolled_out(&self) -> anyhow::Result<()> {
         for ds in self.agent_daemonsets()? {
             self.cluster
                 .wait_agent_ready(&ds, Duration::from_secs(240))?;

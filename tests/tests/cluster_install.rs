@@ -225,9 +225,16 @@ fn a_config_change_rolls_out_as_a_new_pod_template() -> anyhow::Result<()> {
             .unwrap_or("")
             .to_string())
     };
+    // Every agent freshly ready, as right after a rollout, a restart or a node's joining: with
+    // `minReadySeconds: 30` the DaemonSet controller then dropped the timer that ends the
+    // surge, and the change below stalled with two agents per node (Kubernetes 1.37).
+    rc.kubectl
+        .run(&["-n", AGENT_NS, "rollout", "restart", "daemonset/node-agent"])?;
+    rc.wait_rolled_out()?;
     let before = config_of(&rc)?;
     let old_pod = rc.agent_pod(&node, "node-agent")?;
     let config = Variant::shipped_config_with(&[("logLevel: info", "logLevel: debug")]);
+    let applied = Instant::now();
     rc.install(
         "debug-logs",
         &Variant {
@@ -236,6 +243,11 @@ fn a_config_change_rolls_out_as_a_new_pod_template() -> anyhow::Result<()> {
             ..Variant::default()
         },
     )?;
+    eprintln!(
+        "the change rolled out over {} nodes in {:.0?}",
+        rc.cluster.nodes().len(),
+        applied.elapsed()
+    );
     let after = config_of(&rc)?;
     assert!(
         before.starts_with("node-agent-config-")
@@ -253,7 +265,33 @@ fn a_config_change_rolls_out_as_a_new_pod_template() -> anyhow::Result<()> {
         logs.contains("DEBUG"),
         "the new pod runs the new config (debug lines)"
     );
+    // The rollout's pace: each new agent counted as ready no sooner than 30 s after its start.
+    let pod = rc.kubectl.get_json(&["-n", AGENT_NS, "pod", &new_pod])?;
+    let started =
+        timestamp(&pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])?;
+    let ready = pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .map(|c| timestamp(&c["lastTransitionTime"]))
+        .transpose()?
+        .ok_or_else(|| anyhow::anyhow!("{new_pod} has no Ready condition"))?;
+    let waited = ready.duration_since(started);
+    eprintln!("{new_pod}: Ready {waited:#} after its start");
+    assert!(
+        waited.as_secs() >= 30,
+        "Ready only 30 s after the start: {waited:#}"
+    );
     Ok(())
+}
+
+/// An RFC 3339 time of the API.
+fn timestamp(v: &Value) -> anyhow::Result<jiff::Timestamp> {
+    v.as_str()
+        .ok_or_else(|| anyhow::anyhow!("no time: {v}"))?
+        .parse()
+        .map_err(|e| anyhow::anyhow!("time {v}: {e}"))
 }
 
 /// Samples the nodes' agents each second for `window`: the seconds in which some node had no
