@@ -27,13 +27,18 @@ use crate::telemetry::{KubeOperation, Metrics};
 /// Allocatable memory as a reading of the node takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Allocatable {
-    /// Not observed: standalone without `allocatableMemory`, or the Node not read yet.
+    /// Not observed: standalone without `allocatableMemory`.
     NotObserved,
     /// The config's figure, in bytes: measured against as it is.
     Bytes(i64),
     /// The Node's `status.allocatable.memory`, in bytes. A reading measures against the pods
     /// cgroup's own limit, as the kubelet does, and against this only while it has none.
     Node(i64),
+    /// The Node is to be read and has not answered yet (a start, a reconnect): a reading
+    /// measures against the pods cgroup's own limit already, and observes nothing while that
+    /// cgroup has none. A restarted agent so decides under the pressure it left, from its first
+    /// evaluation.
+    NodeNotRead,
     /// Observed, but the figure is unknown: why, naming the field.
     Unknown(String),
 }
@@ -143,7 +148,7 @@ impl AllocatableFeed {
                 if !kept {
                     let current = match self.said {
                         Some(Origin::Node) => figure.clone(),
-                        _ => Allocatable::NotObserved,
+                        _ => Allocatable::NodeNotRead,
                     };
                     self.reader = Some(Reader::spawn(
                         cluster.api.clone(),
@@ -266,7 +271,7 @@ mod tests {
             fake.context("api server", 1, "n1"),
             Duration::from_millis(20),
             0,
-            Allocatable::NotObserved,
+            Allocatable::NodeNotRead,
             metrics.clone(),
         );
         assert_eq!(next(&mut reader).await, Allocatable::Node(1 << 30));
@@ -314,7 +319,7 @@ mod tests {
             fake.context("api server", 1, "n1"),
             Duration::from_millis(20),
             0,
-            Allocatable::NotObserved,
+            Allocatable::NodeNotRead,
             Metrics::new(),
         );
         match next(&mut reader).await {

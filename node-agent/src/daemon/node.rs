@@ -399,7 +399,8 @@ impl Node {
         let against = match &self.allocatable {
             Allocatable::NotObserved => None,
             Allocatable::Bytes(figure) => Some(Against::Figure(*figure)),
-            Allocatable::Node(figure) => Some(Against::PodsLimitElse(*figure)),
+            Allocatable::Node(figure) => Some(Against::PodsLimitElse(Some(*figure))),
+            Allocatable::NodeNotRead => Some(Against::PodsLimitElse(None)),
             Allocatable::Unknown(why) => {
                 reading.failed.insert(Source::Allocatable, why.clone());
                 None
@@ -467,8 +468,8 @@ enum Against {
     Figure(i64),
     /// The pods cgroup's own memory limit, as the kubelet measures it (its summary's `pods`
     /// container: `AvailableBytes` = limit − working set); this figure (the Node's) while the
-    /// cgroup has no limit.
-    PodsLimitElse(i64),
+    /// cgroup has no limit, and nothing observed then while the Node is not read yet.
+    PodsLimitElse(Option<i64>),
 }
 
 fn read_allocatable(
@@ -489,7 +490,9 @@ fn read_allocatable(
         (Against::PodsLimitElse(_), paths::Limit::At(limit)) => {
             i64::try_from(limit).unwrap_or(i64::MAX)
         }
-        (Against::PodsLimitElse(figure) | Against::Figure(figure), _) => figure,
+        (Against::PodsLimitElse(Some(figure)) | Against::Figure(figure), _) => figure,
+        // No limit, and the Node not read yet: nothing to measure against, for now.
+        (Against::PodsLimitElse(None), _) => return Ok(()),
     };
     let working_set = i64::try_from(memory.working_set()).unwrap_or(i64::MAX);
     reading.observations.insert(
@@ -862,31 +865,45 @@ mod allocatable_tests {
     #[test]
     fn allocatable_memory_available_is_the_kubelets_allocatable_minus_the_pods_working_set() {
         const MIB: u64 = 1 << 20;
-        // (behaviour, the pods cgroup's limit, measured against, the capacity taken)
-        let rows: [(&str, Option<u64>, Against, i64); 4] = [
+        // (behaviour, the pods cgroup's limit, measured against, the capacity taken; none:
+        // not observed)
+        let rows: [(&str, Option<u64>, Against, Option<i64>); 6] = [
             (
                 "the config's figure, whatever the cgroup's limit",
                 Some(1200 * MIB),
                 Against::Figure(1 << 30),
-                1 << 30,
+                Some(1 << 30),
             ),
             (
                 "the pods cgroup's limit over the Node's figure, as the kubelet",
                 Some(1124 * MIB),
-                Against::PodsLimitElse(1 << 30),
-                1124 << 20,
+                Against::PodsLimitElse(Some(1 << 30)),
+                Some(1124 << 20),
+            ),
+            (
+                "the pods cgroup's limit before the Node is read (a restarted agent's first \
+                 evaluation)",
+                Some(1124 * MIB),
+                Against::PodsLimitElse(None),
+                Some(1124 << 20),
             ),
             (
                 "the Node's figure while the pods cgroup has no limit",
                 None,
-                Against::PodsLimitElse(1 << 30),
-                1 << 30,
+                Against::PodsLimitElse(Some(1 << 30)),
+                Some(1 << 30),
+            ),
+            (
+                "nothing while the pods cgroup has no limit and the Node is not read yet",
+                None,
+                Against::PodsLimitElse(None),
+                None,
             ),
             (
                 "the config's figure, the cgroup unlimited",
                 None,
                 Against::Figure(900 << 20),
-                900 << 20,
+                Some(900 << 20),
             ),
         ];
         for (behaviour, limit, against, capacity) in rows {
@@ -899,13 +916,17 @@ mod allocatable_tests {
             };
             read_allocatable(&src.layout, against, &src.held, &mut reading).unwrap();
             assert_eq!(
-                reading.observations[&Signal::AllocatableMemoryAvailable],
-                Observation {
+                reading
+                    .observations
+                    .get(&Signal::AllocatableMemoryAvailable)
+                    .copied(),
+                capacity.map(|capacity| Observation {
                     available: capacity - (600 << 20),
                     capacity
-                },
+                }),
                 "{behaviour}"
             );
+            assert!(reading.failed.is_empty(), "{behaviour}");
         }
     }
 
