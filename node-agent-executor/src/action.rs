@@ -94,7 +94,7 @@ impl PodOomEvent {
 
 impl Unnamed {
     /// The kill, on its pod but with its container unnamed: the runtime could not name it.
-    pub fn on_pod(self) -> Option<PodOomKill> {
+    fn on_pod(self) -> Option<PodOomKill> {
         let (namespace, name) = self.pod?;
         Some(PodOomKill {
             namespace,
@@ -147,7 +147,7 @@ impl Unnamed {
     }
 
     /// The kill, named.
-    pub fn named(self, who: Identity) -> PodOomKill {
+    fn named(self, who: Identity) -> PodOomKill {
         PodOomKill {
             namespace: who.namespace,
             name: who.name,
