@@ -7,21 +7,22 @@
 //! met or a memory trigger has fired, the node is re-read every `pressurePollInterval`;
 //! otherwise only every `resyncInterval`, which just guards against drift and missed events.
 //!
-//! [`core`] holds the daemon and its one loop; its parts: the acting half
-//! (`node_agent_executor::Acts`: the plan and the executor, started from the config by
-//! [`acts`]), [`kernel_side`] (the kernel feed and the lines it arms, [`triggers`]), [`node`]
-//! (the node's layout and readings, with [`probe`] for filesystems off the loop and
-//! [`allocatable`] for the Node's figure), [`feed`] (the Kubernetes connection) and [`pods`],
-//! [`report`] (metrics, readiness, logs, the live stream of [`live`]), and [`reload`] (the
-//! config watched off the loop), applied whole or refused by [`reconfigure`]. What the loop does
-//! with a kernel OOM kill is in [`oom`]. [`wiring`] starts everything; [`kubelet`] compares the
-//! kubelet's own thresholds with the agent's.
+//! [`core`] holds the daemon and its one loop, [`evaluate`] the one evaluation the loop asks
+//! for; its parts: the acting half (`node_agent_executor::Acts`: the plan and the executor,
+//! started from the config by [`acts`]), [`kernel_side`] (the kernel feed and the lines it
+//! arms, [`triggers`]), [`node`] (the node's layout and readings, with [`probe`] for
+//! filesystems off the loop and [`allocatable`] for the Node's figure), [`feed`] (the
+//! Kubernetes connection) and [`pods`], [`report`] (metrics, readiness, logs, the live stream
+//! of [`live`]), and [`reload`] (the config watched off the loop), applied whole or refused by
+//! [`reconfigure`]. What the loop does with a kernel OOM kill is in [`oom`]. [`wiring`] starts
+//! everything; [`kubelet`] compares the kubelet's own thresholds with the agent's.
 
 mod acts;
 mod allocatable;
 pub mod config;
 mod core;
 mod error;
+mod evaluate;
 mod feed;
 mod kernel_side;
 mod kubelet;

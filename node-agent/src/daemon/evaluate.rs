@@ -1,0 +1,117 @@
+//! One evaluation: the node read, the pods decided among, the plan handed to the executor,
+//! then reporting and the kernel's lines re-armed. Every branch of the loop in [`super::core`]
+//! that asks for a decision ends here.
+
+use node_agent_executor::Decided;
+use node_agent_policy::{evaluate_among, PodInfo};
+
+use super::{acts, core::Daemon, pods, recent::Acted};
+use crate::telemetry::Trigger;
+
+impl Daemon {
+    /// Reads the node, decides among the pods the agent may act on, hands what the plan says
+    /// to the executor, reports, and re-arms the kernel's lines.
+    pub(super) fn evaluate(&mut self, trigger: Trigger, ktime_ns: Option<u64>) {
+        self.report.metrics.evaluation(trigger);
+        let now = self.now();
+        for (done, gone) in self.acts.settle(now) {
+            tracing::debug!(pod = %done.pod_id, cgroup_gone = gone, "eviction settled");
+        }
+        let reading = self.node.read();
+        self.report.sources(&reading.failed);
+        let config = &self.config.current;
+        self.acts
+            .set_node_reclaim(acts::node_reclaim(config, reading.fs_layout));
+        let index = self.kernel.feed.index();
+        let node_cgroup = &config.settings.node_cgroup;
+        let cluster = self.kube.as_ref().map(|k| &k.cluster);
+        let pods::Pods {
+            pods,
+            fresh,
+            listed,
+        } = pods::current(cluster.zip(config.kubernetes.as_ref()), index, node_cgroup);
+        if let Some(listed) = &listed {
+            self.acts.forget_absent(listed);
+        }
+        let eligibility = self.acts.eligibility(now);
+        let decide = |pods: &[PodInfo]| {
+            evaluate_among(
+                &config.eviction,
+                &reading.capacity,
+                &reading.observations,
+                pods,
+                &eligibility,
+                now,
+                &self.policy,
+            )
+        };
+        let (mut decision, mut state) = decide(&pods);
+        // Ranking and the event need current usage: when a pod is to go, read every pod's
+        // cgroup now and decide again from the same starting state.
+        let mut ranked = pods;
+        if !decision.evictions.is_empty() {
+            let version = self.node.layout.version();
+            ranked = pods::with_memory_now(cluster, &ranked, index, node_cgroup, version);
+            (decision, state) = decide(&ranked);
+        }
+        self.policy = state;
+        if let Some(k) = ktime_ns {
+            let latency = crate::sys::monotonic_ns().saturating_sub(k) as f64 / 1e9;
+            self.report.metrics.decision_latency(trigger, latency);
+        }
+        // The evicted pod's cgroup, to see it go: its pod cgroup, or for a standalone workload
+        // the cgroup it is named after. Looked up only when an eviction is handed over.
+        let cgroup_of = |pod: &PodInfo| match &pod.uid {
+            Some(uid) => pods::pod_cgroup(index, node_cgroup, uid),
+            None => Some(index.root().join(pod.name.trim_start_matches('/'))),
+        };
+        // The executor gets its work first; reporting and re-arming follow, off its path.
+        let handed_at = crate::sys::monotonic_ns();
+        let decided = Decided {
+            decision: &decision,
+            pods: &ranked,
+            fresh,
+            trigger_ktime_ns: ktime_ns,
+        };
+        let handed = self.acts.act_on(decided, &cgroup_of, now);
+        self.remember(handed_at, &decision, &handed.evictions);
+        self.report.notes(handed.notes, fresh);
+        let config = &self.config.current;
+        self.report.decision(&config.eviction, &reading, &decision);
+        self.kernel
+            .rearm(&config.eviction, &reading, &self.node.layout);
+        // Without an in-kernel memory mechanism the kernel cannot report memory growth: the
+        // node is then re-read every pressure_poll_interval all the time.
+        self.clock.polling = !decision.thresholds_met.is_empty()
+            || self.kernel.triggers.memory_fired()
+            || self.kernel.blind_to_memory();
+    }
+
+    /// What an OOM kill later is told came before it: the evictions handed over, a memory
+    /// threshold met while its grace period runs.
+    fn remember(
+        &mut self,
+        now: u64,
+        decision: &node_agent_policy::Decision,
+        evictions: &[node_agent_policy::Eviction],
+    ) {
+        for e in evictions {
+            self.report.recent.acted(
+                now,
+                Acted::Evicting {
+                    pod: format!("{}/{}", e.namespace, e.name),
+                    signal: e.signal.as_str().to_string(),
+                },
+            );
+        }
+        let in_grace = decision
+            .thresholds_met
+            .iter()
+            .find(|t| t.signal.is_memory() && !t.grace_period_passed);
+        if let (Some(t), None) = (in_grace, decision.reclaim) {
+            self.report
+                .recent
+                .acted(now, Acted::InGrace { signal: t.signal });
+        }
+    }
+}
