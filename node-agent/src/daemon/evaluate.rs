@@ -5,7 +5,7 @@
 use node_agent_executor::Decided;
 use node_agent_policy::{evaluate_among, PodInfo};
 
-use super::{acts, core::Daemon, pods, recent::Acted};
+use super::{acting_config, core::Daemon, pods, recent::Acted};
 use crate::telemetry::Trigger;
 
 impl Daemon {
@@ -21,7 +21,7 @@ impl Daemon {
         self.report.sources(&reading.failed);
         let config = &self.config.current;
         self.acts
-            .set_node_reclaim(acts::node_reclaim(config, reading.fs_layout));
+            .set_node_reclaim(acting_config::node_reclaim(config, reading.fs_layout));
         let index = self.kernel.feed.index();
         let node_cgroup = &config.settings.node_cgroup;
         let cluster = self.kube.as_ref().map(|k| &k.cluster);

@@ -9,7 +9,7 @@
 //!
 //! [`core`] holds the daemon and its one loop, [`evaluate`] the one evaluation the loop asks
 //! for; its parts: the acting half (`node_agent_executor::Acts`: the plan and the executor,
-//! started from the config by [`acts`]), [`kernel_side`] (the kernel feed and the lines it
+//! started from the config by [`acting_config`]), [`kernel_side`] (the kernel feed and the lines it
 //! arms, [`triggers`]), [`node`] (the node's layout and readings, with [`probe`] for
 //! filesystems off the loop and [`allocatable`] for the Node's figure), [`feed`] (the
 //! Kubernetes connection) and [`pods`], [`report`] (metrics, readiness, logs, the live stream
@@ -17,7 +17,7 @@
 //! [`reconfigure`]. What the loop does with a kernel OOM kill is in [`oom`]. [`wiring`] starts
 //! everything; [`kubelet`] compares the kubelet's own thresholds with the agent's.
 
-mod acts;
+mod acting_config;
 mod allocatable;
 pub mod config;
 mod core;

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use super::{
-    acts,
+    acting_config,
     core::Daemon,
     feed::{same_connection, Cluster},
     kernel_side::fork_limit,
@@ -92,7 +92,7 @@ impl Daemon {
         }
         // The executor first: dry run and exclusions hold from this moment.
         let now = self.now();
-        acts::reconfigure(
+        acting_config::reconfigure(
             &mut self.acts,
             &new,
             self.kube.as_ref().map(|k| &k.cluster),

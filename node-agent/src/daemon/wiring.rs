@@ -6,7 +6,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use node_agent_kube::{access::Reviewer, api::Counters};
 
 use super::{
-    acts,
+    acting_config,
     config::{AgentConfig, Overrides},
     core::{Clock, Config, Daemon, Kube, Signals},
     error::DaemonError,
@@ -181,7 +181,7 @@ async fn start(
             .is_some_and(|k| k.pod_source != node_agent_kube::config::PodSourceKind::Apiserver),
     );
     let clock = Clock::new(&config.current);
-    let acts = acts::start(
+    let acts = acting_config::start(
         &config.current,
         kube.as_ref().map(|k| &k.cluster),
         &config.overrides,
