@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use node_agent::{
     cgroup::CgroupIndex,
-    ebpf::events::decode,
     kernel::attribution::{attribute, NoNames},
+    probes::decode,
     trace::Record,
 };
 

@@ -258,9 +258,10 @@ fn last(record: Option<&Record>, now: &str, wide: bool) -> String {
                 false => format!("{namespace}/{name} {}", result.as_str()),
             },
         ),
-        Record::OomKill {
-            time, cgroup, comm, ..
-        } => (time, format!("{comm} in {}", cgroup.label())),
+        Record::OomKill(kill) => (
+            &kill.time,
+            format!("{} in {}", kill.comm, kill.cgroup.label()),
+        ),
         other => return other.kind().to_string(),
     };
     format!("{} {what}", age(time, now).unwrap_or_else(|| "?".into()))

@@ -1,6 +1,7 @@
-//! The node agent: loads the kernel programs, reads what they report ([`kernel`]), and turns
-//! pressure into eviction decisions through the policy core in `node-agent-policy`, acted on by
-//! the one executor in `node-agent-executor` ([`daemon`]).
+//! The node agent: loads the kernel programs, reads what they report ([`kernel`], each probe's
+//! records decoded and attributed by its module in [`probes`]), and turns pressure into
+//! eviction decisions through the policy core in `node-agent-policy`, acted on by the one
+//! executor in `node-agent-executor` ([`daemon`]).
 
 pub mod btf;
 pub mod cgroup;
@@ -10,6 +11,7 @@ pub mod fs_helper;
 pub mod inspect;
 pub mod kernel;
 pub mod logging;
+pub mod probes;
 pub mod saw_before;
 pub mod simulate;
 pub mod sys;

@@ -2,9 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use node_agent::ebpf::{
-    events::comm, KernelEvent, KernelPrograms, LoadOptions, MemoryChoice, MemoryMechanism,
-    SamplerPace,
+use node_agent::{
+    ebpf::{KernelEvent, KernelPrograms, LoadOptions, MemoryChoice, MemoryMechanism, SamplerPace},
+    probes::comm,
 };
 use node_agent_common::{DIRECTION_DOWN, DIRECTION_UP, OOM_CGROUP_LIMIT};
 use node_agent_tests::{

@@ -112,25 +112,12 @@ fn tail(s: &str) -> String {
 /// A record's own time (ns since the epoch), if it reads.
 pub fn time_of(line: &Line) -> Option<i128> {
     let text = match line {
-        Line::Record(r) => record_time(r),
+        Line::Record(r) => r.time(),
         Line::Notice(n) => &n.time,
     };
     text.parse::<jiff::Timestamp>()
         .ok()
         .map(|t| t.as_nanosecond())
-}
-
-fn record_time(r: &Record) -> &str {
-    match r {
-        Record::OomKill { time, .. }
-        | Record::MemoryThreshold { time, .. }
-        | Record::PidThreshold { time, .. }
-        | Record::ForkStorm { time, .. }
-        | Record::Eviction { time, .. }
-        | Record::Reclaim { time, .. }
-        | Record::EventsLost { time, .. }
-        | Record::StreamLost { time, .. } => time,
-    }
 }
 
 #[cfg(test)]

@@ -25,10 +25,8 @@ use super::{
 };
 use crate::{
     error_chain,
-    kernel::{
-        attribution::{Direction, Happened},
-        Attributed, NoNames, Records,
-    },
+    kernel::{Attributed, NoNames, Records},
+    probes::{Direction, Happened, MemoryThreshold},
     saw_before::SawBefore,
     telemetry::Trigger,
 };
@@ -256,11 +254,11 @@ impl Daemon {
                     Some(saw) => Some(saw),
                     None => continue,
                 },
-                Happened::MemoryThreshold {
+                Happened::MemoryThreshold(MemoryThreshold {
                     cgroup,
                     direction: Direction::Up,
                     ..
-                } => {
+                }) => {
                     if let Some(path) = &cgroup.path {
                         self.report
                             .recent
@@ -284,20 +282,18 @@ impl Daemon {
     /// [`Daemon::on_oom_kill`]).
     fn on_kernel_event(&mut self, event: &Attributed, saw: Option<&SawBefore>) -> Option<Trigger> {
         match &event.what {
-            Happened::MemoryThreshold {
-                cgroup, direction, ..
-            } => {
-                if *direction == Direction::Up {
-                    self.kernel.triggers.crossed(cgroup.cgroup_id);
+            Happened::MemoryThreshold(crossing) => {
+                if crossing.direction == Direction::Up {
+                    self.kernel.triggers.crossed(crossing.cgroup.cgroup_id);
                 }
                 Some(Trigger::MemoryThreshold)
             }
-            Happened::PidThreshold { .. } => Some(Trigger::PidThreshold),
+            Happened::PidThreshold(_) => Some(Trigger::PidThreshold),
             Happened::OomKill(kill) => {
                 self.on_oom_kill(kill, saw);
                 Some(Trigger::OomKill)
             }
-            Happened::ForkStorm { .. } => None,
+            Happened::ForkStorm(_) => None,
         }
     }
 

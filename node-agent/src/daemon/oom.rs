@@ -11,7 +11,7 @@ use node_agent_kube::events::{OomCause, OomKill, PodOomKill};
 use super::core::Daemon;
 use crate::{
     error_chain,
-    kernel::attribution::{self, Constraint},
+    probes::oom_kill::{self, Constraint},
     saw_before::SawBefore,
 };
 
@@ -22,7 +22,7 @@ impl Daemon {
     pub(super) fn before_oom_kill(
         &self,
         ktime_ns: u64,
-        kill: &attribution::OomKill,
+        kill: &oom_kill::OomKill,
     ) -> Option<SawBefore> {
         let node = &self.config.current.settings.node_cgroup;
         let on_this_node = kill
@@ -47,7 +47,7 @@ impl Daemon {
     /// node otherwise. A container the pod source has not named (its pod not listed yet, or
     /// the container just started) is named by the runtime first, and the kill counted and
     /// told once it has.
-    pub(super) fn on_oom_kill(&mut self, kill: &attribution::OomKill, saw: Option<&SawBefore>) {
+    pub(super) fn on_oom_kill(&mut self, kill: &oom_kill::OomKill, saw: Option<&SawBefore>) {
         let cause = self.oom_cause(kill);
         let victim = kill.victim.pod.as_ref();
         let foreseen = saw.is_some_and(|s| s.pressure.is_some());
@@ -137,7 +137,7 @@ impl Daemon {
 
     /// What ran out: a cgroup's limit (the container's or the pod's, with the memory in use
     /// against it, read now from the cgroup the kernel named), the whole node, or not known.
-    fn oom_cause(&self, kill: &attribution::OomKill) -> OomCause {
+    fn oom_cause(&self, kill: &oom_kill::OomKill) -> OomCause {
         match kill.constraint {
             Constraint::System => OomCause::Node,
             Constraint::Unknown => OomCause::Unknown,

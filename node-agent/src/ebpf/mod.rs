@@ -2,14 +2,14 @@
 
 mod control;
 mod error;
-pub mod events;
 mod object;
 mod offsets;
 mod ring;
 mod sampler;
 
+/// What the ring yields: each record decoded by its probe's module.
+pub use crate::probes::{DecodeError, KernelEvent};
 pub use error::{ControlError, LoadError, SamplerError};
-pub use events::{DecodeError, KernelEvent};
 pub use object::{
     enable_run_time_stats, KernelPrograms, LoadOptions, MemoryChoice, MemoryMechanism, ProgramStats,
 };

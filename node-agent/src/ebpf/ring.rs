@@ -4,10 +4,8 @@
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 
-use super::{
-    events::{decode, DecodeError, KernelEvent},
-    KernelPrograms, LoadError,
-};
+use super::{KernelPrograms, LoadError};
+use crate::probes::{decode, DecodeError, KernelEvent};
 
 /// The agent's single consumer of the `EVENTS` ring buffer.
 pub struct EventStream {

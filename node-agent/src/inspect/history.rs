@@ -112,33 +112,11 @@ fn same_record(a: &Record, b: &Record) -> bool {
                 ..
             },
         ) => sa == sb && ra == rb,
-        (
-            Record::OomKill {
-                cgroup: ca,
-                comm: na,
-                ..
-            },
-            Record::OomKill {
-                cgroup: cb,
-                comm: nb,
-                ..
-            },
-        ) => ca.id == cb.id && na == nb,
-        (
-            Record::MemoryThreshold {
-                cgroup: ca,
-                direction: da,
-                ..
-            },
-            Record::MemoryThreshold {
-                cgroup: cb,
-                direction: db,
-                ..
-            },
-        ) => ca.id == cb.id && da == db,
-        (Record::ForkStorm { cgroup: ca, .. }, Record::ForkStorm { cgroup: cb, .. }) => {
-            ca.id == cb.id
+        (Record::OomKill(a), Record::OomKill(b)) => a.cgroup.id == b.cgroup.id && a.comm == b.comm,
+        (Record::MemoryThreshold(a), Record::MemoryThreshold(b)) => {
+            a.cgroup.id == b.cgroup.id && a.direction == b.direction
         }
+        (Record::ForkStorm(a), Record::ForkStorm(b)) => a.cgroup.id == b.cgroup.id,
         _ => false,
     }
 }

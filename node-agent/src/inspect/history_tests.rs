@@ -4,7 +4,10 @@ use node_agent_kube::evict::EvictionResult;
 use node_agent_policy::{EvictionSignal, NotEvictableNow, PassReason, Signal, StorageLimit};
 
 use super::*;
-use crate::trace::{CgroupRef, OomConstraint, PodRef, Qos, Record};
+use crate::{
+    probes::oom_kill::{OomConstraint, OomKillRecord},
+    trace::{CgroupRef, PodRef, Qos, Record},
+};
 
 const S: i128 = 1_000_000_000;
 
@@ -50,7 +53,7 @@ fn eviction(result: EvictionResult, reason: Option<String>) -> Seen {
 }
 
 fn oom(cgroup_id: u64, comm: &str) -> Seen {
-    Seen::Record(Box::new(Record::OomKill {
+    Seen::Record(Box::new(Record::OomKill(OomKillRecord {
         time: "t".into(),
         ktime_ns: 0,
         cgroup: CgroupRef {
@@ -77,7 +80,7 @@ fn oom(cgroup_id: u64, comm: &str) -> Seen {
         file_rss_bytes: 0,
         shmem_rss_bytes: 0,
         saw_before: None,
-    }))
+    })))
 }
 
 /// (first, last, count, fact kind) of each entry shown.

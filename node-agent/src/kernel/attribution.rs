@@ -3,10 +3,10 @@
 //! daemon, which knows pod names from its pod source, and for `trace`, which may not; what is
 //! printed or sent (`trace::Record`) is built from it last.
 
-use node_agent_common::{DIRECTION_UP, OOM_CGROUP_LIMIT, OOM_SYSTEM};
-
-use crate::cgroup::{CgroupIndex, QosClass};
-use crate::ebpf::{events::comm, KernelEvent};
+use crate::{
+    cgroup::{CgroupIndex, QosClass},
+    probes::{Happened, KernelEvent},
+};
 
 /// The cgroup an event concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,66 +29,6 @@ pub struct PodSubject {
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub container: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    Up,
-    Down,
-}
-
-/// Why the OOM killer ran, as far as the kernel side can tell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Constraint {
-    /// A cgroup's memory limit.
-    CgroupLimit,
-    /// The whole node ran out.
-    System,
-    Unknown,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OomKill {
-    pub victim: Subject,
-    /// The cgroup whose limit was hit, when a limit was.
-    pub limit: Option<Subject>,
-    pub pid: u32,
-    pub tgid: u32,
-    pub comm: String,
-    pub uid: u32,
-    pub oom_score_adj: i32,
-    pub constraint: Constraint,
-    pub total_vm_bytes: u64,
-    pub anon_rss_bytes: u64,
-    pub file_rss_bytes: u64,
-    pub shmem_rss_bytes: u64,
-}
-
-/// What happened.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Happened {
-    OomKill(OomKill),
-    MemoryThreshold {
-        cgroup: Subject,
-        direction: Direction,
-        usage_bytes: u64,
-        threshold_bytes: u64,
-    },
-    PidThreshold {
-        direction: Direction,
-        available: i64,
-        threshold: u64,
-        live: i64,
-        limit: u64,
-    },
-    ForkStorm {
-        cgroup: Subject,
-        pid: u32,
-        comm: String,
-        forks_in_window: u64,
-        window_ms: u64,
-        max_forks: u64,
-    },
 }
 
 /// A kernel event with what it concerns.
@@ -147,91 +87,46 @@ impl Subject {
     }
 }
 
-fn direction(d: u32) -> Direction {
-    if d == DIRECTION_UP {
-        Direction::Up
-    } else {
-        Direction::Down
+/// What attributing an event needs: the cgroups known, the pod names known, and the page size
+/// (the OOM victim's page counts in bytes).
+pub struct Context<'a> {
+    index: &'a CgroupIndex,
+    names: &'a dyn PodNames,
+    pub page_size: u64,
+}
+
+impl Context<'_> {
+    /// The cgroup with this id, and its pod.
+    pub fn subject(&self, cgroup_id: u64) -> Subject {
+        Subject::resolve(self.index, self.names, cgroup_id)
     }
 }
 
 /// Attributes a kernel event; `None` for the cgroup index's own bookkeeping (a cgroup came or
-/// went), which concerns nobody. `page_size` turns the OOM victim's page counts into bytes.
+/// went), which concerns nobody. Each probe attributes its own (see [`crate::probes`]).
 pub fn attribute(
     event: &KernelEvent,
     index: &CgroupIndex,
     names: &dyn PodNames,
     page_size: u64,
 ) -> Option<Attributed> {
-    let subject = |id| Subject::resolve(index, names, id);
-    let what = match event {
-        KernelEvent::OomKill(e) => Happened::OomKill(OomKill {
-            victim: subject(e.cgroup_id),
-            limit: (e.limit_cgroup_id != 0).then(|| subject(e.limit_cgroup_id)),
-            pid: e.pid,
-            tgid: e.tgid,
-            comm: comm(&e.comm),
-            uid: e.uid,
-            oom_score_adj: e.oom_score_adj,
-            constraint: match e.constraint {
-                OOM_CGROUP_LIMIT => Constraint::CgroupLimit,
-                OOM_SYSTEM => Constraint::System,
-                _ => Constraint::Unknown,
-            },
-            total_vm_bytes: e.total_vm.saturating_mul(page_size),
-            anon_rss_bytes: e.anon_rss.saturating_mul(page_size),
-            file_rss_bytes: e.file_rss.saturating_mul(page_size),
-            shmem_rss_bytes: e.shmem_rss.saturating_mul(page_size),
-        }),
-        KernelEvent::MemoryThreshold(e) => Happened::MemoryThreshold {
-            cgroup: subject(e.cgroup_id),
-            direction: direction(e.direction),
-            usage_bytes: e.usage_bytes,
-            threshold_bytes: e.threshold_bytes,
-        },
-        KernelEvent::PidThreshold(e) => Happened::PidThreshold {
-            direction: direction(e.direction),
-            available: i64::try_from(e.limit)
-                .unwrap_or(i64::MAX)
-                .saturating_sub(e.live),
-            threshold: e.threshold,
-            live: e.live,
-            limit: e.limit,
-        },
-        KernelEvent::ForkStorm(e) => Happened::ForkStorm {
-            cgroup: subject(e.cgroup_id),
-            pid: e.pid,
-            comm: comm(&e.comm),
-            forks_in_window: e.forks_in_window,
-            window_ms: e.window_ns / 1_000_000,
-            max_forks: e.max_forks,
-        },
-        KernelEvent::CgroupChange(_) => return None,
+    let context = Context {
+        index,
+        names,
+        page_size,
     };
     Some(Attributed {
         ktime_ns: event.header().ktime_ns,
-        what,
+        what: event.attribute(&context)?,
     })
-}
-
-impl Attributed {
-    /// The cgroup the event names, if it names one (OOM kills: the victim's).
-    pub fn cgroup_id(&self) -> Option<u64> {
-        match &self.what {
-            Happened::OomKill(k) => Some(k.victim.cgroup_id),
-            Happened::MemoryThreshold { cgroup, .. } | Happened::ForkStorm { cgroup, .. } => {
-                Some(cgroup.cgroup_id)
-            }
-            Happened::PidThreshold { .. } => None,
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use node_agent_common::{OomKillEvent, KIND_OOM_KILL};
+    use node_agent_common::{OomKillEvent, KIND_OOM_KILL, OOM_CGROUP_LIMIT};
 
     use super::*;
+    use crate::probes::oom_kill::Constraint;
 
     struct Names;
 
@@ -300,7 +195,7 @@ mod tests {
                 kill.victim.path.as_deref(),
                 Some(&*format!("/kubepods/burstable/pod{UID}/{CID}"))
             );
-            assert_eq!(a.cgroup_id(), Some(e.cgroup_id));
+            assert_eq!(kill.victim.cgroup_id, e.cgroup_id);
         }
         let gone = Subject::resolve(&index, &Names, 1);
         assert_eq!(

@@ -2,7 +2,8 @@
 //! into attributed events and loss counts. One feed serves the daemon and `trace` alike.
 //!
 //! - [`tracker`]: which cgroups the programs count and watch, rescanned as cgroups come and go.
-//! - [`attribution`]: a kernel event attributed to its cgroup, pod and container.
+//! - [`attribution`]: a kernel event attributed to its cgroup, pod and container (each probe's
+//!   own part of that is in [`crate::probes`]).
 //!
 //! Reading is split in two so a caller can attribute with names it may not hold across an
 //! await: [`KernelFeed::recv`] waits for the next batch of records, [`KernelFeed::attribute`]
@@ -119,12 +120,8 @@ impl KernelFeed {
         // A cgroup newer than the last rescan (a pod that just started): rescan before
         // attributing, so the event names its pod.
         let unknown = decoded.iter().any(|e| {
-            let cgroup = match e {
-                KernelEvent::OomKill(e) => Some(e.cgroup_id),
-                KernelEvent::ForkStorm(e) => Some(e.cgroup_id),
-                _ => None,
-            };
-            cgroup.is_some_and(|id| self.tracker.index().lookup(id).is_none())
+            e.new_cgroup()
+                .is_some_and(|id| self.tracker.index().lookup(id).is_none())
         });
         if unknown {
             self.tracker.mark_changed();

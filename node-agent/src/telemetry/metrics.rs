@@ -49,13 +49,8 @@ pub const OBSERVED_SIGNALS: [Signal; 7] = [
     Signal::PidAvailable,
 ];
 
-/// The kinds of kernel events counted in `node_agent_kernel_events_total`.
-pub const KERNEL_EVENT_KINDS: [&str; 4] = [
-    "oom_kill",
-    "memory_threshold",
-    "pid_threshold",
-    "fork_storm",
-];
+/// The kinds of kernel events counted in `node_agent_kernel_events_total`: one per probe.
+pub const KERNEL_EVENT_KINDS: [&str; 4] = crate::probes::NAMES;
 
 /// What ran out at an OOM kill: a cgroup's limit, the whole node, or the kernel did not say.
 pub const OOM_REASONS: [&str; 3] = ["cgroup_limit", "node", "unknown"];

@@ -2,16 +2,13 @@
 
 use super::record::Record;
 
-const KINDS: &[&str] = &[
-    "oom_kill",
-    "memory_threshold",
-    "pid_threshold",
-    "fork_storm",
-    "eviction",
-    "reclaim",
-    "events_lost",
-    "stream_lost",
-];
+/// The kinds of the agent's own records, after the probes' ([`crate::probes::NAMES`]).
+const OWN_KINDS: [&str; 4] = ["eviction", "reclaim", "events_lost", "stream_lost"];
+
+/// Every kind `--kind` takes.
+fn known_kinds() -> Vec<&'static str> {
+    crate::probes::NAMES.into_iter().chain(OWN_KINDS).collect()
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
@@ -21,7 +18,7 @@ pub enum OutputFormat {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FilterError {
-    #[error("--kind {0:?} is not one of {KINDS:?}")]
+    #[error("--kind {0:?} is not one of {kinds:?}", kinds = known_kinds())]
     UnknownKind(String),
 }
 
@@ -64,7 +61,7 @@ impl Filter {
         namespace: Option<String>,
     ) -> Result<Self, FilterError> {
         for k in kinds {
-            if !KINDS.contains(&k.as_str()) {
+            if !known_kinds().contains(&k.as_str()) {
                 return Err(FilterError::UnknownKind(k.clone()));
             }
         }
@@ -144,10 +141,13 @@ impl Filter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::record::{CgroupRef, PodRef, Qos};
+    use crate::{
+        probes::fork_storm::ForkStormRecord,
+        trace::record::{CgroupRef, PodRef, Qos},
+    };
 
     fn storm(path: &str, pod: Option<&str>) -> Record {
-        Record::ForkStorm {
+        Record::ForkStorm(ForkStormRecord {
             time: "t".into(),
             ktime_ns: 0,
             cgroup: CgroupRef {
@@ -167,7 +167,7 @@ mod tests {
             forks_in_window: 10,
             window_ms: 1000,
             max_forks: 5,
-        }
+        })
     }
 
     #[test]
@@ -187,8 +187,8 @@ mod tests {
         let (ours, theirs) = (eviction("abc-def"), eviction("fff"));
         let plain_storm = storm("/system.slice", None);
         let mut named_storm = storm("/kubepods/burstable/podabc/123", Some("abc-def"));
-        if let Record::ForkStorm { cgroup, .. } = &mut named_storm {
-            let pod = cgroup.pod.as_mut().expect("a pod cgroup");
+        if let Record::ForkStorm(storm) = &mut named_storm {
+            let pod = storm.cgroup.pod.as_mut().expect("a pod cgroup");
             pod.namespace = Some("shop".into());
             pod.name = Some("cart".into());
         }

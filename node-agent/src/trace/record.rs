@@ -14,7 +14,12 @@ use node_agent_policy::{EvictionSignal, Signal};
 
 use crate::{
     cgroup::QosClass,
-    kernel::attribution::{Attributed, Constraint, Direction, Happened, Subject},
+    kernel::attribution::{Attributed, Subject},
+    probes::{
+        fork_storm::ForkStormRecord, memory_threshold::MemoryThresholdRecord,
+        oom_kill::OomKillRecord, pid_threshold::PidThresholdRecord, Direction, ForkStorm,
+        MemoryThreshold, OomKill, PidThreshold, Probe as _,
+    },
     saw_before::SawBefore,
 };
 
@@ -55,14 +60,6 @@ pub enum Qos {
 pub enum Crossing {
     Up,
     Down,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum OomConstraint {
-    CgroupLimit,
-    System,
-    Unknown,
 }
 
 impl From<&Subject> for CgroupRef {
@@ -179,53 +176,11 @@ mod by_name {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Record {
-    OomKill {
-        time: String,
-        ktime_ns: u64,
-        cgroup: CgroupRef,
-        pid: u32,
-        tgid: u32,
-        comm: String,
-        uid: u32,
-        oom_score_adj: i32,
-        constraint: OomConstraint,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        limit_cgroup: Option<CgroupRef>,
-        total_vm_bytes: u64,
-        anon_rss_bytes: u64,
-        file_rss_bytes: u64,
-        shmem_rss_bytes: u64,
-        /// What the agent saw and did in the minute before (the daemon's stream only).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        saw_before: Option<Box<SawBefore>>,
-    },
-    MemoryThreshold {
-        time: String,
-        ktime_ns: u64,
-        cgroup: CgroupRef,
-        direction: Crossing,
-        usage_bytes: u64,
-        threshold_bytes: u64,
-    },
-    PidThreshold {
-        time: String,
-        ktime_ns: u64,
-        direction: Crossing,
-        available: i64,
-        threshold: u64,
-        live: i64,
-        limit: u64,
-    },
-    ForkStorm {
-        time: String,
-        ktime_ns: u64,
-        cgroup: CgroupRef,
-        pid: u32,
-        comm: String,
-        forks_in_window: u64,
-        window_ms: u64,
-        max_forks: u64,
-    },
+    /// The kernel probes' events (see [`crate::probes`]).
+    OomKill(OomKillRecord),
+    MemoryThreshold(MemoryThresholdRecord),
+    PidThreshold(PidThresholdRecord),
+    ForkStorm(ForkStormRecord),
     /// A pod chosen for eviction, and what became of it, with why.
     Eviction {
         time: String,
@@ -306,83 +261,15 @@ impl Record {
 
     /// An OOM kill's record with what the agent saw before it.
     pub fn with_saw_before(mut self, saw: SawBefore) -> Record {
-        if let Record::OomKill { saw_before, .. } = &mut self {
-            *saw_before = Some(Box::new(saw));
+        if let Record::OomKill(kill) = &mut self {
+            kill.saw_before = Some(Box::new(saw));
         }
         self
     }
 
     /// The record of an attributed kernel event; `time` renders its kernel timestamp.
     pub fn event(a: &Attributed, time: String) -> Record {
-        let ktime_ns = a.ktime_ns;
-        match &a.what {
-            Happened::OomKill(k) => Record::OomKill {
-                time,
-                ktime_ns,
-                cgroup: (&k.victim).into(),
-                pid: k.pid,
-                tgid: k.tgid,
-                comm: k.comm.clone(),
-                uid: k.uid,
-                oom_score_adj: k.oom_score_adj,
-                constraint: match k.constraint {
-                    Constraint::CgroupLimit => OomConstraint::CgroupLimit,
-                    Constraint::System => OomConstraint::System,
-                    Constraint::Unknown => OomConstraint::Unknown,
-                },
-                limit_cgroup: k.limit.as_ref().map(CgroupRef::from),
-                total_vm_bytes: k.total_vm_bytes,
-                anon_rss_bytes: k.anon_rss_bytes,
-                file_rss_bytes: k.file_rss_bytes,
-                shmem_rss_bytes: k.shmem_rss_bytes,
-                saw_before: None,
-            },
-            Happened::MemoryThreshold {
-                cgroup,
-                direction,
-                usage_bytes,
-                threshold_bytes,
-            } => Record::MemoryThreshold {
-                time,
-                ktime_ns,
-                cgroup: cgroup.into(),
-                direction: (*direction).into(),
-                usage_bytes: *usage_bytes,
-                threshold_bytes: *threshold_bytes,
-            },
-            Happened::PidThreshold {
-                direction,
-                available,
-                threshold,
-                live,
-                limit,
-            } => Record::PidThreshold {
-                time,
-                ktime_ns,
-                direction: (*direction).into(),
-                available: *available,
-                threshold: *threshold,
-                live: *live,
-                limit: *limit,
-            },
-            Happened::ForkStorm {
-                cgroup,
-                pid,
-                comm,
-                forks_in_window,
-                window_ms,
-                max_forks,
-            } => Record::ForkStorm {
-                time,
-                ktime_ns,
-                cgroup: cgroup.into(),
-                pid: *pid,
-                comm: comm.clone(),
-                forks_in_window: *forks_in_window,
-                window_ms: *window_ms,
-                max_forks: *max_forks,
-            },
-        }
+        a.what.record(time, a.ktime_ns)
     }
 
     /// The record of an eviction outcome: the decision's own figures and the executor's result.
@@ -435,10 +322,10 @@ impl Record {
     /// The JSON tag of this record's kind.
     pub fn kind(&self) -> &'static str {
         match self {
-            Record::OomKill { .. } => "oom_kill",
-            Record::MemoryThreshold { .. } => "memory_threshold",
-            Record::PidThreshold { .. } => "pid_threshold",
-            Record::ForkStorm { .. } => "fork_storm",
+            Record::OomKill(_) => OomKill::NAME,
+            Record::MemoryThreshold(_) => MemoryThreshold::NAME,
+            Record::PidThreshold(_) => PidThreshold::NAME,
+            Record::ForkStorm(_) => ForkStorm::NAME,
             Record::Eviction { .. } => "eviction",
             Record::Reclaim { .. } => "reclaim",
             Record::EventsLost { .. } => "events_lost",
@@ -459,14 +346,28 @@ impl Record {
 
     pub fn cgroup(&self) -> Option<&CgroupRef> {
         match self {
-            Record::OomKill { cgroup, .. }
-            | Record::MemoryThreshold { cgroup, .. }
-            | Record::ForkStorm { cgroup, .. } => Some(cgroup),
-            Record::PidThreshold { .. }
+            Record::OomKill(r) => Some(&r.cgroup),
+            Record::MemoryThreshold(r) => Some(&r.cgroup),
+            Record::ForkStorm(r) => Some(&r.cgroup),
+            Record::PidThreshold(_)
             | Record::Eviction { .. }
             | Record::Reclaim { .. }
             | Record::EventsLost { .. }
             | Record::StreamLost { .. } => None,
+        }
+    }
+
+    /// When it happened (RFC 3339).
+    pub fn time(&self) -> &str {
+        match self {
+            Record::OomKill(r) => &r.time,
+            Record::MemoryThreshold(r) => &r.time,
+            Record::PidThreshold(r) => &r.time,
+            Record::ForkStorm(r) => &r.time,
+            Record::Eviction { time, .. }
+            | Record::Reclaim { time, .. }
+            | Record::EventsLost { time, .. }
+            | Record::StreamLost { time, .. } => time,
         }
     }
 

@@ -4,7 +4,7 @@
 use node_agent_executor::reclaim::ReclaimResult;
 use node_agent_policy::{EvictionSignal, Resource};
 
-use super::record::{Crossing, OomConstraint, Record};
+use super::record::{Crossing, Record};
 
 /// The widest row the table prints (a terminal of 120 columns shows it whole).
 pub const ROW_WIDTH: usize = 120;
@@ -42,87 +42,10 @@ impl Record {
     /// The table's columns: time, pod or cgroup, PID and details.
     fn columns(&self) -> (&str, String, String, String) {
         match self {
-            Record::OomKill {
-                time,
-                cgroup,
-                pid,
-                comm,
-                constraint,
-                anon_rss_bytes,
-                file_rss_bytes,
-                shmem_rss_bytes,
-                oom_score_adj,
-                saw_before,
-                ..
-            } => (
-                time,
-                cgroup.label(),
-                pid.to_string(),
-                format!(
-                    "{comm} killed ({}); rss anon {} file {} shmem {}; adj {oom_score_adj}{}",
-                    match constraint {
-                        OomConstraint::CgroupLimit => "cgroup limit",
-                        OomConstraint::System => "system",
-                        OomConstraint::Unknown => "unknown",
-                    },
-                    bytes(*anon_rss_bytes),
-                    bytes(*file_rss_bytes),
-                    bytes(*shmem_rss_bytes),
-                    saw_before
-                        .as_ref()
-                        .map_or(String::new(), |s| format!("; {s}")),
-                ),
-            ),
-            Record::MemoryThreshold {
-                time,
-                cgroup,
-                direction,
-                usage_bytes,
-                threshold_bytes,
-                ..
-            } => (
-                time,
-                cgroup.label(),
-                "-".into(),
-                format!(
-                    "{}: usage {} vs threshold {}",
-                    crossing(*direction),
-                    bytes(*usage_bytes),
-                    bytes(*threshold_bytes)
-                ),
-            ),
-            Record::PidThreshold {
-                time,
-                direction,
-                available,
-                threshold,
-                live,
-                limit,
-                ..
-            } => (
-                time,
-                "node".into(),
-                "-".into(),
-                format!(
-                    "{}: {available} PIDs available vs {threshold} ({live} of {limit} used)",
-                    crossing(*direction)
-                ),
-            ),
-            Record::ForkStorm {
-                time,
-                cgroup,
-                pid,
-                comm,
-                forks_in_window,
-                window_ms,
-                max_forks,
-                ..
-            } => (
-                time,
-                cgroup.label(),
-                pid.to_string(),
-                format!("{comm}: {forks_in_window} forks in {window_ms} ms (limit {max_forks})"),
-            ),
+            Record::OomKill(r) => r.columns(),
+            Record::MemoryThreshold(r) => r.columns(),
+            Record::PidThreshold(r) => r.columns(),
+            Record::ForkStorm(r) => r.columns(),
             Record::Eviction {
                 time,
                 namespace,
@@ -249,7 +172,7 @@ pub fn signal_value(signal: &str, value: i64) -> String {
     }
 }
 
-fn crossing(d: Crossing) -> &'static str {
+pub(crate) fn crossing(d: Crossing) -> &'static str {
     match d {
         Crossing::Up => "up",
         Crossing::Down => "down",
@@ -264,7 +187,7 @@ fn time_of_day(rfc3339: &str) -> &str {
 }
 
 /// Binary units, as `kubectl` shows quantities: `812.4Mi`, `1.5Gi`, `512Ki`, `100B`.
-fn bytes(b: u64) -> String {
+pub(crate) fn bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["Ki", "Mi", "Gi", "Ti", "Pi"];
     if b < 1024 {
         return format!("{b}B");
