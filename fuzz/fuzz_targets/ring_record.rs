@@ -8,8 +8,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use node_agent::{
     cgroup::CgroupIndex,
-    kernel::attribution::{attribute, NoNames},
-    probes::decode,
+    probes::{attribute, decode, NoNames},
     trace::Record,
 };
 

@@ -10,12 +10,11 @@
 //! turns it into events (rescanning first when an event names a cgroup that came after the
 //! last rescan). [`KernelFeed::housekeeping`] counts ring-buffer losses and rescans when due.
 
-pub mod attribution;
 pub mod tracker;
 
 use std::path::Path;
 
-pub use attribution::{attribute, Attributed, NoNames, PodNames};
+pub use crate::probes::{attribute, Attributed, NoNames, PodNames};
 pub use tracker::{CgroupControl, CgroupTracker, ForkLimit, TrackError, Tracked};
 
 use crate::{

@@ -4,11 +4,7 @@
 use node_agent_common::{ForkStormEvent, KIND_FORK_STORM};
 use serde::{Deserialize, Serialize};
 
-use super::{comm, Probe};
-use crate::{
-    kernel::attribution::{Context, Subject},
-    trace::CgroupRef,
-};
+use super::{comm, parts::CgroupRef, Context, Probe, Subject};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForkStorm {

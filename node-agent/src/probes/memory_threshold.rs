@@ -4,10 +4,9 @@
 use node_agent_common::{MemoryThresholdEvent, KIND_MEMORY_THRESHOLD};
 use serde::{Deserialize, Serialize};
 
-use super::{Direction, Probe};
-use crate::{
-    kernel::attribution::{Context, Subject},
-    trace::{bytes, crossing, CgroupRef, Crossing},
+use super::{
+    parts::{bytes, crossing, CgroupRef, Crossing},
+    Context, Direction, Probe, Subject,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,7 +19,9 @@
 pub mod fork_storm;
 pub mod memory_threshold;
 pub mod oom_kill;
+pub mod parts;
 pub mod pid_threshold;
+mod subject;
 
 use node_agent_common::{
     CgroupChangeEvent, EventHeader, ForkStormEvent, MemoryThresholdEvent, OomKillEvent,
@@ -30,8 +32,7 @@ pub use fork_storm::ForkStorm;
 pub use memory_threshold::MemoryThreshold;
 pub use oom_kill::OomKill;
 pub use pid_threshold::PidThreshold;
-
-use crate::{kernel::attribution::Context, trace::Record};
+pub use subject::{attribute, Attributed, Context, NoNames, PodNames, PodSubject, Subject};
 
 /// One probe's user-space side. `Self` is its event attributed: what the daemon decides on.
 pub trait Probe: Sized {
@@ -42,7 +43,7 @@ pub trait Probe: Sized {
     const NAME: &'static str;
     /// The record as the kernel program writes it (`node-agent-common`).
     type Raw: Copy;
-    /// Its line of the live stream, a variant of [`Record`].
+    /// Its line of the live stream, a variant of `trace::Record`.
     type Record;
 
     /// The cgroup the record names when it may be one created since the last rescan (a pod
@@ -116,18 +117,6 @@ impl KernelEvent {
             Self::ForkStorm(e) => Happened::ForkStorm(ForkStorm::attribute(e, context)),
             Self::CgroupChange(_) => return None,
         })
-    }
-}
-
-impl Happened {
-    /// Its trace record; `time` renders `ktime_ns`.
-    pub fn record(&self, time: String, ktime_ns: u64) -> Record {
-        match self {
-            Self::OomKill(e) => Record::OomKill(e.record(time, ktime_ns)),
-            Self::MemoryThreshold(e) => Record::MemoryThreshold(e.record(time, ktime_ns)),
-            Self::PidThreshold(e) => Record::PidThreshold(e.record(time, ktime_ns)),
-            Self::ForkStorm(e) => Record::ForkStorm(e.record(time, ktime_ns)),
-        }
     }
 }
 

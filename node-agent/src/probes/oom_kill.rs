@@ -4,12 +4,12 @@
 use node_agent_common::{OomKillEvent, KIND_OOM_KILL, OOM_CGROUP_LIMIT, OOM_SYSTEM};
 use serde::{Deserialize, Serialize};
 
-use super::{comm, Probe};
-use crate::{
-    kernel::attribution::{Context, Subject},
-    saw_before::SawBefore,
-    trace::{bytes, CgroupRef},
+use super::{
+    comm,
+    parts::{bytes, CgroupRef},
+    Context, Probe, Subject,
 };
+use crate::saw_before::SawBefore;
 
 /// Why the OOM killer ran, as far as the kernel side can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -5,10 +5,9 @@
 use node_agent_common::{PidThresholdEvent, KIND_PID_THRESHOLD};
 use serde::{Deserialize, Serialize};
 
-use super::{Direction, Probe};
-use crate::{
-    kernel::attribution::Context,
-    trace::{crossing, Crossing},
+use super::{
+    parts::{crossing, Crossing},
+    Context, Direction, Probe,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]

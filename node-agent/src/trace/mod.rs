@@ -11,7 +11,6 @@ use std::{io::Write as _, path::PathBuf, time::Duration};
 pub use filter::{Filter, FilterError, OutputFormat};
 pub use record::{CgroupRef, Crossing, PodRef, Qos, Record};
 pub use table::signal_value;
-pub(crate) use table::{bytes, crossing};
 
 use crate::{
     cgroup,

@@ -12,108 +12,15 @@ use node_agent_executor::{
 use node_agent_kube::evict::EvictionResult;
 use node_agent_policy::{EvictionSignal, Signal};
 
+pub use crate::probes::parts::{CgroupRef, Crossing, PodRef, Qos};
 use crate::{
-    cgroup::QosClass,
-    kernel::attribution::{Attributed, Subject},
     probes::{
         fork_storm::ForkStormRecord, memory_threshold::MemoryThresholdRecord,
-        oom_kill::OomKillRecord, pid_threshold::PidThresholdRecord, Direction, ForkStorm,
-        MemoryThreshold, OomKill, PidThreshold, Probe as _,
+        oom_kill::OomKillRecord, pid_threshold::PidThresholdRecord, Attributed, ForkStorm,
+        Happened, MemoryThreshold, OomKill, PidThreshold, Probe as _,
     },
     saw_before::SawBefore,
 };
-
-/// The cgroup an event concerns.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct CgroupRef {
-    pub id: u64,
-    /// Path below the memory hierarchy's root; `None` if the cgroup is already gone.
-    pub path: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<PodRef>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PodRef {
-    pub uid: String,
-    pub qos: Qos,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container: Option<String>,
-}
-
-/// The pod's QoS class, as the kubelet names it.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-pub enum Qos {
-    Guaranteed,
-    Burstable,
-    BestEffort,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Crossing {
-    Up,
-    Down,
-}
-
-impl From<&Subject> for CgroupRef {
-    fn from(s: &Subject) -> Self {
-        CgroupRef {
-            id: s.cgroup_id,
-            path: s.path.clone(),
-            pod: s.pod.as_ref().map(|p| PodRef {
-                uid: p.uid.clone(),
-                qos: match p.qos {
-                    QosClass::Guaranteed => Qos::Guaranteed,
-                    QosClass::Burstable => Qos::Burstable,
-                    QosClass::BestEffort => Qos::BestEffort,
-                },
-                container_id: p.container_id.clone(),
-                namespace: p.namespace.clone(),
-                name: p.name.clone(),
-                container: p.container.clone(),
-            }),
-        }
-    }
-}
-
-impl CgroupRef {
-    /// `namespace/name/container`, `pod UID`, the path, or the id: the most a reader can be told.
-    pub fn label(&self) -> String {
-        match (&self.pod, &self.path) {
-            (
-                Some(PodRef {
-                    namespace: Some(ns),
-                    name: Some(name),
-                    container,
-                    ..
-                }),
-                _,
-            ) => match container {
-                Some(c) => format!("{ns}/{name}/{c}"),
-                None => format!("{ns}/{name}"),
-            },
-            (Some(pod), _) => format!("pod {}", pod.uid),
-            (None, Some(path)) => path.clone(),
-            (None, None) => format!("cgroup #{}", self.id),
-        }
-    }
-}
-
-impl From<Direction> for Crossing {
-    fn from(d: Direction) -> Self {
-        match d {
-            Direction::Up => Crossing::Up,
-            Direction::Down => Crossing::Down,
-        }
-    }
-}
 
 /// `Signal` and `EvictionResult` travel by their names (`memory.available`, `evicted`).
 mod by_name {
@@ -267,9 +174,16 @@ impl Record {
         self
     }
 
-    /// The record of an attributed kernel event; `time` renders its kernel timestamp.
+    /// The record of an attributed kernel event (its probe's own record); `time` renders its
+    /// kernel timestamp.
     pub fn event(a: &Attributed, time: String) -> Record {
-        a.what.record(time, a.ktime_ns)
+        let k = a.ktime_ns;
+        match &a.what {
+            Happened::OomKill(e) => Record::OomKill(e.record(time, k)),
+            Happened::MemoryThreshold(e) => Record::MemoryThreshold(e.record(time, k)),
+            Happened::PidThreshold(e) => Record::PidThreshold(e.record(time, k)),
+            Happened::ForkStorm(e) => Record::ForkStorm(e.record(time, k)),
+        }
     }
 
     /// The record of an eviction outcome: the decision's own figures and the executor's result.

@@ -4,7 +4,8 @@
 use node_agent_executor::reclaim::ReclaimResult;
 use node_agent_policy::{EvictionSignal, Resource};
 
-use super::record::{Crossing, Record};
+use super::record::Record;
+use crate::probes::parts::bytes;
 
 /// The widest row the table prints (a terminal of 120 columns shows it whole).
 pub const ROW_WIDTH: usize = 120;
@@ -172,36 +173,11 @@ pub fn signal_value(signal: &str, value: i64) -> String {
     }
 }
 
-pub(crate) fn crossing(d: Crossing) -> &'static str {
-    match d {
-        Crossing::Up => "up",
-        Crossing::Down => "down",
-    }
-}
-
 /// `23:05:25.123456` from `2026-11-22T23:05:25.123456Z` (the date is in the JSON).
 fn time_of_day(rfc3339: &str) -> &str {
     rfc3339
         .split_once('T')
         .map_or(rfc3339, |(_, t)| t.trim_end_matches('Z'))
-}
-
-/// Binary units, as `kubectl` shows quantities: `812.4Mi`, `1.5Gi`, `512Ki`, `100B`.
-pub(crate) fn bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["Ki", "Mi", "Gi", "Ti", "Pi"];
-    if b < 1024 {
-        return format!("{b}B");
-    }
-    let mut v = b as f64 / 1024.0;
-    let mut unit = UNITS[0];
-    for u in &UNITS[1..] {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    format!("{v:.1}{unit}")
 }
 
 /// At most `width` characters, the end kept (a path's or pod's distinguishing part).
@@ -238,7 +214,7 @@ mod tests {
     use crate::{
         cgroup::CgroupIndex,
         ebpf::KernelEvent,
-        kernel::attribution::{attribute, NoNames},
+        probes::{attribute, NoNames},
     };
 
     #[test]

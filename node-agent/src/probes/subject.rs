@@ -3,10 +3,8 @@
 //! daemon, which knows pod names from its pod source, and for `trace`, which may not; what is
 //! printed or sent (`trace::Record`) is built from it last.
 
-use crate::{
-    cgroup::{CgroupIndex, QosClass},
-    probes::{Happened, KernelEvent},
-};
+use super::{Happened, KernelEvent};
+use crate::cgroup::{CgroupIndex, QosClass};
 
 /// The cgroup an event concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
