@@ -238,18 +238,21 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     let spec = ds.spec.as_ref().unwrap();
     let strategy = spec.update_strategy.as_ref().unwrap();
     assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
-    // A new image or config goes one node at a time, each new agent ready for a while first,
-    // beside the old one: a node never goes without its agent, even when the new one is
-    // refused (maxSurge 1, maxUnavailable 0).
+    // A new image or config goes one node at a time, each new agent running a while before it
+    // counts as ready, beside the old one: a node never goes without its agent, even when the
+    // new one is refused (maxSurge 1, maxUnavailable 0). The while is the readiness probe's
+    // delay, not minReadySeconds, whose timer the DaemonSet controller can drop and stall the
+    // surge (daemonset.yaml).
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     let rolling = strategy.rolling_update.as_ref().unwrap();
     assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
     assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
-    assert!(
-        spec.min_ready_seconds.unwrap_or(0) >= 30,
-        "{:?}",
-        spec.min_ready_seconds
-    );
+    assert_eq!(spec.min_ready_seconds.unwrap_or(0), 0);
+    let ready_after = spec.template.spec.as_ref().unwrap().containers[0]
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.initial_delay_seconds);
+    assert!(ready_after.unwrap_or(0) >= 30, "{ready_after:?}");
     // Its own instance label in the selector, so a second DaemonSet's pods
     // (components/enforce-by-node-label) are never its own.
     let selector = spec.selector.match_labels.as_ref().unwrap();
