@@ -222,7 +222,7 @@ pub(super) fn say_changed(was: &Allocatable, next: &Allocatable) {
         (Allocatable::Node(was), Allocatable::Node(bytes)) => tracing::info!(was, bytes,
             "the Node's {FIELD} changed: where the pods cgroup has no memory limit, allocatableMemory.available is measured against it from now; the kernel line on kubepods re-armed"),
         (_, Allocatable::Node(bytes)) => tracing::info!(bytes,
-            "the Node's {FIELD} read: allocatableMemory.available is observed (against the pods cgroup's memory limit, or this where it has none), with a kernel line on kubepods"),
+            "the Node's {FIELD} read: allocatableMemory.available is measured against the pods cgroup's memory limit (as before the Node answered), or against this where that cgroup has none, with a kernel line on kubepods"),
         _ => {}
     }
 }
