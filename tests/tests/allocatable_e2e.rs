@@ -149,10 +149,13 @@ fn an_absent_allocatable_is_unknown_and_a_change_of_the_nodes_figure_moves_the_k
     let w = world("e2e-node-alloc-change", None)?;
     let mut daemon = start(&w, "1s")?;
     // Absent: unknown, named, never 0.
-    let said = daemon.wait_log("status.allocatable.memory is absent", wait())?;
+    let warned = daemon.wait_log("the Node's status.allocatable.memory is unknown", wait())?;
+    assert!(warned.contains("is absent"), "names the field: {warned}");
+    // (Other sources may be unreadable here too: no container runtime.)
+    let said = daemon.wait_log("source=\"allocatable\"", wait())?;
     assert!(
         said.contains("signal source unreadable")
-            && (said.contains("source=\"allocatable\"") || said.contains("source=allocatable")),
+            && said.contains("status.allocatable.memory is absent"),
         "names the source and the field: {said}"
     );
     wait_until(wait(), "the signal marked unknown", || {
@@ -232,6 +235,39 @@ fn the_pods_cgroups_own_limit_is_measured_against_as_the_kubelet_does() -> anyho
     assert!(
         observed > 200 << 20,
         "measured against the pods cgroup's 600Mi, not the Node's 1Gi: {eviction}"
+    );
+    w.assert_nothing_refused();
+    daemon.stop()
+}
+
+/// The pods cgroup's limit needs nothing of the Node: with the Node's figure absent, the signal
+/// is measured against that limit all the same, and `/readyz` does not name it; the log names
+/// the field.
+#[test]
+fn an_unknown_node_figure_leaves_the_signal_known_where_the_pods_cgroup_has_a_limit(
+) -> anyhow::Result<()> {
+    require_root();
+    let w = world("e2e-pods-limit-no-node", None)?;
+    set_memory_limit(&w.node.path().join("kubepods"), 600 << 20)?;
+    let mut daemon = start(&w, "1s")?;
+    let warned = daemon.wait_log("the Node's status.allocatable.memory is unknown", wait())?;
+    assert!(warned.contains("is absent"), "names the field: {warned}");
+    let _held = hold_220mi(&w, &daemon, 600)?;
+    let available = daemon.metric(AVAILABLE)?.expect("observed");
+    assert!(
+        available > 300.0 * 1048576.0,
+        "600Mi less 220Mi in kubepods, from the pods cgroup's limit: {available}"
+    );
+    assert_eq!(daemon.metric(UNKNOWN)?, Some(0.0), "known");
+    let ready = daemon.get("/readyz")?;
+    assert!(
+        !ready.contains("allocatable"),
+        "the allocatable source is not what /readyz names: {ready}"
+    );
+    assert_eq!(
+        daemon.log_count("source=\"allocatable\""),
+        0,
+        "the allocatable source is never said unreadable"
     );
     w.assert_nothing_refused();
     daemon.stop()

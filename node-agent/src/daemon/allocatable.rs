@@ -39,7 +39,9 @@ pub enum Allocatable {
     /// cgroup has none. A restarted agent so decides under the pressure it left, from its first
     /// evaluation.
     NodeNotRead,
-    /// Observed, but the figure is unknown: why, naming the field.
+    /// The Node cannot be read, or its figure is absent or malformed: why, naming the field. A
+    /// reading measures against the pods cgroup's own limit still, as it needs nothing of the
+    /// Node, and the signal is unknown where that cgroup has none.
     Unknown(String),
 }
 
@@ -215,10 +217,14 @@ fn say(from: Option<Origin>, configured: Option<i64>, kubernetes: bool, every: D
     }
 }
 
-/// Says how the Node's figure changed (an unknown one is said by the evaluation, as its
-/// source unreadable with the reason).
+/// Says how the Node's figure changed. An unknown one is said here, as the reading may not
+/// need it; where it does (no limit on the pods cgroup), the evaluation says the signal's source
+/// unreadable with the reason too.
 pub(super) fn say_changed(was: &Allocatable, next: &Allocatable) {
     match (was, next) {
+        (_, Allocatable::Unknown(why)) => tracing::warn!(
+            reason = why.as_str(),
+            "the Node's {FIELD} is unknown: allocatableMemory.available is measured against the pods cgroup's memory limit, and is unknown where that cgroup has none"),
         (Allocatable::Node(was), Allocatable::Node(bytes)) => tracing::info!(was, bytes,
             "the Node's {FIELD} changed: where the pods cgroup has no memory limit, allocatableMemory.available is measured against it from now; the kernel line on kubepods re-armed"),
         (_, Allocatable::Node(bytes)) => tracing::info!(bytes,

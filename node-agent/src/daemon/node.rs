@@ -46,6 +46,9 @@ pub enum ObserveError {
     Sys(#[from] crate::sys::SysError),
     #[error(transparent)]
     Fs(#[from] ProbeError),
+    /// The Node's figure is needed (the pods cgroup has no memory limit) and unknown: why.
+    #[error("{0}")]
+    NodeUnknown(String),
 }
 
 /// Where the figures of some signals come from. One source failing never blinds the others:
@@ -399,12 +402,9 @@ impl Node {
         let against = match &self.allocatable {
             Allocatable::NotObserved => None,
             Allocatable::Bytes(figure) => Some(Against::Figure(*figure)),
-            Allocatable::Node(figure) => Some(Against::PodsLimitElse(Some(*figure))),
-            Allocatable::NodeNotRead => Some(Against::PodsLimitElse(None)),
-            Allocatable::Unknown(why) => {
-                reading.failed.insert(Source::Allocatable, why.clone());
-                None
-            }
+            Allocatable::Node(figure) => Some(Against::PodsLimitElse(Unlimited::Node(*figure))),
+            Allocatable::NodeNotRead => Some(Against::PodsLimitElse(Unlimited::NotRead)),
+            Allocatable::Unknown(why) => Some(Against::PodsLimitElse(Unlimited::Unknown(why))),
         };
         if let Some(against) = against {
             if let Err(e) = read_allocatable(&self.layout, against, &self.held, &mut reading) {
@@ -463,13 +463,24 @@ fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), Obser
 
 /// What `allocatableMemory.available` is measured against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Against {
+enum Against<'a> {
     /// This figure (the config's `allocatableMemory`).
     Figure(i64),
     /// The pods cgroup's own memory limit, as the kubelet measures it (its summary's `pods`
-    /// container: `AvailableBytes` = limit − working set); this figure (the Node's) while the
-    /// cgroup has no limit, and nothing observed then while the Node is not read yet.
-    PodsLimitElse(Option<i64>),
+    /// container: `AvailableBytes` = limit − working set); while the cgroup has no limit, what
+    /// the Node said.
+    PodsLimitElse(Unlimited<'a>),
+}
+
+/// What a pods cgroup without a memory limit is measured against: the Node's figure only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unlimited<'a> {
+    /// The Node's `status.allocatable.memory`.
+    Node(i64),
+    /// Nothing yet, and nothing observed: the Node has not answered.
+    NotRead,
+    /// Nothing, and the signal unknown: why the Node's figure is unknown.
+    Unknown(&'a str),
 }
 
 fn read_allocatable(
@@ -490,9 +501,12 @@ fn read_allocatable(
         (Against::PodsLimitElse(_), paths::Limit::At(limit)) => {
             i64::try_from(limit).unwrap_or(i64::MAX)
         }
-        (Against::PodsLimitElse(Some(figure)) | Against::Figure(figure), _) => figure,
+        (Against::PodsLimitElse(Unlimited::Node(figure)) | Against::Figure(figure), _) => figure,
         // No limit, and the Node not read yet: nothing to measure against, for now.
-        (Against::PodsLimitElse(None), _) => return Ok(()),
+        (Against::PodsLimitElse(Unlimited::NotRead), _) => return Ok(()),
+        (Against::PodsLimitElse(Unlimited::Unknown(why)), _) => {
+            return Err(ObserveError::NodeUnknown(why.to_string()))
+        }
     };
     let working_set = i64::try_from(memory.working_set()).unwrap_or(i64::MAX);
     reading.observations.insert(
@@ -867,7 +881,7 @@ mod allocatable_tests {
         const MIB: u64 = 1 << 20;
         // (behaviour, the pods cgroup's limit, measured against, the capacity taken; none:
         // not observed)
-        let rows: [(&str, Option<u64>, Against, Option<i64>); 6] = [
+        let rows: [(&str, Option<u64>, Against, Option<i64>); 7] = [
             (
                 "the config's figure, whatever the cgroup's limit",
                 Some(1200 * MIB),
@@ -877,27 +891,33 @@ mod allocatable_tests {
             (
                 "the pods cgroup's limit over the Node's figure, as the kubelet",
                 Some(1124 * MIB),
-                Against::PodsLimitElse(Some(1 << 30)),
+                Against::PodsLimitElse(Unlimited::Node(1 << 30)),
                 Some(1124 << 20),
             ),
             (
                 "the pods cgroup's limit before the Node is read (a restarted agent's first \
                  evaluation)",
                 Some(1124 * MIB),
-                Against::PodsLimitElse(None),
+                Against::PodsLimitElse(Unlimited::NotRead),
                 Some(1124 << 20),
             ),
             (
                 "the Node's figure while the pods cgroup has no limit",
                 None,
-                Against::PodsLimitElse(Some(1 << 30)),
+                Against::PodsLimitElse(Unlimited::Node(1 << 30)),
                 Some(1 << 30),
             ),
             (
                 "nothing while the pods cgroup has no limit and the Node is not read yet",
                 None,
-                Against::PodsLimitElse(None),
+                Against::PodsLimitElse(Unlimited::NotRead),
                 None,
+            ),
+            (
+                "the pods cgroup's limit while the Node cannot be read (RBAC, a missing field)",
+                Some(1124 * MIB),
+                Against::PodsLimitElse(Unlimited::Unknown("node n1: forbidden")),
+                Some(1124 << 20),
             ),
             (
                 "the config's figure, the cgroup unlimited",
