@@ -54,7 +54,10 @@ pub struct KernelOffsets {
     pub pid_numbers: u32,
     pub upid_ns: u32,
     pub pidns_pid_allocated: u32,
-    pub _pad: u32,
+    /// struct pid_namespace: `pid_max`, each namespace's own since 6.14 (kernel/pid.c), 0 where
+    /// the kernel has none (before 6.14 `pid_max` is one global figure, the same read from any
+    /// namespace's `/proc/sys/kernel/pid_max`).
+    pub pidns_pid_max: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 128);

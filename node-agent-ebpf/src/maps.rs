@@ -54,7 +54,7 @@ pub static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     pid_numbers: 0,
     upid_ns: 0,
     pidns_pid_allocated: 0,
-    _pad: 0,
+    pidns_pid_max: 0,
 });
 
 /// A header for an event of `kind` seen now on this CPU.

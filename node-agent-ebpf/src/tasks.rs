@@ -40,6 +40,13 @@ static FORK_LIMITS: HashMap<u64, ForkRateLimit> = HashMap::with_max_entries(MAX_
 #[map]
 static PID_LIMITS: Array<PidLimits> = Array::with_max_entries(1, 0);
 
+/// Index 0: the initial PID namespace's `pid_max` as the last fork or exit saw it, on kernels
+/// where each namespace has its own (6.14 and later; 0 elsewhere, and before the first). An
+/// agent in a pod's PID namespace reads its own namespace's figure from /proc, and the host's
+/// here: the host's is what a fork anywhere on the node runs out of.
+#[map]
+static HOST_PID_MAX: Array<u32> = Array::with_max_entries(1, 0);
+
 #[btf_tracepoint(function = "sched_process_fork")]
 pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
     let child: u64 = ctx.arg(1);
@@ -60,7 +67,10 @@ fn try_task_event(task: u64, delta: i64) -> Result<(), i64> {
     if o.valid == 0 {
         return Err(-1);
     }
-    check_pid_limit(&o, task);
+    if let Some(ns) = initial_pid_namespace(&o, task) {
+        check_pid_limit(&o, ns);
+        host_pid_max(&o, ns);
+    }
     let cgroup = task_memcg_id_btf(&o, task);
     let Some(counts) = TASK_COUNTS.get_ptr_mut(cgroup) else {
         return Ok(());
@@ -76,15 +86,45 @@ fn try_task_event(task: u64, delta: i64) -> Result<(), i64> {
     Ok(())
 }
 
-/// Reports `pid.available` crossings, once each. Live PIDs are read from the initial PID
-/// namespace reached through the task (`task->thread_pid->numbers[0].ns`): its
-/// `pid_allocated` (kernel/pid.c: `alloc_pid()`/`free_pid()`) counts every allocated PID,
-/// zombies included, which is what `pid_max` runs out of.
+/// The initial PID namespace, reached through the task: `task->thread_pid->numbers[0].ns`
+/// (level 0 of every PID is the initial namespace's). Direct loads from the BTF task pointer
+/// (see `kernel::load`).
+#[inline(always)]
+fn initial_pid_namespace(o: &KernelOffsets, task: u64) -> Option<u64> {
+    let pid: u64 = load(task, o.task_thread_pid);
+    if pid == 0 {
+        return None;
+    }
+    let ns: u64 = load(pid, o.pid_numbers + o.upid_ns);
+    (ns != 0).then_some(ns)
+}
+
+/// Keeps `HOST_PID_MAX` at the initial namespace's `pid_max`, written only when it changed.
+#[inline(always)]
+fn host_pid_max(o: &KernelOffsets, ns: u64) {
+    if o.pidns_pid_max == 0 {
+        return;
+    }
+    let Some(slot) = HOST_PID_MAX.get_ptr_mut(0) else {
+        return;
+    };
+    let pid_max: u32 = load(ns, o.pidns_pid_max);
+    // SAFETY: the array value lives as long as the map.
+    unsafe {
+        if *slot != pid_max {
+            *slot = pid_max;
+        }
+    }
+}
+
+/// Reports `pid.available` crossings, once each. Live PIDs are the initial PID namespace's
+/// `pid_allocated` (kernel/pid.c: `alloc_pid()`/`free_pid()`), which counts every allocated
+/// PID, zombies included: what `pid_max` runs out of.
 ///
 /// BPF before cpu v3 has no compare-and-swap, so `below` is a plain flag: two CPUs crossing in
 /// the same instant could both report. Crossings are rare; duplicates are harmless downstream.
 #[inline(always)]
-fn check_pid_limit(o: &KernelOffsets, task: u64) {
+fn check_pid_limit(o: &KernelOffsets, ns: u64) {
     let Some(limits) = PID_LIMITS.get_ptr_mut(0) else {
         return;
     };
@@ -93,9 +133,7 @@ fn check_pid_limit(o: &KernelOffsets, task: u64) {
     if limits.threshold == 0 {
         return;
     }
-    let Some(live) = live_pids(o, task) else {
-        return;
-    };
+    let live = live_pids(o, ns);
     let available = limits.limit as i64 - live;
     let direction = if available < limits.threshold as i64 && limits.below == 0 {
         limits.below = 1;
@@ -116,20 +154,11 @@ fn check_pid_limit(o: &KernelOffsets, task: u64) {
     });
 }
 
-/// PIDs allocated in the initial PID namespace, without its `PIDNS_ADDING` flag bit. Direct
-/// loads from the BTF task pointer (see `kernel::load`).
+/// PIDs allocated in the namespace, without its `PIDNS_ADDING` flag bit.
 #[inline(always)]
-fn live_pids(o: &KernelOffsets, task: u64) -> Option<i64> {
-    let pid: u64 = load(task, o.task_thread_pid);
-    if pid == 0 {
-        return None;
-    }
-    let ns: u64 = load(pid, o.pid_numbers + o.upid_ns);
-    if ns == 0 {
-        return None;
-    }
+fn live_pids(o: &KernelOffsets, ns: u64) -> i64 {
     let allocated: u32 = load(ns, o.pidns_pid_allocated);
-    Some(i64::from(allocated & 0x7fff_ffff))
+    i64::from(allocated & 0x7fff_ffff)
 }
 
 /// Counts a fork against the cgroup's rate window; the first fork over the limit in a window

@@ -340,6 +340,21 @@ impl Daemon {
             cgroup,
             &["run".as_ref(), "--config".as_ref(), config.as_os_str()],
         )?;
+        Self::running(process, port)
+    }
+
+    /// Starts it as PID 1 of a PID namespace of its own, as in a pod without `hostPID`.
+    pub fn start_in_pid_namespace(config: &Path, port: u16) -> anyhow::Result<Daemon> {
+        let process = AgentProcess::spawn_in_pid_namespace(&[
+            "run".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+        ])?;
+        Self::running(process, port)
+    }
+
+    /// The daemon once it says it runs.
+    fn running(process: AgentProcess, port: u16) -> anyhow::Result<Daemon> {
         let mut daemon = Daemon {
             process,
             port,

@@ -374,6 +374,8 @@ pub fn agent_bin() -> String {
 /// nothing running.
 pub struct AgentProcess {
     pub child: Child,
+    /// The agent's own PID when it runs below `child` (in a PID namespace of its own).
+    pub inner: Option<u32>,
     pub json: std::sync::mpsc::Receiver<serde_json::Value>,
     pub log: std::sync::mpsc::Receiver<String>,
 }
@@ -386,6 +388,35 @@ impl AgentProcess {
     /// Spawns it inside the cgroup at `cgroup` (it joins between fork and exec, so all of its
     /// memory is charged there), or where the test runs.
     pub fn spawn_in(cgroup: Option<&Path>, args: &[&std::ffi::OsStr]) -> anyhow::Result<Self> {
+        Self::spawn_with(cgroup, false, args)
+    }
+
+    /// Spawns it as PID 1 of a PID namespace of its own, as in a pod without `hostPID`. The
+    /// process started (`child`) makes the namespace, forks the agent into it and waits for
+    /// it, exiting with its status; the agent dies with it (`PR_SET_PDEATHSIG`), and signals go
+    /// to the agent itself ([`Self::signal`]).
+    pub fn spawn_in_pid_namespace(args: &[&std::ffi::OsStr]) -> anyhow::Result<Self> {
+        let mut process = Self::spawn_with(None, true, args)?;
+        let outer = process.child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        process.inner = loop {
+            if let Some(pid) = child_of(outer) {
+                break Some(pid);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the agent forked into its PID namespace did not appear below {outer}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        Ok(process)
+    }
+
+    fn spawn_with(
+        cgroup: Option<&Path>,
+        pid_namespace: bool,
+        args: &[&std::ffi::OsStr],
+    ) -> anyhow::Result<Self> {
         use std::os::unix::{ffi::OsStrExt as _, process::CommandExt as _};
         let mut command = Command::new(agent_bin());
         command
@@ -413,6 +444,43 @@ impl AgentProcess {
                 });
             }
         }
+        if pid_namespace {
+            // SAFETY: between fork and exec only async-signal-safe calls (unshare, fork,
+            // prctl, close_range, waitpid, _exit); the waiting process never returns to exec.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    match libc::fork() {
+                        -1 => Err(std::io::Error::last_os_error()),
+                        0 => {
+                            // PID 1 of the new namespace: it goes on to exec the agent, and
+                            // dies with the process that waits for it.
+                            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                            Ok(())
+                        }
+                        agent => {
+                            // Never to exec: its copy of the pipe std's spawn waits on (closed
+                            // at exec) is closed here, or spawn would wait for the agent's end.
+                            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                            let mut status = 0;
+                            while libc::waitpid(agent, &mut status, 0) != agent {
+                                if *libc::__errno_location() != libc::EINTR {
+                                    libc::_exit(127);
+                                }
+                            }
+                            let code = if libc::WIFEXITED(status) {
+                                libc::WEXITSTATUS(status)
+                            } else {
+                                128 + libc::WTERMSIG(status)
+                            };
+                            libc::_exit(code)
+                        }
+                    }
+                });
+            }
+        }
         let mut child = command.spawn().context("starting the agent")?;
         let json = lines(child.stdout.take().context("stdout")?, |line| {
             serde_json::from_str::<serde_json::Value>(&line).ok()
@@ -421,12 +489,18 @@ impl AgentProcess {
             eprintln!("agent: {line}");
             Some(line)
         });
-        Ok(Self { child, json, log })
+        Ok(Self {
+            child,
+            inner: None,
+            json,
+            log,
+        })
     }
 
     pub fn signal(&self, sig: i32) {
-        // SAFETY: signals the process we started.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
+        let pid = self.inner.unwrap_or(self.child.id());
+        // SAFETY: signals the process we started (or the agent it forked).
+        unsafe { libc::kill(pid as i32, sig) };
     }
 
     /// Waits at most `limit` for the process to exit.
@@ -450,6 +524,26 @@ impl Drop for AgentProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A child of process `parent`, from `/proc/*/stat`.
+fn child_of(parent: u32) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == parent).then_some(pid)
+        })
 }
 
 /// Each line of `reader` that `map` keeps, on a channel fed by a thread.

@@ -104,6 +104,18 @@ impl World {
     pub fn start_text(&self, text: &str) -> anyhow::Result<Daemon> {
         std::fs::write(&self.config, text)?;
         let daemon = Daemon::start(&self.config, self.port)?;
+        self.pods_known(daemon)
+    }
+
+    /// [`Self::start_text`], the agent PID 1 of a PID namespace of its own (a pod without
+    /// `hostPID`).
+    pub fn start_text_in_pid_namespace(&self, text: &str) -> anyhow::Result<Daemon> {
+        std::fs::write(&self.config, text)?;
+        let daemon = Daemon::start_in_pid_namespace(&self.config, self.port)?;
+        self.pods_known(daemon)
+    }
+
+    fn pods_known(&self, daemon: Daemon) -> anyhow::Result<Daemon> {
         // The pods are known once the kubelet was asked twice since start.
         let lists = self.cluster().pod_lists;
         wait_until(wait(), "two pod list fetches", || {

@@ -1031,6 +1031,65 @@ fn live_tasks() -> anyhow::Result<i64> {
         .ok_or_else(|| anyhow::anyhow!("/proc/loadavg: {text:?}"))
 }
 
+/// `/proc/sys/kernel/<name>`, read in this (the initial) PID namespace.
+fn kernel_figure(name: &str) -> anyhow::Result<i64> {
+    let path = format!("/proc/sys/kernel/{name}");
+    let text = std::fs::read_to_string(&path)?;
+    text.trim()
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{path}: {text:?}: {e}"))
+}
+
+/// In a PID namespace of its own (a pod without `hostPID`) and without a kubelet figure,
+/// `pid.available` is the host's: since Linux 6.14 the namespace's own `pid_max` is 4194304
+/// where the host's may be 32768, and the kernel programs read the host's. A threshold 3000
+/// tasks above the host's headroom is met; against the namespace's own it would not be (where
+/// threads-max is above the host's pid_max, as on the development machine; in the VMs
+/// threads-max is the lower, and the test holds the same outcome on every kernel).
+#[test]
+fn in_a_pid_namespace_of_its_own_pid_available_is_measured_against_the_hosts_pid_max(
+) -> anyhow::Result<()> {
+    require_root();
+    let (pid_max, threads_max) = (kernel_figure("pid_max")?, kernel_figure("threads-max")?);
+    let host = pid_max.min(threads_max);
+    let threshold = host - live_tasks()? + 3000;
+    let w = World::new("e2e-pidns", &[hog(), calm()], MEM_HELPER)?;
+    let mut daemon = w.start_text_in_pid_namespace(&w.config_with_threshold(
+        &format!("1Mi, pid.available: {threshold}"),
+        "",
+        "",
+    ))?;
+    daemon.wait_log("this agent runs in a PID namespace of its own", wait())?;
+    daemon.wait_log("pressure changed thresholds_met={PidAvailable}", wait())?;
+    const PIDS: &str = "node_agent_signal_available_pids{eviction_signal=\"pid.available\"}";
+    let available = daemon.metric(PIDS)?.expect("pid.available observed");
+    assert!(
+        available < host as f64,
+        "the host's {host} less its tasks: {available}"
+    );
+    if threads_max > pid_max {
+        // The namespace's own figure is its pid_max here: the log says which it took.
+        let said = daemon.log_count("the host's pid_max read by the kernel programs");
+        let own_pid_max = kernel_at_least(6, 14)?;
+        assert_eq!(
+            said,
+            usize::from(own_pid_max),
+            "the host's pid_max from the kernel said once where the namespace has its own"
+        );
+    }
+    daemon.stop()
+}
+
+/// Whether the running kernel is `major.minor` or later.
+fn kernel_at_least(major: u32, minor: u32) -> anyhow::Result<bool> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+    let mut parts = release.trim().split(['.', '-']).map(str::parse::<u32>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(a)), Some(Ok(b))) => Ok((a, b) >= (major, minor)),
+        _ => anyhow::bail!("osrelease {release:?}"),
+    }
+}
+
 /// `pid.available` is measured against the kubelet's task limit (`node.rlimit.maxpid` of its
 /// summary) once the summary gives one below the agent's own: in a pod, the agent's PID
 /// namespace reads its own `pid_max` (4194304 on 6.18), not the host's. A bad figure is named

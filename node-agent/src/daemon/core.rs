@@ -142,6 +142,10 @@ impl Daemon {
     /// Runs until SIGTERM or Ctrl-C.
     pub async fn run(&mut self, mut signals: Signals) -> Result<(), DaemonError> {
         self.sync_allocatable();
+        // The host's pid_max before the first evaluation where a fork since load gave it: a
+        // restart under PID pressure keeps the taint it left.
+        let pid_max = self.kernel.host_pid_max();
+        self.node.take_host_pid_max(pid_max);
         let reading = self.node.read();
         self.kernel
             .set_pid_trigger(&self.config.current.eviction, &reading);
@@ -366,6 +370,7 @@ impl Daemon {
 
     /// Every second: losses, rescans, the runtime's images when due, local storage limits.
     fn housekeeping(&mut self) {
+        self.host_pid_max();
         self.kubelet_pid_limit();
         self.kernel.housekeeping(&self.report);
         self.acts.flush_oom(self.now());
@@ -409,6 +414,14 @@ impl Daemon {
         }
     }
 
+    /// The host's `pid_max` from the kernel programs: when it changes, as for the kubelet's.
+    fn host_pid_max(&mut self) {
+        let pid_max = self.kernel.host_pid_max();
+        if self.node.take_host_pid_max(pid_max) {
+            self.pid_limit_changed();
+        }
+    }
+
     /// The kubelet's task limit from the latest summary: when it changes, the kernel's
     /// `pid.available` line is set again against it and the node decided again at once.
     fn kubelet_pid_limit(&mut self) {
@@ -422,11 +435,17 @@ impl Daemon {
             .as_ref()
             .and_then(|s| s.kubelet_max_pids.clone());
         if self.node.take_kubelet_pid_limit(figure.as_ref()) {
-            let reading = self.node.read();
-            self.kernel
-                .set_pid_trigger(&self.config.current.eviction, &reading);
-            self.evaluate(Trigger::PidLimit, None);
+            self.pid_limit_changed();
         }
+    }
+
+    /// The kernel's `pid.available` line set again against the new limit, and the node decided
+    /// again at once.
+    fn pid_limit_changed(&mut self) {
+        let reading = self.node.read();
+        self.kernel
+            .set_pid_trigger(&self.config.current.eviction, &reading);
+        self.evaluate(Trigger::PidLimit, None);
     }
 
     /// The Node's figure changed: taken at once, the kernel lines re-armed by an evaluation now.

@@ -87,6 +87,19 @@ impl KernelSide {
         }
     }
 
+    /// The host's `pid_max` as the kernel programs last saw it, where it is not one global
+    /// figure (Linux 6.14 and later); a map that cannot be read is logged and says nothing.
+    pub fn host_pid_max(&mut self) -> Option<u32> {
+        self.feed
+            .programs()
+            .host_pid_max()
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "reading the host's pid_max from the kernel"),
+            )
+            .ok()
+            .flatten()
+    }
+
     /// The in-kernel `pid.available` check, at the most lenient configured threshold.
     pub fn set_pid_trigger(&mut self, eviction: &EvictionConfig, reading: &NodeReading) {
         let Some(limit) = reading.capacity.pids else {

@@ -349,7 +349,7 @@ pub struct Node {
     pub allocatable: Allocatable,
     /// The task reading the Node's allocatable memory, while the config does not give it.
     pub allocatable_feed: AllocatableFeed,
-    /// The kubelet's task limit, which caps this PID namespace's own.
+    /// The host's and the kubelet's task limits, which cap this PID namespace's own.
     pub pid_limit: PidLimit,
     pub fs: Filesystems,
     /// The filesystem layout of the last reading.
@@ -377,6 +377,14 @@ impl Node {
     pub fn take_kubelet_pid_limit(&mut self, figure: Option<&Result<i64, String>>) -> bool {
         let held = &self.held;
         self.pid_limit.take(figure, || {
+            crate::sys::pid_limit_with(&|p| held.read(p)).ok()
+        })
+    }
+
+    /// Takes the host's `pid_max` as the kernel programs last saw it ([`PidLimit::take_host`]).
+    pub fn take_host_pid_max(&mut self, pid_max: Option<u32>) -> bool {
+        let held = &self.held;
+        self.pid_limit.take_host(pid_max, || {
             crate::sys::pid_limit_with(&|p| held.read(p)).ok()
         })
     }

@@ -2,15 +2,18 @@
 //! in the host's PID namespace. Since Linux 6.14 `pid_max` belongs to each PID namespace: a
 //! pod's own reads its own (4194304 on 6.18, where the host's may be 32768), while a fork in
 //! the pod still takes a PID in every namespace above it, so the host's figure is the one that
-//! runs out. The agent's pod has no `hostPID`, so it takes the kubelet's figure from its
-//! summary (`node.rlimit.maxpid`) as soon as a summary gives one, and uses the smaller of that
-//! and its own. Until then, or with no kubelet summary at all (`podSource: apiserver`,
-//! standalone), it uses its own, and says at start when that may not be the host's.
+//! runs out. The agent's pod has no `hostPID`, so it takes the host's figure from its kernel
+//! programs, which read the initial PID namespace's `pid_max` at every fork and exit, and the
+//! kubelet's from its summary (`node.rlimit.maxpid`), and uses the smallest of those and its
+//! own. Before the first of them (the first second after start), it uses its own.
 
-/// The kubelet's task limit, as its summaries last gave it.
+/// The host's and the kubelet's task limits, as the kernel programs and the summaries last
+/// gave them.
 #[derive(Debug, Default)]
 pub struct PidLimit {
     kubelet: Option<i64>,
+    /// The initial PID namespace's `pid_max`, on kernels where it is not this namespace's.
+    host: Option<i64>,
     /// The bad figure last named in the log, so it is named once, not at every summary.
     said_bad: Option<String>,
 }
@@ -18,7 +21,38 @@ pub struct PidLimit {
 impl PidLimit {
     /// The limit `pid.available` is measured against, given this namespace's own figure.
     pub fn limit(&self, own: i64) -> i64 {
-        self.kubelet.map_or(own, |kubelet| kubelet.min(own))
+        [self.kubelet, self.host]
+            .into_iter()
+            .flatten()
+            .fold(own, i64::min)
+    }
+
+    /// Takes the initial PID namespace's `pid_max` as the kernel programs last saw it (`None`:
+    /// not known, and the last figure stands). Returns whether it changed: the kernel's line
+    /// is then set again. `own` (this namespace's figure) is read only then, for the log, which
+    /// says it where the host's is the lower (the agent in a PID namespace of its own).
+    pub fn take_host(&mut self, pid_max: Option<u32>, own: impl FnOnce() -> Option<i64>) -> bool {
+        let Some(pid_max) = pid_max.map(i64::from) else {
+            return false;
+        };
+        if self.host == Some(pid_max) {
+            return false;
+        }
+        let was = self.host.replace(pid_max);
+        let own = own();
+        if own.is_some_and(|own| pid_max < own) {
+            tracing::info!(
+                host_pid_max = pid_max,
+                own,
+                was,
+                "the host's pid_max read by the kernel programs (the initial PID namespace's), \
+                 below this namespace's own min(pid_max, threads-max): pid.available is measured \
+                 against it, or the kubelet's node.rlimit.maxpid where that is lower"
+            );
+        } else {
+            tracing::debug!(host_pid_max = pid_max, own, was, "the host's pid_max read");
+        }
+        true
     }
 
     /// Takes the latest summary's figure (`None`: the summary said nothing, and the last figure
@@ -78,24 +112,15 @@ impl PidLimit {
 
 /// At start: whether the agent runs in a PID namespace of its own, where `pid_max` need not be
 /// the host's, and what it will measure `pid.available` against there.
-pub fn say_namespace(kubelet_summary: bool) {
+pub fn say_namespace() {
     if in_initial_pid_namespace() != Some(false) {
         return;
     }
-    if kubelet_summary {
-        tracing::info!(
-            "this agent runs in a PID namespace of its own, whose pid_max need not be the host's: \
-             pid.available is measured against the kubelet's node.rlimit.maxpid once its \
-             summary gives it, and this namespace's own figure until then"
-        );
-    } else {
-        tracing::warn!(
-            "this agent runs in a PID namespace of its own and reads no kubelet summary \
-             (podSource apiserver, or no cluster): pid.available is measured against this \
-             namespace's pid_max, which on Linux 6.14 and later is not the host's. Run it with \
-             hostPID, or with podSource kubelet or nodeProxy, where pid.available matters"
-        );
-    }
+    tracing::info!(
+        "this agent runs in a PID namespace of its own, whose pid_max need not be the host's \
+         (Linux 6.14 and later): pid.available is measured against the host's, which the kernel \
+         programs read, from the first fork or exit on the node"
+    );
 }
 
 /// `Some(true)` in the initial PID namespace (its `/proc/self/ns/pid` inode is the kernel's
@@ -142,6 +167,51 @@ mod tests {
                 changed,
                 "{behaviour}"
             );
+            assert_eq!(limit.limit(own), then, "{behaviour}");
+        }
+    }
+
+    #[test]
+    fn the_hosts_pid_max_from_the_kernel_caps_the_namespaces_own_beside_the_kubelets() {
+        let own = 4_194_304;
+        let mut limit = PidLimit::default();
+        /// (behaviour, the kernel's figure, the summary's, changed?, the limit then)
+        type Row = (&'static str, Option<u32>, Option<i64>, bool, i64);
+        let rows: [Row; 6] = [
+            ("nothing from the kernel yet", None, None, false, own),
+            (
+                "the host's, below the pod's",
+                Some(32_768),
+                None,
+                true,
+                32_768,
+            ),
+            ("the same again", Some(32_768), None, false, 32_768),
+            ("nothing new: the last stands", None, None, false, 32_768),
+            (
+                "the kubelet's, lower still",
+                Some(32_768),
+                Some(30_000),
+                false,
+                30_000,
+            ),
+            (
+                "raised on the host, the kubelet's stands",
+                Some(65_536),
+                None,
+                true,
+                30_000,
+            ),
+        ];
+        for (behaviour, kernel, kubelet, changed, then) in rows {
+            assert_eq!(
+                limit.take_host(kernel, || Some(own)),
+                changed,
+                "{behaviour}"
+            );
+            if let Some(k) = kubelet {
+                limit.take(Some(&Ok(k)), || Some(own));
+            }
             assert_eq!(limit.limit(own), then, "{behaviour}");
         }
     }

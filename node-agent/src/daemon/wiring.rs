@@ -173,13 +173,7 @@ async fn start(
         }
         None => None,
     };
-    super::pid_limit::say_namespace(
-        config
-            .current
-            .kubernetes
-            .as_ref()
-            .is_some_and(|k| k.pod_source != node_agent_kube::config::PodSourceKind::Apiserver),
-    );
+    super::pid_limit::say_namespace();
     let clock = Clock::new(&config.current);
     let acts = acting_config::start(
         &config.current,

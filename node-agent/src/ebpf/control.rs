@@ -210,6 +210,15 @@ impl KernelPrograms {
         map.set(0, value, 0).map_err(map_err("PID_LIMITS", 0))
     }
 
+    /// The initial PID namespace's `pid_max` as the kernel programs last saw it: `None` on
+    /// kernels where `pid_max` is one global figure (before 6.14), and before the first fork
+    /// or exit since load.
+    pub fn host_pid_max(&mut self) -> Result<Option<u32>, ControlError> {
+        let map = typed_map!(self, "HOST_PID_MAX", Array::<&mut MapData, u32>);
+        let pid_max = map.get(&0, 0).map_err(map_err("HOST_PID_MAX", 0))?;
+        Ok((pid_max != 0).then_some(pid_max))
+    }
+
     /// Records the kernel programs tried to write, per CPU, since load (delivered + lost).
     pub fn sent_events(&mut self) -> Result<Vec<u64>, ControlError> {
         let map = typed_map!(self, "SENT", PerCpuArray::<&mut MapData, u64>);

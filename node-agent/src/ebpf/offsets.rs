@@ -45,7 +45,8 @@ pub fn from_btf(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         pid_numbers: btf.member_offset("pid", "numbers")?,
         upid_ns: btf.member_offset("upid", "ns")?,
         pidns_pid_allocated: btf.member_offset("pid_namespace", "pid_allocated")?,
-        _pad: 0,
+        // Only since 6.14; a member at offset 0 (the namespace's idr) is never it.
+        pidns_pid_max: btf.member_offset("pid_namespace", "pid_max").unwrap_or(0),
     })
 }
 
