@@ -61,7 +61,8 @@ pub struct TraceArgs {
     #[arg(long, value_name = "NAME")]
     pub pod: Option<String>,
     /// Only these kinds (repeatable, or comma-separated): oom_kill, memory_threshold,
-    /// pid_threshold, fork_storm, eviction, reclaim, events_lost.
+    /// pid_threshold, fork_storm, eviction, reclaim, events_lost (stream_lost, a gap in an
+    /// agent's stream to this reader, always passes).
     #[arg(long, value_name = "KIND")]
     pub kind: Vec<String>,
     /// Output format.
@@ -515,5 +516,18 @@ impl Output {
             }
             Err(e) => Err(PluginError::Output(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_kind_help_names_every_kind_the_agent_knows() {
+        use clap::Args as _;
+        let command = super::TraceArgs::augment_args(clap::Command::new("trace"));
+        assert_eq!(
+            node_agent::trace::kinds_left_out_of_help(&command),
+            Vec::<&str>::new()
+        );
     }
 }

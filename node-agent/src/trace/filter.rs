@@ -6,8 +6,23 @@ use super::record::Record;
 const OWN_KINDS: [&str; 4] = ["eviction", "reclaim", "events_lost", "stream_lost"];
 
 /// Every kind `--kind` takes.
-fn known_kinds() -> Vec<&'static str> {
+pub fn known_kinds() -> Vec<&'static str> {
     crate::probes::NAMES.into_iter().chain(OWN_KINDS).collect()
+}
+
+/// The kinds that the help of `command`'s `--kind` (written by hand, here and in the kubectl
+/// plugin) does not name; all of them when it has no such flag or help. For both CLIs' tests.
+pub fn kinds_left_out_of_help(command: &clap::Command) -> Vec<&'static str> {
+    let help = command
+        .get_arguments()
+        .find(|a| a.get_id() == "kind")
+        .and_then(|a| a.get_help())
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    known_kinds()
+        .into_iter()
+        .filter(|kind| !help.contains(kind))
+        .collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -8,7 +8,7 @@ mod table;
 
 use std::{io::Write as _, path::PathBuf, time::Duration};
 
-pub use filter::{Filter, FilterError, OutputFormat};
+pub use filter::{kinds_left_out_of_help, known_kinds, Filter, FilterError, OutputFormat};
 pub use record::{CgroupRef, Crossing, PodRef, Qos, Record};
 pub use table::signal_value;
 
@@ -344,6 +344,15 @@ async fn attach(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_kind_help_names_every_kind() {
+        use clap::Args as _;
+        let command = super::TraceArgs::augment_args(clap::Command::new("trace"));
+        assert_eq!(super::kinds_left_out_of_help(&command), Vec::<&str>::new());
+        let bare = clap::Command::new("bare").arg(clap::Arg::new("kind").long("kind"));
+        assert_eq!(super::kinds_left_out_of_help(&bare), super::known_kinds());
+    }
+
     #[test]
     fn refuses_bad_threshold_specs_before_loading_anything() {
         let root = tempfile::tempdir().unwrap();
