@@ -298,6 +298,9 @@ pub fn test(tc: &EbpfToolchain, args: &TestArgs) -> anyhow::Result<()> {
     let mut totals = (0, 0);
     let mut summary = Vec::new();
     let mut broken = Vec::new();
+    // Said again after the summary, so that the end of the output (all a CI log may keep)
+    // names what failed.
+    let mut said_again = Vec::new();
     for ((kernel, fetched), outcome) in kernels.iter().zip(&fetched).zip(&outcomes) {
         let report = Report::parse(&outcome.lines, TIMEOUT_RC);
         let problems = problems(kernel, &report, outcome, plan.len());
@@ -322,6 +325,7 @@ pub fn test(tc: &EbpfToolchain, args: &TestArgs) -> anyhow::Result<()> {
         ));
         if !problems.is_empty() {
             broken.push(kernel.series);
+            said_again.push(again(kernel, &report, &problems));
         }
     }
     println!("vm-test summary ({} vCPUs per VM):", args.cpus);
@@ -329,6 +333,11 @@ pub fn test(tc: &EbpfToolchain, args: &TestArgs) -> anyhow::Result<()> {
         println!("{line}");
     }
     println!("vm-test: {} passed, {} failed", totals.0, totals.1);
+    for lines in said_again {
+        for line in lines {
+            println!("{line}");
+        }
+    }
     if !broken.is_empty() {
         bail!("vm-test failed on {}", broken.join(", "));
     }
@@ -427,6 +436,24 @@ fn problems(kernel: &Kernel, report: &Report, outcome: &Outcome, planned: usize)
         problems.push(format!("the kernel reported:\n{trouble}"));
     }
     problems
+}
+
+/// A kernel's problems in short: each, a failing test with the last lines it printed.
+fn again(kernel: &Kernel, report: &Report, problems: &[String]) -> Vec<String> {
+    const TAIL: usize = 12;
+    let mut lines = vec![format!("vm-test: {} failed:", kernel.series)];
+    for p in problems {
+        lines.push(format!("  {}: PROBLEM: {p}", kernel.series));
+    }
+    for r in report.results.iter().filter(|r| r.status != Status::Passed) {
+        lines.push(format!(
+            "  {}: {} {}, the end of its output:",
+            kernel.series, r.name, r.status
+        ));
+        let from = r.output.len().saturating_sub(TAIL);
+        lines.extend(r.output[from..].iter().map(|l| format!("     | {l}")));
+    }
+    lines
 }
 
 fn print_kernel(
