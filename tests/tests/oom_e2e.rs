@@ -281,6 +281,8 @@ fn a_kill_in_a_pod_nobody_names_is_told_on_the_node() -> anyhow::Result<()> {
             .any(|a| a.body["regarding"]["kind"] == "Pod"),
         "no pod is guessed"
     );
+    // Logged beside the event's posting, not before it: waited for, then counted.
+    daemon.wait_log("the runtime could not name an OOM-killed container", wait())?;
     assert_eq!(
         daemon.log_count("the runtime could not name an OOM-killed container"),
         1
