@@ -407,19 +407,11 @@ impl Node {
                 .failed
                 .insert(Source::Memory, crate::error_chain(&e));
         }
-        let against = match &self.allocatable {
-            Allocatable::NotObserved => None,
-            Allocatable::Bytes(figure) => Some(Against::Figure(*figure)),
-            Allocatable::Node(figure) => Some(Against::PodsLimitElse(Unlimited::Node(*figure))),
-            Allocatable::NodeNotRead => Some(Against::PodsLimitElse(Unlimited::NotRead)),
-            Allocatable::Unknown(why) => Some(Against::PodsLimitElse(Unlimited::Unknown(why))),
-        };
-        if let Some(against) = against {
-            if let Err(e) = read_allocatable(&self.layout, against, &self.held, &mut reading) {
-                reading
-                    .failed
-                    .insert(Source::Allocatable, crate::error_chain(&e));
-            }
+        if let Err(e) = read_allocatable(&self.layout, &self.allocatable, &self.held, &mut reading)
+        {
+            reading
+                .failed
+                .insert(Source::Allocatable, crate::error_chain(&e));
         }
         self.fs.read(&mut reading);
         self.last_layout.set(reading.fs_layout);
@@ -469,34 +461,20 @@ fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), Obser
     Ok(())
 }
 
-/// What `allocatableMemory.available` is measured against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Against<'a> {
-    /// This figure (the config's `allocatableMemory`).
-    Figure(i64),
-    /// The pods cgroup's own memory limit, as the kubelet measures it (its summary's `pods`
-    /// container: `AvailableBytes` = limit − working set); while the cgroup has no limit, what
-    /// the Node said.
-    PodsLimitElse(Unlimited<'a>),
-}
-
-/// What a pods cgroup without a memory limit is measured against: the Node's figure only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Unlimited<'a> {
-    /// The Node's `status.allocatable.memory`.
-    Node(i64),
-    /// Nothing yet, and nothing observed: the Node has not answered.
-    NotRead,
-    /// Nothing, and the signal unknown: why the Node's figure is unknown.
-    Unknown(&'a str),
-}
-
+/// `allocatableMemory.available`, measured against the config's figure when it gives one, else
+/// against the pods cgroup's own memory limit, as the kubelet measures it (its summary's `pods`
+/// container: `AvailableBytes` = limit − working set), and while that cgroup has no limit,
+/// against the Node's figure: nothing observed while the Node is not read yet, and unknown
+/// while its figure is.
 fn read_allocatable(
     layout: &NodeLayout,
-    against: Against,
+    allocatable: &Allocatable,
     held: &crate::sys::HeldFiles,
     reading: &mut NodeReading,
 ) -> Result<(), ObserveError> {
+    if *allocatable == Allocatable::NotObserved {
+        return Ok(());
+    }
     let dir = layout.kubepods().ok_or_else(|| ObserveError::Malformed {
         path: layout.node_dir.clone(),
         problem: "no kubepods or kubepods.slice cgroup below it: allocatableMemory.available \
@@ -505,16 +483,13 @@ fn read_allocatable(
     })?;
     let memory = paths::read_memory_with(&|p| held.read(p), &dir, layout.version())
         .map_err(ObserveError::Cgroup)?;
-    let allocatable = match (against, memory.limit) {
-        (Against::PodsLimitElse(_), paths::Limit::At(limit)) => {
-            i64::try_from(limit).unwrap_or(i64::MAX)
-        }
-        (Against::PodsLimitElse(Unlimited::Node(figure)) | Against::Figure(figure), _) => figure,
+    let allocatable = match (allocatable, memory.limit) {
+        (Allocatable::Bytes(figure), _) => *figure,
+        (_, paths::Limit::At(limit)) => i64::try_from(limit).unwrap_or(i64::MAX),
+        (Allocatable::Node(figure), _) => *figure,
         // No limit, and the Node not read yet: nothing to measure against, for now.
-        (Against::PodsLimitElse(Unlimited::NotRead), _) => return Ok(()),
-        (Against::PodsLimitElse(Unlimited::Unknown(why)), _) => {
-            return Err(ObserveError::NodeUnknown(why.to_string()))
-        }
+        (Allocatable::NodeNotRead | Allocatable::NotObserved, _) => return Ok(()),
+        (Allocatable::Unknown(why), _) => return Err(ObserveError::NodeUnknown(why.clone())),
     };
     let working_set = i64::try_from(memory.working_set()).unwrap_or(i64::MAX);
     reading.observations.insert(
@@ -889,52 +864,52 @@ mod allocatable_tests {
         const MIB: u64 = 1 << 20;
         // (behaviour, the pods cgroup's limit, measured against, the capacity taken; none:
         // not observed)
-        let rows: [(&str, Option<u64>, Against, Option<i64>); 7] = [
+        let rows: [(&str, Option<u64>, Allocatable, Option<i64>); 7] = [
             (
                 "the config's figure, whatever the cgroup's limit",
                 Some(1200 * MIB),
-                Against::Figure(1 << 30),
+                Allocatable::Bytes(1 << 30),
                 Some(1 << 30),
             ),
             (
                 "the pods cgroup's limit over the Node's figure, as the kubelet",
                 Some(1124 * MIB),
-                Against::PodsLimitElse(Unlimited::Node(1 << 30)),
+                Allocatable::Node(1 << 30),
                 Some(1124 << 20),
             ),
             (
                 "the pods cgroup's limit before the Node is read (a restarted agent's first \
                  evaluation)",
                 Some(1124 * MIB),
-                Against::PodsLimitElse(Unlimited::NotRead),
+                Allocatable::NodeNotRead,
                 Some(1124 << 20),
             ),
             (
                 "the Node's figure while the pods cgroup has no limit",
                 None,
-                Against::PodsLimitElse(Unlimited::Node(1 << 30)),
+                Allocatable::Node(1 << 30),
                 Some(1 << 30),
             ),
             (
                 "nothing while the pods cgroup has no limit and the Node is not read yet",
                 None,
-                Against::PodsLimitElse(Unlimited::NotRead),
+                Allocatable::NodeNotRead,
                 None,
             ),
             (
                 "the pods cgroup's limit while the Node cannot be read (RBAC, a missing field)",
                 Some(1124 * MIB),
-                Against::PodsLimitElse(Unlimited::Unknown("node n1: forbidden")),
+                Allocatable::Unknown("node n1: forbidden".into()),
                 Some(1124 << 20),
             ),
             (
                 "the config's figure, the cgroup unlimited",
                 None,
-                Against::Figure(900 << 20),
+                Allocatable::Bytes(900 << 20),
                 Some(900 << 20),
             ),
         ];
-        for (behaviour, limit, against, capacity) in rows {
+        for (behaviour, limit, allocatable, capacity) in rows {
             let (_dir, src) = node_with_kubepods(700 * MIB, 100 * MIB, limit);
             let mut reading = NodeReading {
                 observations: Observations::new(),
@@ -942,7 +917,7 @@ mod allocatable_tests {
                 failed: BTreeMap::new(),
                 fs_layout: FsLayout::Shared,
             };
-            read_allocatable(&src.layout, against, &src.held, &mut reading).unwrap();
+            read_allocatable(&src.layout, &allocatable, &src.held, &mut reading).unwrap();
             assert_eq!(
                 reading
                     .observations
