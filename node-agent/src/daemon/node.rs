@@ -375,18 +375,13 @@ impl Node {
     /// Takes the kubelet's task limit from the latest summary ([`PidLimit::take`]); this PID
     /// namespace's own figure is read for the log only when it changed.
     pub fn take_kubelet_pid_limit(&mut self, figure: Option<&Result<i64, String>>) -> bool {
-        let held = &self.held;
-        self.pid_limit.take(figure, || {
-            crate::sys::pid_limit_with(&|p| held.read(p)).ok()
-        })
+        self.pid_limit.take(figure, || own_pid_limit(&self.held))
     }
 
     /// Takes the host's `pid_max` as the kernel programs last saw it ([`PidLimit::take_host`]).
     pub fn take_host_pid_max(&mut self, pid_max: Option<u32>) -> bool {
-        let held = &self.held;
-        self.pid_limit.take_host(pid_max, || {
-            crate::sys::pid_limit_with(&|p| held.read(p)).ok()
-        })
+        self.pid_limit
+            .take_host(pid_max, || own_pid_limit(&self.held))
     }
 
     /// Whether images and writable layers had a filesystem of their own at the last reading.
@@ -420,6 +415,11 @@ impl Node {
         }
         reading
     }
+}
+
+/// This PID namespace's own min(pid_max, threads-max), for the log when a cap changes.
+fn own_pid_limit(held: &crate::sys::HeldFiles) -> Option<i64> {
+    crate::sys::pid_limit_with(&|p| held.read(p)).ok()
 }
 
 fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), ObserveError> {
