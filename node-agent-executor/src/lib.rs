@@ -19,6 +19,7 @@
 
 mod action;
 mod acts;
+pub mod kill;
 mod lanes;
 pub mod plan;
 pub mod reclaim;
