@@ -12,7 +12,9 @@ use node_agent_kube::{
 use node_agent_policy::{Eviction, NodeCondition, PodInfo, Resource};
 
 use crate::{
+    kill::{KillTarget, Killed},
     lanes::Refused,
+    node::RecordReport,
     reclaim::{Detected, Identity, Reclaim, ReclaimOutcome, RuntimeError},
 };
 
@@ -20,6 +22,10 @@ use crate::{
 #[derive(Debug, Clone)]
 pub enum Action {
     Evict(Box<Evict>),
+    /// A hard memory or PID threshold's eviction carried out on the node: the pod's processes
+    /// killed and their memory given back at once, its record (`Failed`, `Evicted`) written
+    /// through the API after.
+    Kill(Box<Kill>),
     NodeEvent(NodeEvent),
     /// A kernel OOM kill in a pod, as an event on the pod (or one more in its series).
     PodOomEvent(Box<PodOomEvent>),
@@ -170,6 +176,13 @@ pub struct Evict {
     pub trigger_ktime_ns: Option<u64>,
 }
 
+/// An eviction carried out on the node, and the pod's cgroup as the decision verified it.
+#[derive(Debug, Clone)]
+pub struct Kill {
+    pub evict: Evict,
+    pub target: KillTarget,
+}
+
 /// The pod's OOM event: posted for the first kill of a series, its count written after.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodOomEvent {
@@ -234,6 +247,8 @@ pub enum Outcome {
         evict: Box<Evict>,
         refused: Refused,
     },
+    /// What became of the record of an eviction carried out on the node.
+    Recorded(Box<RecordReport>),
     /// Whose container an OOM kill was in, or why the runtime could not say.
     Identified {
         kill: Box<Unnamed>,
@@ -247,6 +262,8 @@ pub struct Report {
     pub eviction: Eviction,
     pub trigger_ktime_ns: Option<u64>,
     pub attempt: Attempt,
+    /// What the kill on the node did (an eviction carried out there).
+    pub killed: Option<Killed>,
     /// The pod's `Evicted` event could not be posted (the eviction itself happened).
     pub event_error: Option<ApiError>,
     pub at: SystemTime,

@@ -7,7 +7,6 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    path::PathBuf,
     time::{Duration, SystemTime},
 };
 
@@ -17,7 +16,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::{
     action::{Action, OomCounted, OomTold, Outcome, StatusReport, Unnamed},
-    plan::{oom_kill_actions, Acting, InFlight, NodeReclaim, Note, Rates, Timing},
+    plan::{
+        oom_kill_actions, Acting, Cgroups, InFlight, NodeReclaim, Note, PodCgroup, Rates, Timing,
+    },
     reclaim::{Identity, RuntimeError},
     run::{Executor, Settings},
 };
@@ -39,6 +40,10 @@ pub struct Acts {
     images_asked_at: Option<Duration>,
     /// OOM kills waiting for the runtime to name their container, by container id.
     identifying: BTreeMap<String, Vec<Unnamed>>,
+    /// Whether this agent can kill on the node, and why not: decided once at start.
+    node_kill: Result<(), String>,
+    /// What the config last asked for hard evictions (on the node or not), to say it once.
+    hard_eviction_wanted: Option<bool>,
 }
 
 /// A decision of the policy, as the loop hands it over: the pods it was made among, whether
@@ -60,8 +65,15 @@ pub struct Handed {
 }
 
 impl Acts {
-    /// Starts the executor's lanes with `settings`, and the plan with its pacing.
-    pub fn start(settings: Settings, rates: Rates, timing: Timing, now: Duration) -> Self {
+    /// Starts the executor's lanes with `settings`, and the plan with its pacing. `node_kill`
+    /// says whether this agent can kill on the node (see [`crate::kill::host`]), or why not.
+    pub fn start(
+        settings: Settings,
+        rates: Rates,
+        timing: Timing,
+        node_kill: Result<(), String>,
+        now: Duration,
+    ) -> Self {
         let (settings, settings_rx) = watch::channel(settings);
         let (executor, outcomes) = Executor::spawn(settings_rx);
         let mut plan = Acting::default();
@@ -74,7 +86,33 @@ impl Acts {
             timing,
             images_asked_at: None,
             identifying: BTreeMap::new(),
+            node_kill,
+            hard_eviction_wanted: None,
         }
+    }
+
+    /// Carries hard memory and PID evictions out on the node when `wanted` (the config) and
+    /// this agent can; else through the API. Says which, and why, when it changes.
+    pub fn set_hard_eviction(&mut self, wanted: bool) {
+        let on = wanted && self.node_kill.is_ok();
+        if self.hard_eviction_wanted.replace(wanted) != Some(wanted) {
+            match (&self.node_kill, wanted) {
+                (Ok(()), true) => tracing::info!(
+                    "hard memory and PID evictions are carried out on the node: the pod killed at once, its record written through the API after"
+                ),
+                (Err(why), true) => tracing::warn!(reason = %why,
+                    "hard memory and PID evictions cannot be carried out on the node here: they go through the API (slower: the OOM killer may act first)"),
+                (_, false) => tracing::info!(
+                    "hard memory and PID evictions go through the API (kubernetes.hardEviction: api)"
+                ),
+            }
+        }
+        self.plan.set_node_kill(on);
+    }
+
+    /// Whether hard memory and PID evictions are carried out on the node now.
+    pub fn kills_on_node(&self) -> bool {
+        self.plan.node_kill()
     }
 
     /// The executor's next outcome; `None` once it has stopped.
@@ -111,15 +149,21 @@ impl Acts {
         self.plan.has_in_flight()
     }
 
+    /// A pod killed on the node waits for its memory to come back before the next may go.
+    pub fn awaits_freed_memory(&self) -> bool {
+        self.plan.awaits_freed_memory()
+    }
+
     /// The pods whose eviction is in flight, `namespace/name`.
     pub fn in_flight_pods(&self) -> Vec<String> {
         self.plan.in_flight().map(|f| f.pod.clone()).collect()
     }
 
-    /// Ends each eviction in flight whose pod's cgroup is gone (or whose wait ran out), and
-    /// drops expired holds: the evictions that ended, and whether each one's cgroup went.
-    pub fn settle(&mut self, now: Duration) -> Vec<(InFlight, bool)> {
-        self.plan.settle(now, &|p| p.exists())
+    /// Ends each eviction in flight whose pod is done with (its cgroup gone, or an urgent
+    /// one's memory freed, or its wait run out), and drops expired holds: the evictions that
+    /// ended, and whether each one's pod was done with.
+    pub fn settle(&mut self, now: Duration, cgroups: &dyn Cgroups) -> Vec<(InFlight, bool)> {
+        self.plan.settle(now, cgroups)
     }
 
     /// Forgets holds "while listed" of pods the pod source no longer lists.
@@ -128,19 +172,26 @@ impl Acts {
     }
 
     /// Who may be evicted now: never the agent's own pod nor an excluded one (the executor's
-    /// settings), nor a pod held after an outcome or whose eviction is in flight.
-    pub fn eligibility(&self, now: Duration) -> Eligibility {
+    /// settings), nor a pod held after an outcome or whose eviction is in flight, nor a pod
+    /// killed on the node with nothing left in its cgroup.
+    pub fn eligibility(&self, now: Duration, cgroups: &dyn Cgroups) -> Eligibility {
         self.plan
-            .eligibility(&self.settings.borrow().eligibility, now)
+            .eligibility(&self.settings.borrow().eligibility, now, cgroups)
     }
 
     /// Whether the pods over a local storage limit call for a decision now: one the agent may
     /// evict, while the plan has room for it, or the ones it may not evict changed.
-    pub fn local_storage_due(&self, pods: &[PodInfo], has_imagefs: bool, now: Duration) -> bool {
+    pub fn local_storage_due(
+        &self,
+        pods: &[PodInfo],
+        has_imagefs: bool,
+        now: Duration,
+        cgroups: &dyn Cgroups,
+    ) -> bool {
         if !self.plan.local_storage_room(now) {
             return false;
         }
-        let eligibility = self.eligibility(now);
+        let eligibility = self.eligibility(now, cgroups);
         let over = node_agent_policy::over_local_storage_limits(pods, has_imagefs, &eligibility);
         !over.evict.is_empty() || over.kept != self.plan.over_limit_kept()
     }
@@ -150,7 +201,7 @@ impl Acts {
     pub fn act_on(
         &mut self,
         decided: Decided<'_>,
-        cgroup_of: &dyn Fn(&PodInfo) -> Option<PathBuf>,
+        cgroup_of: &dyn Fn(&PodInfo) -> Option<PodCgroup>,
         now: Duration,
     ) -> Handed {
         let Decided {
@@ -167,6 +218,7 @@ impl Acts {
             .iter()
             .filter_map(|a| match a {
                 Action::Evict(e) => Some(e.eviction.clone()),
+                Action::Kill(k) => Some(k.evict.eviction.clone()),
                 _ => None,
             })
             .collect();

@@ -21,13 +21,14 @@ mod action;
 mod acts;
 pub mod kill;
 mod lanes;
+pub mod node;
 pub mod plan;
 pub mod reclaim;
 mod run;
 
 pub use action::{
-    Action, Evict, NodeEvent, OomCounted, OomTold, Outcome, PodOomEvent, Report, StatusReport,
-    Unnamed,
+    Action, Evict, Kill, NodeEvent, OomCounted, OomTold, Outcome, PodOomEvent, Report,
+    StatusReport, Unnamed,
 };
 pub use acts::{Acts, Decided, Handed};
 pub use lanes::{Refused, LANES};

@@ -42,6 +42,7 @@ use tokio::{
 use crate::{
     action::{Action, Evict, NodeEvent, Outcome, PodOomEvent, Report, StatusReport, Unnamed},
     lanes::Refused,
+    node::{self, NodeLane},
     reclaim::{self, NodeReclaimer, Reclaim, ReclaimOutcome, Runtime, RuntimeError},
 };
 
@@ -113,6 +114,8 @@ pub struct Executor {
     events: mpsc::Sender<EventJob>,
     status: watch::Sender<Option<Wish>>,
     runtime: mpsc::Sender<RuntimeJob>,
+    /// Kills on the node and their records.
+    node: NodeLane,
     /// For what `submit` itself reports (a full lane).
     outcomes: mpsc::UnboundedSender<Outcome>,
     tasks: Vec<JoinHandle<()>>,
@@ -143,14 +146,16 @@ impl Executor {
             )),
             tokio::spawn(event_lane(settings.clone(), event_rx, outcomes.clone())),
             tokio::spawn(status_lane(settings.clone(), status_rx, outcomes.clone())),
-            tokio::spawn(runtime_lane(settings, runtime_rx, outcomes.clone())),
+            tokio::spawn(runtime_lane(settings.clone(), runtime_rx, outcomes.clone())),
         ];
+        let node = NodeLane::spawn(settings, outcomes.clone());
         let executor = Self {
             evictions,
             eviction_slots,
             events,
             status,
             runtime,
+            node,
             outcomes,
             tasks,
         };
@@ -181,6 +186,10 @@ impl Executor {
                     evict,
                     refused: refused("eviction", EVICTION_CAPACITY, "eviction"),
                 },
+            },
+            Action::Kill(kill) => match self.node.submit(kill) {
+                Ok(()) => return,
+                Err(kill) => Outcome::Eviction(Box::new(node::lane_gone(&kill))),
             },
             Action::NodeEvent(event) => match self.events.try_send(EventJob::Node(event)) {
                 Ok(()) => return,
@@ -276,6 +285,7 @@ fn report(evict: Evict, attempt: Attempt, event_error: Option<ApiError>) -> Repo
         eviction: evict.eviction,
         trigger_ktime_ns: evict.trigger_ktime_ns,
         attempt,
+        killed: None,
         event_error,
         at: SystemTime::now(),
     }

@@ -37,6 +37,7 @@ fn kind(o: &Outcome) -> &'static str {
         Outcome::ImagesDetected(_) => "images",
         Outcome::Refused(_) => "refused",
         Outcome::EvictionShed { .. } => "shed",
+        Outcome::Recorded(_) => "recorded",
     }
 }
 

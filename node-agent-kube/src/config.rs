@@ -37,6 +37,8 @@ pub struct KubeConfig {
     /// One HTTP request (connect, send, read the whole answer) may take this long.
     pub request_timeout: GoDuration,
     pub retry: RetryConfig,
+    /// How a hard memory or PID threshold's eviction is carried out.
+    pub hard_eviction: HardEviction,
     /// What to do when a PodDisruptionBudget blocks an eviction (HTTP 429).
     pub pdb_policy: PdbPolicy,
     /// Token bucket: evictions allowed per minute, and how many may go at once.
@@ -71,6 +73,7 @@ impl Default for KubeConfig {
             token_path: PathBuf::from(SERVICE_ACCOUNT_DIR).join("token"),
             request_timeout: GoDuration::from_secs(10),
             retry: RetryConfig::default(),
+            hard_eviction: HardEviction::Node,
             pdb_policy: PdbPolicy::Respect,
             // The kubelet evicts at most one pod per 10 s housekeeping pass.
             evictions_per_minute: 6,
@@ -110,6 +113,19 @@ pub enum PodSourceKind {
     /// involved.
     #[serde(rename = "nodeProxy")]
     NodeProxy,
+}
+
+/// How a hard memory or PID threshold's eviction is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HardEviction {
+    /// On the node, as the kubelet evicts for a hard threshold: the pod's processes killed at
+    /// once and their memory given back, then its record (`Failed`, `Evicted`) written through
+    /// the API. Needs the host's PID namespace and `CAP_KILL`; without them, through the API.
+    Node,
+    /// A policy/v1 Eviction through the API with a 1 s grace period (PodDisruptionBudgets as
+    /// `pdbPolicy` says).
+    Api,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -517,6 +533,7 @@ mod tests {
         assert_eq!(c.node_name, "node-a");
         assert_eq!(c.pod_source, PodSourceKind::Kubelet);
         assert_eq!(c.pdb_policy, PdbPolicy::Respect);
+        assert_eq!(c.hard_eviction, HardEviction::Node);
         assert!(
             c.kubelet.url.is_empty(),
             "the kubelet is found from the Node"
@@ -612,6 +629,7 @@ mod tests {
         let rows: &[(&str, &str)] = &[
             ("nodeName: n\ndryrun: true", "kubernetes.dryrun: unknown field `dryrun`"),
             ("nodeName: n\npdbPolicy: ignore", "kubernetes.pdbPolicy: unknown variant `ignore`, expected `respect` or `override`"),
+            ("nodeName: n\nhardEviction: kill", "kubernetes.hardEviction: unknown variant `kill`, expected `node` or `api`"),
             ("nodeName: n\ntaint: maybe", "kubernetes.taint: invalid type: string \"maybe\", expected a boolean"),
             ("nodeName: n\nnodeOOMEvents: OOMKilling", "kubernetes.nodeOOMEvents: unknown variant `OOMKilling`, expected `own` or `off`"),
             ("nodeName: n\nrequestTimeout: 10", "kubernetes.requestTimeout: 10 has no unit; expected a Go duration such as 10s or 10ms"),

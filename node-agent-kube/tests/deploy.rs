@@ -164,11 +164,12 @@ fn kustomization_lists_every_default_manifest() {
 fn rbac_grants_exactly_the_intended_verbs() {
     let m = manifests();
     assert_eq!(m.roles.len(), 1);
-    // No pods delete and no pods/status patch by default: those are pdbPolicy: override's,
-    // in deploy/override/.
+    // No pods delete by default: that is pdbPolicy: override's, in deploy/override/. The
+    // pods/status patch is the record of an eviction carried out on the node.
     let want: BTreeMap<(String, String), Vec<String>> = [
         ("", "pods", &["list", "watch"][..]),
         ("", "pods/eviction", &["create"]),
+        ("", "pods/status", &["patch"]),
         ("", "nodes", &["get", "patch"]),
         ("", "nodes/status", &["patch"]),
         ("", "nodes/stats", &["get"]),
@@ -205,7 +206,7 @@ fn rbac_grants_exactly_the_intended_verbs() {
     let override_files = kustomization_resources_in("override/kustomization.yaml");
     assert_eq!(override_files, ["rbac-override.yaml"]);
     let over = load(&["override/rbac-override.yaml"]);
-    let want: BTreeMap<_, _> = [(("", "pods"), "delete"), (("", "pods/status"), "patch")]
+    let want: BTreeMap<_, _> = [(("", "pods"), "delete")]
         .into_iter()
         .map(|((g, r), v)| ((g.to_string(), r.to_string()), vec![v.to_string()]))
         .collect();
@@ -264,8 +265,10 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     );
 
     let pod = spec.template.spec.as_ref().unwrap();
-    // No hostPID, no privileged: tests/tests/image_container.rs proves the agent works so.
-    assert_ne!(pod.host_pid, Some(true));
+    // The host's PID namespace, for hard evictions carried out on the node (the pods'
+    // processes by their host IDs); never privileged: tests/tests/image_container.rs proves
+    // the agent works so, and says what it cannot do without each.
+    assert_eq!(pod.host_pid, Some(true));
     // Linux nodes only, and every one of them, tainted or not.
     assert_eq!(
         pod.node_selector,
@@ -293,7 +296,7 @@ fn daemonset_has_named_capabilities_host_access_probes_and_fixed_resources() {
     assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
     assert_eq!(
         caps.add.as_deref(),
-        Some(&["BPF".to_string(), "PERFMON".to_string()][..])
+        Some(&["BPF".to_string(), "PERFMON".to_string(), "KILL".to_string()][..])
     );
     assert_eq!(
         c.command.as_deref().unwrap(),

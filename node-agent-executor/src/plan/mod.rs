@@ -12,18 +12,34 @@
 //! eviction for memory or PIDs never waits for the runtime: a hung runtime must not delay it
 //! (the kubelet would not be reclaiming disk while memory is the signal to reclaim either).
 //!
-//! Evictions go on two tracks that never wait for one another. A threshold's eviction goes one
-//! at a time: in flight from the moment it is handed to the executor until its outcome says
-//! nothing is going (refused, blocked, failed), or until the pod's cgroup is gone (the
-//! kubelet's wait for pod cleanup) or `eviction_wait_timeout` passed; each takes a token of the
-//! pacing ([`pacing::TokenBucket`]); without one the plan holds it and says until when
-//! ([`Acting::paced_until`]). Every pod over a local storage limit goes as soon as it is seen,
-//! as the kubelet's `localStorageEviction` evicts them all in one synchronize: no token, each
-//! pod in flight on its own, at most [`LOCAL_STORAGE_IN_FLIGHT`] at once (so the executor's
-//! lane, [`crate::EVICTION_CAPACITY`], always has room for the threshold's). A pod in flight is
-//! not evictable now ([`NotEvictableNow::Evicting`]) for either track. The API server's own
-//! `Retry-After` holds both.
+//! Evictions go on three tracks that never wait for one another ([`Track`]).
+//! - [`Track::Node`]: a hard memory or PID threshold's eviction, carried out on the node (the
+//!   pod killed at once, as the kubelet does; its record written through the API after): one
+//!   at a time, in flight until the killed pod's memory is back (its working set collapsed,
+//!   or its cgroup gone: as for an urgent eviction through the API, below), then the next may
+//!   go at once if the node, read anew, still needs one: never on a reading from before the
+//!   memory came back, which would evict a second pod for the same pressure. No pacing
+//!   token: a hard threshold is never held behind a token bucket. The killed pod is not
+//!   evictable again while it settles ([`KILL_SETTLE`]) or while its cgroup holds no process
+//!   ([`Acting::eligibility`]): a pod the kubelet restarted in place can be chosen again.
+//! - [`Track::Threshold`]: any other threshold's eviction, through the API: one at a time, in
+//!   flight from the moment it is handed to the executor until its outcome says nothing is
+//!   going (refused, blocked, failed), or until it is done: the pod's cgroup gone (the
+//!   kubelet's wait for pod cleanup), or for a hard memory or PID threshold the pod's memory
+//!   freed (its working set collapsed: the next victim need not wait for the cleanup), or
+//!   `eviction_wait_timeout` passed. Each takes a token of the pacing
+//!   ([`pacing::TokenBucket`]) except a hard memory or PID one; without one the plan holds it
+//!   and says until when ([`Acting::paced_until`]).
+//! - [`Track::LocalStorage`]: every pod over a local storage limit goes as soon as it is seen,
+//!   as the kubelet's `localStorageEviction` evicts them all in one synchronize: no token, each
+//!   pod in flight on its own, at most [`LOCAL_STORAGE_IN_FLIGHT`] at once (so the executor's
+//!   lane, [`crate::EVICTION_CAPACITY`], always has room for the threshold's).
+//!
+//! A pod in flight is not evictable now ([`NotEvictableNow::Evicting`]) for any track. The API
+//! server's own `Retry-After` holds the two API tracks.
 
+#[cfg(test)]
+mod node_tests;
 mod oom;
 mod pacing;
 #[cfg(test)]
@@ -58,31 +74,74 @@ const _: () = assert!(
     "the lane must keep room for the threshold's eviction"
 );
 
+/// A pod killed on the node is not chosen again for this long, whatever its cgroup holds:
+/// processes with SIGKILL pending are still listed there until they have exited, and the
+/// kubelet starts a pod again in place no sooner than its next relist (1 s).
+pub const KILL_SETTLE: Duration = Duration::from_secs(1);
+
 /// After the executor's lane shed an eviction (full), it is tried again this much later: soon,
 /// as nothing was attempted, but not in a spin while the lane drains.
 pub const SHED_RETRY: Duration = Duration::from_millis(250);
 
-/// The two tracks evictions go on.
+/// The tracks evictions go on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Track {
-    /// For a threshold: one at a time, paced.
+    /// A hard memory or PID threshold, carried out on the node: one at a time, unpaced.
+    Node,
+    /// Any other threshold, through the API: one at a time, paced unless urgent.
     Threshold,
-    /// For a local storage limit: every pod over one at once.
+    /// A local storage limit: every pod over one at once.
     LocalStorage,
 }
 
 impl Track {
-    pub fn of(signal: EvictionSignal) -> Self {
-        match signal.threshold() {
-            Some(_) => Self::Threshold,
+    /// The track of `eviction`; `node_kill`: hard memory and PID evictions are carried out on
+    /// the node.
+    pub fn of(eviction: &Eviction, node_kill: bool) -> Self {
+        match eviction.signal.threshold() {
             None => Self::LocalStorage,
+            Some(_) if node_kill && urgent(eviction) => Self::Node,
+            Some(_) => Self::Threshold,
         }
     }
 }
+
+/// A hard memory or PID threshold's eviction: the node is near the OOM killer or out of PIDs,
+/// so it is never paced, and the next one may go once the pod's memory is freed.
+pub fn urgent(eviction: &Eviction) -> bool {
+    eviction.hard
+        && eviction
+            .signal
+            .threshold()
+            .is_some_and(|s| s.is_memory() || s == Signal::PidAvailable)
+}
+
+/// A pod's cgroup as the loop found it: its directory and its id, which a kill verifies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodCgroup {
+    pub path: PathBuf,
+    pub id: u64,
+}
+
+/// What the plan asks of the node's cgroups, which the loop reads for it (the plan does no
+/// I/O).
+pub trait Cgroups {
+    fn exists(&self, cgroup: &Path) -> bool;
+    /// The cgroup's working set now, `None` when it cannot be read (gone).
+    fn working_set(&self, cgroup: &Path) -> Option<u64>;
+    /// The cgroup, or one below it, holds a process.
+    fn has_processes(&self, cgroup: &Path) -> bool;
+}
+
+/// An urgent eviction's pod has freed its memory once its working set is at most this part of
+/// what it was when it was chosen (the kubelet waits for the pod's cleanup; the memory is back
+/// long before).
+pub const FREED_FRACTION: u64 = 10;
 pub use pacing::TokenBucket;
 
 use crate::{
-    action::{Action, Evict, NodeEvent, Report},
+    action::{Action, Evict, Kill, NodeEvent, Report},
+    kill::KillTarget,
     reclaim::Reclaim,
 };
 
@@ -115,6 +174,11 @@ pub struct InFlight {
     /// `namespace/name`, as it is shown.
     pub pod: String,
     pub signal: EvictionSignal,
+    pub track: Track,
+    /// Done once the pod's memory is freed, not only once its cgroup is gone ([`urgent`]).
+    pub urgent: bool,
+    /// The pod's working set when it was chosen.
+    pub working_set: Option<u64>,
     pub since: Duration,
     /// The pod's cgroup, to see it go.
     pub cgroup: Option<PathBuf>,
@@ -194,6 +258,11 @@ pub struct Acting {
     /// By pod id.
     in_flight: BTreeMap<String, InFlight>,
     holds: BTreeMap<String, Hold>,
+    /// Hard memory and PID evictions are carried out on the node ([`Track::Node`]).
+    node_kill: bool,
+    /// Pods killed on the node, by pod id, with their cgroup and when: not evictable again
+    /// for [`KILL_SETTLE`], nor while it holds no process.
+    killed: BTreeMap<String, (PathBuf, Duration)>,
     /// `None`: no pacing (tests, and `simulate`).
     bucket: Option<TokenBucket>,
     /// When the pacing allows the next eviction, while it does not now.
@@ -227,12 +296,26 @@ impl Acting {
         !self.in_flight.is_empty()
     }
 
-    /// The evictions in flight on `track`.
-    fn in_flight_on(&self, track: Track) -> usize {
+    /// A pod killed on the node is in flight until its memory is back: the loop looks often.
+    pub fn awaits_freed_memory(&self) -> bool {
         self.in_flight
             .values()
-            .filter(|f| Track::of(f.signal) == track)
-            .count()
+            .any(|f| f.track == Track::Node && f.going_until.is_some())
+    }
+
+    /// The evictions in flight on `track`.
+    fn in_flight_on(&self, track: Track) -> usize {
+        self.in_flight.values().filter(|f| f.track == track).count()
+    }
+
+    /// Carries hard memory and PID evictions out on the node (`true`), or through the API;
+    /// from config and what the node allows, at start and on reload.
+    pub fn set_node_kill(&mut self, on: bool) {
+        self.node_kill = on;
+    }
+
+    pub fn node_kill(&self) -> bool {
+        self.node_kill
     }
 
     /// Whether another eviction for a local storage limit may be handed over now.
@@ -263,14 +346,30 @@ impl Acting {
     }
 
     /// `base` (own pod, exclusions) with the pods not evictable at `now`: those held after an
-    /// outcome, and those whose eviction is in flight.
-    pub fn eligibility(&self, base: &Eligibility, now: Duration) -> Eligibility {
+    /// outcome, those whose eviction is in flight, and those killed on the node within
+    /// [`KILL_SETTLE`] or whose cgroup holds no process now (nothing is left to kill, the
+    /// kubelet is ending the pod). A killed pod the kubelet started again in place may be
+    /// chosen again.
+    pub fn eligibility(
+        &self,
+        base: &Eligibility,
+        now: Duration,
+        cgroups: &dyn Cgroups,
+    ) -> Eligibility {
         let mut e = base.clone();
         // A hold says more than "in flight" (an evicted pod still waited for is terminating).
         e.not_evictable_now = self
             .in_flight
             .keys()
             .map(|id| (id.clone(), NotEvictableNow::Evicting))
+            .chain(
+                self.killed
+                    .iter()
+                    .filter(|(_, (cgroup, at))| {
+                        now < *at + KILL_SETTLE || !cgroups.has_processes(cgroup)
+                    })
+                    .map(|(id, _)| (id.clone(), NotEvictableNow::Terminating)),
+            )
             .chain(
                 self.holds
                     .iter()
@@ -289,7 +388,7 @@ impl Acting {
         pods: &[PodInfo],
         fresh: bool,
         trigger_ktime_ns: Option<u64>,
-        cgroup_of: &dyn Fn(&PodInfo) -> Option<PathBuf>,
+        cgroup_of: &dyn Fn(&PodInfo) -> Option<PodCgroup>,
         now: Duration,
     ) -> Plan {
         let mut plan = Plan::default();
@@ -481,13 +580,11 @@ impl Acting {
         pods: &[PodInfo],
         threshold_held: bool,
         trigger_ktime_ns: Option<u64>,
-        cgroup_of: &dyn Fn(&PodInfo) -> Option<PathBuf>,
+        cgroup_of: &dyn Fn(&PodInfo) -> Option<PodCgroup>,
         now: Duration,
         plan: &mut Plan,
     ) {
-        if self.held_for_all(now).is_some() {
-            return;
-        }
+        let held_for_all = self.held_for_all(now).is_some();
         for eviction in &decision.evictions {
             let id = eviction.pod_id();
             if self.in_flight.contains_key(&id) {
@@ -496,20 +593,46 @@ impl Acting {
             let Some(pod) = pods.iter().find(|p| p.id() == id) else {
                 continue;
             };
-            match Track::of(eviction.signal) {
+            let urgent = urgent(eviction);
+            let cgroup = cgroup_of(pod);
+            // On the node only a pod whose cgroup was found by its UID: what the kill may
+            // touch. Without one, the API carries the eviction out.
+            let target = match (Track::of(eviction, self.node_kill), &cgroup, &pod.uid) {
+                (Track::Node, Some(found), Some(uid)) => Some(KillTarget {
+                    pod_uid: uid.clone(),
+                    cgroup: found.path.clone(),
+                    cgroup_id: found.id,
+                }),
+                _ => None,
+            };
+            let track = match Track::of(eviction, self.node_kill) {
+                Track::Node if target.is_none() => Track::Threshold,
+                track => track,
+            };
+            match track {
+                // On the node: nothing of the API server's holds it, nor any pacing; one at a
+                // time, and only a pod whose cgroup was found (the kill's target).
+                Track::Node => {
+                    if self.in_flight_on(Track::Node) > 0 {
+                        continue;
+                    }
+                }
                 Track::LocalStorage => {
-                    if self.in_flight_on(Track::LocalStorage) >= LOCAL_STORAGE_IN_FLIGHT {
+                    if held_for_all
+                        || self.in_flight_on(Track::LocalStorage) >= LOCAL_STORAGE_IN_FLIGHT
+                    {
                         continue;
                     }
                 }
                 Track::Threshold => {
-                    if threshold_held
+                    if held_for_all
+                        || threshold_held
                         || self.in_flight_on(Track::Threshold) > 0
-                        || self.paced_until.is_some_and(|t| t > now)
+                        || (!urgent && self.paced_until.is_some_and(|t| t > now))
                     {
                         continue;
                     }
-                    if let Some(bucket) = &mut self.bucket {
+                    if let (false, Some(bucket)) = (urgent, &mut self.bucket) {
                         if let Err(wait) = bucket.try_take(now) {
                             let until = now.saturating_add(wait);
                             self.paced_until = Some(until);
@@ -522,22 +645,30 @@ impl Acting {
                     }
                 }
             }
+            let evict = Evict {
+                eviction: eviction.clone(),
+                pod: pod.clone(),
+                trigger_ktime_ns,
+            };
+            let action = match target {
+                Some(target) => Action::Kill(Box::new(Kill { evict, target })),
+                None => Action::Evict(Box::new(evict)),
+            };
             self.in_flight.insert(
                 id.clone(),
                 InFlight {
                     pod_id: id,
                     pod: format!("{}/{}", eviction.namespace, eviction.name),
                     signal: eviction.signal,
+                    track,
+                    urgent,
+                    working_set: pod.usage.as_ref().map(|u| u.memory_working_set_bytes),
                     since: now,
-                    cgroup: cgroup_of(pod),
+                    cgroup: cgroup.map(|c| c.path),
                     going_until: None,
                 },
             );
-            plan.actions.push(Action::Evict(Box::new(Evict {
-                eviction: eviction.clone(),
-                pod: pod.clone(),
-                trigger_ktime_ns,
-            })));
+            plan.actions.push(action);
         }
     }
 
@@ -546,13 +677,28 @@ impl Acting {
         let id = report.eviction.pod_id();
         let attempt = &report.attempt;
         let hold = |reason, until| Hold { reason, until };
-        if attempt.result.nothing_done() && Track::of(report.eviction.signal) == Track::Threshold {
-            // The server said plainly nothing was done: the pacing token goes back.
-            if let Some(bucket) = &mut self.bucket {
+        let track = self.in_flight.get(&id).map(|f| f.track);
+        if attempt.result.nothing_done() && track == Some(Track::Threshold) {
+            // The server said plainly nothing was done: the pacing token goes back (an urgent
+            // eviction took none, and the bucket is full then anyway).
+            if let (false, Some(bucket)) = (urgent(&report.eviction), &mut self.bucket) {
                 bucket.refund(now);
             }
         }
         match attempt.result {
+            // Killed on the node: its processes are dying and give their memory back as they
+            // exit (hundreds of milliseconds for gigabytes); the next may go once it is back
+            // (`settle`), never on a reading from before. Not evictable again while it settles
+            // or its cgroup holds no process (see `eligibility`).
+            EvictionResult::Killed => {
+                if let Some(f) = self.in_flight.get_mut(&id) {
+                    f.going_until = Some(now + timing.wait_timeout);
+                    if let Some(cgroup) = &f.cgroup {
+                        self.killed.insert(id, (cgroup.clone(), now));
+                    }
+                }
+                return;
+            }
             EvictionResult::Evicted | EvictionResult::PdbOverridden | EvictionResult::DryRun => {
                 if attempt.result != EvictionResult::DryRun {
                     self.holds
@@ -605,10 +751,10 @@ impl Acting {
     /// nothing holds the pod, its pacing token comes back, and it goes again after
     /// [`SHED_RETRY`].
     pub fn shed(&mut self, eviction: &Eviction, now: Duration) {
-        if self.in_flight.remove(&eviction.pod_id()).is_none() {
+        let Some(f) = self.in_flight.remove(&eviction.pod_id()) else {
             return;
-        }
-        if Track::of(eviction.signal) == Track::Threshold {
+        };
+        if f.track == Track::Threshold && !f.urgent {
             if let Some(bucket) = &mut self.bucket {
                 bucket.refund(now);
             }
@@ -616,22 +762,27 @@ impl Acting {
         self.shed_until = Some(now + SHED_RETRY);
     }
 
-    /// Ends each eviction in flight whose pod's cgroup is gone (or whose wait ran out); drops
-    /// expired holds. Returns the evictions that ended, and whether each one's cgroup went.
-    pub fn settle(
-        &mut self,
-        now: Duration,
-        exists: &dyn Fn(&Path) -> bool,
-    ) -> Vec<(InFlight, bool)> {
+    /// Ends each eviction in flight whose pod is done with: its cgroup gone, or for an urgent
+    /// one its memory freed (its working set at most 1/[`FREED_FRACTION`] of what it was when
+    /// it was chosen), or its wait run out; drops expired holds. Returns the evictions that
+    /// ended, and whether each one's pod was done with.
+    pub fn settle(&mut self, now: Duration, cgroups: &dyn Cgroups) -> Vec<(InFlight, bool)> {
         self.holds.retain(|_, h| h.until.is_none_or(|u| now < u));
         let mut ended = Vec::new();
         self.in_flight.retain(|_, f| {
             let Some(until) = f.going_until else {
                 return true;
             };
-            let gone = f.cgroup.as_deref().is_some_and(|c| !exists(c));
-            if gone || now >= until {
-                ended.push((f.clone(), gone));
+            let freed = |c: &Path| match (f.working_set, cgroups.working_set(c)) {
+                (Some(before), Some(now)) => now.saturating_mul(FREED_FRACTION) <= before,
+                _ => false,
+            };
+            let done = f
+                .cgroup
+                .as_deref()
+                .is_some_and(|c| !cgroups.exists(c) || (f.urgent && freed(c)));
+            if done || now >= until {
+                ended.push((f.clone(), done));
                 return false;
             }
             true
@@ -639,10 +790,12 @@ impl Acting {
         ended
     }
 
-    /// Forgets holds "while listed" of pods the pod source no longer lists.
+    /// Forgets holds "while listed", and pods killed on the node, that the pod source no
+    /// longer lists.
     pub fn forget_absent(&mut self, listed: &HashSet<String>) {
         self.holds
             .retain(|id, h| h.until.is_some() || listed.contains(id));
+        self.killed.retain(|id, _| listed.contains(id));
     }
 
     /// After a config reload: what was reported is reported anew under the new settings.

@@ -3,14 +3,14 @@
 //! evicted for a disk signal while a reclaim is out (memory and PIDs never wait for the
 //! runtime), and that reclaims are paced.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use node_agent_cri::reclaim::{FsLayout, PodPhase};
 use node_agent_policy::{
     Decision, Eviction, Format, MetThreshold, NodeCondition, PodInfo, Quantity, Signal,
 };
 
-use super::{Acting, NodeReclaim};
+use super::{Acting, NodeReclaim, PodCgroup};
 use crate::action::Action;
 
 const INTERVAL: Duration = Duration::from_secs(10);
@@ -67,7 +67,7 @@ fn decision(signal: Signal, past_grace: bool) -> Decision {
     }
 }
 
-fn cgroup(_: &PodInfo) -> Option<PathBuf> {
+fn cgroup(_: &PodInfo) -> Option<PodCgroup> {
     None
 }
 

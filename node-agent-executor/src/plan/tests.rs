@@ -14,7 +14,7 @@ use node_agent_policy::{
 };
 use proptest::prelude::*;
 
-use super::{oom_kill_actions, Acting, Note, Rates, Timing};
+use super::{oom_kill_actions, Acting, Cgroups, Note, PodCgroup, Rates, Timing};
 use crate::action::{Action, NodeEvent, Report};
 
 const TIMING: Timing = Timing {
@@ -70,6 +70,23 @@ fn decision(evict: Option<&str>) -> Decision {
     }
 }
 
+/// The same decision for a soft threshold (past its grace period): paced, unlike a hard
+/// memory one.
+fn soft(mut d: Decision) -> Decision {
+    for t in &mut d.thresholds_met {
+        t.hard = false;
+    }
+    for e in &mut d.evictions {
+        e.hard = false;
+    }
+    d
+}
+
+fn soft_report(mut r: Report) -> Report {
+    r.eviction.hard = false;
+    r
+}
+
 fn report(name: &str, result: EvictionResult, retry_after: Option<u64>) -> Report {
     Report {
         eviction: eviction(name),
@@ -79,6 +96,7 @@ fn report(name: &str, result: EvictionResult, retry_after: Option<u64>) -> Repor
             detail: Some("why".into()),
             retry_after: retry_after.map(Duration::from_secs),
         },
+        killed: None,
         event_error: None,
         at: SystemTime::now(),
     }
@@ -88,9 +106,31 @@ fn pods() -> Vec<PodInfo> {
     vec![pod("a"), pod("b")]
 }
 
-fn cgroup(p: &PodInfo) -> Option<PathBuf> {
-    Some(PathBuf::from(format!("/cg/{}", p.name)))
+fn cgroup(p: &PodInfo) -> Option<PodCgroup> {
+    Some(PodCgroup {
+        path: PathBuf::from(format!("/cg/{}", p.name)),
+        id: 1000 + p.name.len() as u64,
+    })
 }
+
+/// The node's cgroups as a test has them: which exist (and hold processes), by path; no
+/// working sets.
+pub(super) struct Exists<F>(pub F);
+
+impl<F: Fn(&Path) -> bool> Cgroups for Exists<F> {
+    fn exists(&self, cgroup: &Path) -> bool {
+        (self.0)(cgroup)
+    }
+    fn working_set(&self, _: &Path) -> Option<u64> {
+        None
+    }
+    fn has_processes(&self, cgroup: &Path) -> bool {
+        (self.0)(cgroup)
+    }
+}
+
+/// Every cgroup there, each with processes.
+pub(super) const ALL: Exists<fn(&Path) -> bool> = Exists(|_| true);
 
 fn evicts(actions: &[Action]) -> Vec<String> {
     actions
@@ -326,7 +366,7 @@ fn each_outcome_leads_where_the_kubelet_would_go() {
         acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(0));
         acting.reported(&report("a", result, retry_after), &TIMING, s(1));
         assert_eq!(acting.has_in_flight(), in_flight, "{what}");
-        let e = acting.eligibility(&Eligibility::default(), s(1));
+        let e = acting.eligibility(&Eligibility::default(), s(1), &ALL);
         assert_eq!(e.not_evictable_now.get("uid-a").copied(), hold, "{what}");
         assert_eq!(acting.paced_until(s(1)), paced.map(|p| s(1 + p)), "{what}");
         let next = acting.plan(&decision(Some("b")), &pods(), true, None, &cgroup, s(1));
@@ -354,7 +394,7 @@ fn holds_end_when_they_say() {
     );
     let held = |acting: &Acting, at| {
         acting
-            .eligibility(&Eligibility::default(), s(at))
+            .eligibility(&Eligibility::default(), s(at), &ALL)
             .not_evictable_now
             .contains_key("uid-a")
     };
@@ -365,18 +405,18 @@ fn holds_end_when_they_say() {
     acting.reported(&report("b", EvictionResult::Evicted, None), &TIMING, s(61));
     let exists = |p: &Path| p == Path::new("/cg/b");
     assert_eq!(
-        acting.settle(s(62), &exists),
+        acting.settle(s(62), &Exists(exists)),
         [],
         "the cgroup is still there"
     );
-    let ended = acting.settle(s(63), &|_| false);
+    let ended = acting.settle(s(63), &Exists(|_: &Path| false));
     let [(done, gone)] = ended.as_slice() else {
         panic!("the cgroup went: {ended:?}")
     };
     assert_eq!((done.pod_id.as_str(), *gone), ("uid-b", true));
     assert!(
         acting
-            .eligibility(&Eligibility::default(), s(63))
+            .eligibility(&Eligibility::default(), s(63), &ALL)
             .not_evictable_now
             .contains_key("uid-b"),
         "still listed: still terminating"
@@ -384,7 +424,7 @@ fn holds_end_when_they_say() {
     acting.forget_absent(&HashSet::from(["uid-a".to_string()]));
     assert!(
         !acting
-            .eligibility(&Eligibility::default(), s(63))
+            .eligibility(&Eligibility::default(), s(63), &ALL)
             .not_evictable_now
             .contains_key("uid-b"),
         "gone from the pod source: forgotten"
@@ -392,9 +432,9 @@ fn holds_end_when_they_say() {
 
     acting.plan(&decision(Some("a")), &pods(), true, None, &cgroup, s(70));
     acting.reported(&report("a", EvictionResult::DryRun, None), &TIMING, s(70));
-    assert_eq!(acting.settle(s(99), &|_| true), []);
+    assert_eq!(acting.settle(s(99), &Exists(|_: &Path| true)), []);
     assert_eq!(
-        acting.settle(s(100), &|_| true).len(),
+        acting.settle(s(100), &Exists(|_: &Path| true)).len(),
         1,
         "the wait runs out"
     );
@@ -553,7 +593,7 @@ proptest! {
                 }
                 Step::Wait { secs, cgroup_gone } => {
                     now += s(secs);
-                    acting.settle(now, &|_| !cgroup_gone);
+                    acting.settle(now, &Exists(|_: &Path| !cgroup_gone));
                 }
             }
             prop_assert!(owed.len() <= 1);
@@ -633,12 +673,23 @@ fn the_plan_paces_and_never_hands_over_what_the_pacing_holds() {
         s(0),
     );
     let decide = |acting: &mut Acting, name, at| {
-        acting.plan(&decision(Some(name)), &pods(), true, None, &cgroup, s(at))
+        acting.plan(
+            &soft(decision(Some(name))),
+            &pods(),
+            true,
+            None,
+            &cgroup,
+            s(at),
+        )
     };
     let first = decide(&mut acting, "a", 0);
     assert_eq!(evicts(&first.actions), ["a"]);
-    acting.reported(&report("a", EvictionResult::Evicted, None), &TIMING, s(0));
-    acting.settle(s(1), &|_| false);
+    acting.reported(
+        &soft_report(report("a", EvictionResult::Evicted, None)),
+        &TIMING,
+        s(0),
+    );
+    acting.settle(s(1), &Exists(|_: &Path| false));
     let held = decide(&mut acting, "b", 1);
     assert_eq!(evicts(&held.actions), Vec::<String>::new());
     assert!(
@@ -658,14 +709,18 @@ fn the_plan_paces_and_never_hands_over_what_the_pacing_holds() {
     assert_eq!(evicts(&decide(&mut acting, "b", 10).actions), ["b"]);
     // Blocked by its budget: nothing was done, the token comes back for the next pod.
     acting.reported(
-        &report("b", EvictionResult::BlockedByPdb, None),
+        &soft_report(report("b", EvictionResult::BlockedByPdb, None)),
         &TIMING,
         s(10),
     );
     assert_eq!(evicts(&decide(&mut acting, "a", 10).actions), ["a"]);
     // New rates on reload hold from that moment: the next token comes at the new pace, within
     // a second rather than ten (and no fresh burst is granted).
-    acting.reported(&report("a", EvictionResult::Failed, None), &TIMING, s(10));
+    acting.reported(
+        &soft_report(report("a", EvictionResult::Failed, None)),
+        &TIMING,
+        s(10),
+    );
     assert_eq!(
         evicts(&decide(&mut acting, "b", 11).actions),
         Vec::<String>::new()
@@ -733,7 +788,7 @@ fn local_storage_and_threshold_evictions_never_wait_for_one_another() {
         first.notes
     );
     // Pods in flight are not evictable now: the policy passes them over.
-    let e = acting.eligibility(&Eligibility::default(), s(0));
+    let e = acting.eligibility(&Eligibility::default(), s(0), &ALL);
     assert_eq!(
         e.not_evictable_now.get("uid-a"),
         Some(&NotEvictableNow::Evicting)
@@ -750,19 +805,17 @@ fn local_storage_and_threshold_evictions_never_wait_for_one_another() {
         "the threshold's one at a time"
     );
     // The memory eviction ends (its cgroup gone) while the local ones still wait for theirs:
-    // the next threshold eviction waits only for its token.
+    // the next threshold eviction, a hard memory one, takes no token and goes at once.
     acting.reported(&report("m", EvictionResult::Evicted, None), &TIMING, s(1));
-    acting.settle(s(2), &|p: &Path| p != Path::new("/cg/m"));
+    acting.settle(s(2), &Exists(|p: &Path| p != Path::new("/cg/m")));
     assert_eq!(acting.in_flight().count(), 4);
-    let paced = acting.plan(&with(&[], Some("n")), &pods, true, None, &cgroup, s(2));
-    assert!(evicts(&paced.actions).is_empty());
-    assert_eq!(acting.paced_until(s(2)), Some(s(10)));
-    let next = acting.plan(&with(&[], Some("n")), &pods, true, None, &cgroup, s(10));
+    let next = acting.plan(&with(&[], Some("n")), &pods, true, None, &cgroup, s(2));
     assert_eq!(
         evicts(&next.actions),
         ["n"],
-        "paced, never queued behind a, b, c and d"
+        "unpaced, never queued behind a, b, c and d"
     );
+    assert_eq!(acting.paced_until(s(2)), None);
 }
 
 /// At most [`super::LOCAL_STORAGE_IN_FLIGHT`] evictions for local storage limits are out at
@@ -828,7 +881,7 @@ fn an_eviction_the_lane_sheds_is_tried_again_promptly_with_its_token_back() {
     assert_eq!(evicts(&first.actions), ["a"]);
     acting.shed(&eviction("a"), s(0));
     assert!(!acting.has_in_flight());
-    let e = acting.eligibility(&Eligibility::default(), s(0));
+    let e = acting.eligibility(&Eligibility::default(), s(0), &ALL);
     assert!(e.not_evictable_now.is_empty(), "no pause on the pod: {e:?}");
     let retry = acting.paced_until(s(0)).expect("a retry is due");
     assert!(retry <= Duration::from_secs(1), "{retry:?}");

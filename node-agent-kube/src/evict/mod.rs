@@ -22,7 +22,7 @@ use serde_json::json;
 pub use answer::{classify, Classified};
 
 use crate::{
-    api::{ApiError, Context},
+    api::{status_message, ApiError, Context},
     config::PdbPolicy,
     time::time,
     transport::{ApiRequest, HttpResponse},
@@ -38,6 +38,9 @@ pub const TERMINATION_BY_KUBELET: &str = "TerminationByKubelet";
 pub enum EvictionResult {
     /// The API server accepted the eviction.
     Evicted,
+    /// Carried out on the node: the pod's processes were killed (its record, `Failed` and
+    /// `Evicted`, is written through the API after).
+    Killed,
     /// A PodDisruptionBudget refused, the threshold is hard and policy says override: the pod
     /// was deleted and marked Evicted as the kubelet does.
     PdbOverridden,
@@ -59,8 +62,9 @@ pub enum EvictionResult {
 }
 
 impl EvictionResult {
-    pub const ALL: [EvictionResult; 9] = [
+    pub const ALL: [EvictionResult; 10] = [
         Self::Evicted,
+        Self::Killed,
         Self::PdbOverridden,
         Self::DryRun,
         Self::BlockedByPdb,
@@ -74,6 +78,7 @@ impl EvictionResult {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Evicted => "evicted",
+            Self::Killed => "killed",
             Self::PdbOverridden => "pdb_overridden",
             Self::DryRun => "dry_run",
             Self::BlockedByPdb => "blocked_by_pdb",
@@ -87,7 +92,10 @@ impl EvictionResult {
 
     /// The pod is on its way out (or would be, in dry run): wait for it before the next.
     pub fn pod_goes(self) -> bool {
-        matches!(self, Self::Evicted | Self::PdbOverridden | Self::DryRun)
+        matches!(
+            self,
+            Self::Evicted | Self::Killed | Self::PdbOverridden | Self::DryRun
+        )
     }
 
     /// The server said plainly that nothing was done: the pacing token is given back.
@@ -160,7 +168,8 @@ fn delete_options(e: &Eviction) -> DeleteOptions {
 
 /// The strategic merge patch of `pods/status` the kubelet's eviction amounts to. The
 /// `DisruptionTarget` condition goes with a threshold eviction only: the kubelet's local
-/// storage eviction sets none.
+/// storage eviction sets none. With the pod's UID as a precondition where it is known (as the
+/// kubelet's status manager writes it: a pod of the same name made since is refused, 422).
 pub fn evicted_status_patch(e: &Eviction, now: SystemTime) -> serde_json::Value {
     let mut status = json!({
         "phase": "Failed",
@@ -178,7 +187,62 @@ pub fn evicted_status_patch(e: &Eviction, now: SystemTime) -> serde_json::Value 
         };
         status["conditions"] = json!([condition]);
     }
-    json!({ "status": status })
+    match &e.uid {
+        Some(uid) => json!({ "metadata": { "uid": uid }, "status": status }),
+        None => json!({ "status": status }),
+    }
+}
+
+/// What writing the record of an eviction carried out on the node came to.
+#[derive(Debug)]
+pub enum Recorded {
+    /// The pod is `Failed`, `Evicted`, with the kubelet's message and condition.
+    Written,
+    /// The pod is gone, or its name is another pod's now: nothing left to record.
+    Gone,
+    /// Dry run was set before the request.
+    DryRun,
+    /// The API server refused the write (forbidden, invalid): trying again will not help.
+    Refused(ApiError),
+    /// No answer, or a server error, after the retries: worth trying again later.
+    Failed(ApiError),
+}
+
+/// Writes the record of an eviction carried out on the node: the pod's status as the kubelet's
+/// own eviction leaves it (`phase: Failed`, `reason: Evicted`, its message, the
+/// `DisruptionTarget` condition), bound to the pod's UID. The kubelet, seeing the terminal
+/// phase, never restarts the killed pod in place and ends what is left of it; its controller
+/// makes a new one.
+pub async fn record_evicted(
+    ctx: &Context,
+    e: &Eviction,
+    dry_run: &(dyn Fn() -> bool + Sync),
+    now: SystemTime,
+) -> Recorded {
+    let patch = ApiRequest::with_json(
+        Method::PATCH,
+        format!("{}/status", pod_path(e)),
+        "application/strategic-merge-patch+json",
+        &evicted_status_patch(e, now),
+    )
+    .status_decides();
+    let resp = match send(ctx, "pod status patch", &patch, dry_run).await {
+        Ok(Some(resp)) => resp,
+        Ok(None) => return Recorded::DryRun,
+        Err(err) if err.is_retryable() => return Recorded::Failed(err),
+        Err(err) => return Recorded::Refused(err),
+    };
+    let err = || ApiError::from_response(ctx.transport.endpoint().name, &patch, &resp);
+    match resp.status {
+        StatusCode::OK => Recorded::Written,
+        StatusCode::NOT_FOUND | StatusCode::CONFLICT => Recorded::Gone,
+        // The UID precondition: the name is another pod's now.
+        StatusCode::UNPROCESSABLE_ENTITY if status_message(&resp).contains("metadata.uid") => {
+            Recorded::Gone
+        }
+        s if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS => Recorded::Failed(err()),
+        _ => Recorded::Refused(err()),
+    }
 }
 
 fn pod_path(e: &Eviction) -> String {

@@ -7,30 +7,48 @@ use std::time::Duration;
 
 use node_agent_cri::reclaim::FsLayout;
 use node_agent_executor::{
+    kill::host::node_kill_available,
     plan::{NodeReclaim, Rates, Timing},
     Acts, Settings,
 };
-use node_agent_kube::config::PdbPolicy;
-use node_agent_policy::Eligibility;
+use node_agent_kube::config::{HardEviction, PdbPolicy};
+use node_agent_policy::{error_chain, Eligibility};
 
 use super::{
     config::{AgentConfig, Overrides},
     feed::Cluster,
 };
 
-/// The executor started with the config's settings, the plan with its pacing.
+/// The executor started with the config's settings, the plan with its pacing and the way
+/// hard evictions go.
 pub fn start(
     config: &AgentConfig,
     cluster: Option<&Cluster>,
     overrides: &Overrides,
     now: Duration,
 ) -> Acts {
-    Acts::start(
+    // Standalone never acts, so never kills: the question is asked only of an agent that may.
+    let node_kill = match config.kubernetes {
+        Some(_) => node_kill_available().map_err(|e| error_chain(&e)),
+        None => Err("standalone: the agent never acts".into()),
+    };
+    let mut acts = Acts::start(
         executor_settings(config, cluster, overrides, 0),
         rates(config),
         timing(config),
+        node_kill,
         now,
-    )
+    );
+    acts.set_hard_eviction(hard_eviction_on_node(config));
+    acts
+}
+
+/// The config asks for hard memory and PID evictions on the node.
+fn hard_eviction_on_node(config: &AgentConfig) -> bool {
+    config
+        .kubernetes
+        .as_ref()
+        .is_some_and(|k| k.hard_eviction == HardEviction::Node)
 }
 
 /// A reload: the executor's settings (a new generation when the cluster connection was made
@@ -50,6 +68,7 @@ pub fn reconfigure(
         timing(config),
         now,
     );
+    acts.set_hard_eviction(hard_eviction_on_node(config));
 }
 
 /// The node-level reclaim the config and this filesystem layout call for.

@@ -34,6 +34,9 @@ use crate::{
 /// How often ring-buffer losses, cgroup rescans, runtime detection and local storage limits
 /// are looked at.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
+/// How often a pod killed on the node is looked at until its memory is back: the next pod may
+/// go then, and not before.
+const FREED_POLL: Duration = Duration::from_millis(5);
 /// How long a stopping agent waits for its condition and taint to be written: short enough
 /// that SIGTERM still ends it within 2 s, whatever the API server does.
 const STOP_DEADLINE: Duration = Duration::from_millis(1500);
@@ -173,6 +176,9 @@ impl Daemon {
                     self.on_outcome(outcome.ok_or(DaemonError::ExecutorStopped)?);
                 }
                 () = wait_paced, if pressure => self.evaluate(Trigger::Pacing, None),
+                () = tokio::time::sleep(FREED_POLL), if self.acts.awaits_freed_memory() => {
+                    self.freed_memory();
+                }
                 _ = self.clock.poll.tick(), if polling => self.evaluate(Trigger::PressurePoll, None),
                 _ = self.clock.resync.tick() => self.evaluate(Trigger::Resync, None),
                 () = self.node.allocatable_feed.changed() => self.allocatable_changed(),
@@ -308,11 +314,13 @@ impl Daemon {
         match outcome {
             Outcome::Eviction(report) => {
                 self.report.eviction(&report);
-                // The next pod goes as soon as the pacing allows: decide again now.
+                // The next pod goes as soon as the pacing allows: decide again now. (After a
+                // kill on the node, once its memory is back: `freed_memory`.)
                 if !report.attempt.result.pod_goes() {
                     self.evaluate(Trigger::EvictionOutcome, None);
                 }
             }
+            Outcome::Recorded(record) => self.report.recorded(&record),
             Outcome::EvictionShed { refused, .. } => {
                 // Never attempted: a refusal of the lane, counted as such; tried again shortly.
                 self.report.side_effect(&Outcome::Refused(refused));
@@ -368,6 +376,20 @@ impl Daemon {
         }
     }
 
+    /// A pod killed on the node: once its memory is back, the node is decided again at once.
+    fn freed_memory(&mut self) {
+        let cgroups = super::pods::NodeCgroups {
+            version: self.node.layout.version(),
+        };
+        let ended = self.acts.settle(self.now(), &cgroups);
+        if !ended.is_empty() {
+            for (done, freed) in &ended {
+                tracing::debug!(pod = %done.pod, freed, "killed pod's memory back");
+            }
+            self.evaluate(Trigger::EvictionOutcome, None);
+        }
+    }
+
     /// Every second: losses, rescans, the runtime's images when due, local storage limits.
     fn housekeeping(&mut self) {
         self.host_pid_max();
@@ -394,8 +416,15 @@ impl Daemon {
         let Some(snapshot) = snapshot.as_ref() else {
             return false;
         };
-        self.acts
-            .local_storage_due(&snapshot.pods, self.node.has_imagefs(), self.now())
+        let cgroups = super::pods::NodeCgroups {
+            version: self.node.layout.version(),
+        };
+        self.acts.local_storage_due(
+            &snapshot.pods,
+            self.node.has_imagefs(),
+            self.now(),
+            &cgroups,
+        )
     }
 
     /// At start and after each reload: where allocatable memory comes from, and its figure.

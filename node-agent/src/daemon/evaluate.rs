@@ -14,8 +14,11 @@ impl Daemon {
     pub(super) fn evaluate(&mut self, trigger: Trigger, ktime_ns: Option<u64>) {
         self.report.metrics.evaluation(trigger);
         let now = self.now();
-        for (done, gone) in self.acts.settle(now) {
-            tracing::debug!(pod = %done.pod_id, cgroup_gone = gone, "eviction settled");
+        let cgroups = pods::NodeCgroups {
+            version: self.node.layout.version(),
+        };
+        for (done, gone) in self.acts.settle(now, &cgroups) {
+            tracing::debug!(pod = %done.pod_id, done_with = gone, "eviction settled");
         }
         let reading = self.node.read();
         self.report.sources(&reading.failed);
@@ -33,7 +36,7 @@ impl Daemon {
         if let Some(listed) = &listed {
             self.acts.forget_absent(listed);
         }
-        let eligibility = self.acts.eligibility(now);
+        let eligibility = self.acts.eligibility(now, &cgroups);
         let decide = |pods: &[PodInfo]| {
             evaluate_among(
                 &config.eviction,
@@ -59,11 +62,16 @@ impl Daemon {
             let latency = crate::sys::monotonic_ns().saturating_sub(k) as f64 / 1e9;
             self.report.metrics.decision_latency(trigger, latency);
         }
-        // The evicted pod's cgroup, to see it go: its pod cgroup, or for a standalone workload
-        // the cgroup it is named after. Looked up only when an eviction is handed over.
+        // The evicted pod's cgroup, to see it go (and on the node, what a kill may touch): its
+        // pod cgroup by its UID, or for a standalone workload the cgroup it is named after.
+        // Looked up only when an eviction is handed over.
         let cgroup_of = |pod: &PodInfo| match &pod.uid {
             Some(uid) => pods::pod_cgroup(index, node_cgroup, uid),
-            None => Some(index.root().join(pod.name.trim_start_matches('/'))),
+            None => {
+                let path = index.root().join(pod.name.trim_start_matches('/'));
+                let id = crate::cgroup::cgroup_id(&path).ok()?;
+                Some(node_agent_executor::plan::PodCgroup { path, id })
+            }
         };
         // The executor gets its work first; reporting and re-arming follow, off its path.
         let handed_at = crate::sys::monotonic_ns();

@@ -20,6 +20,44 @@ use crate::{
     kernel::PodNames,
 };
 
+/// The node's cgroups as the acting plan asks about them (it does no I/O itself).
+pub struct NodeCgroups {
+    pub version: CgroupVersion,
+}
+
+impl node_agent_executor::plan::Cgroups for NodeCgroups {
+    fn exists(&self, cgroup: &Path) -> bool {
+        cgroup.exists()
+    }
+
+    fn working_set(&self, cgroup: &Path) -> Option<u64> {
+        working_set(cgroup, self.version)
+    }
+
+    fn has_processes(&self, cgroup: &Path) -> bool {
+        node_agent_executor::kill::host::has_processes(cgroup)
+    }
+}
+
+/// The pod cgroup of the pod with this UID under the node cgroup, with its id, which a kill
+/// on the node verifies.
+pub fn pod_cgroup(
+    index: &CgroupIndex,
+    node_cgroup: &Path,
+    uid: &str,
+) -> Option<node_agent_executor::plan::PodCgroup> {
+    let below = node_cgroup.strip_prefix("/").unwrap_or(node_cgroup);
+    index
+        .pods()
+        .find(|(_, path, pod)| {
+            pod.scope == PodScope::Pod && pod.pod_uid == uid && path.starts_with(below)
+        })
+        .map(|(id, path, _)| node_agent_executor::plan::PodCgroup {
+            path: index.root().join(path),
+            id,
+        })
+}
+
 /// Pod names from the latest snapshot, for attribution.
 pub struct SnapshotNames<'a>(pub Option<&'a PodSnapshot>);
 
@@ -118,17 +156,6 @@ pub fn pod_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> HashMap<String, P
         .filter(|(_, path, pod)| pod.scope == PodScope::Pod && path.starts_with(below))
         .map(|(_, path, pod)| (pod.pod_uid.clone(), index.root().join(path)))
         .collect()
-}
-
-/// The pod-level cgroup directory of the pod with this UID, under the node cgroup.
-pub fn pod_cgroup(index: &CgroupIndex, node_cgroup: &Path, uid: &str) -> Option<PathBuf> {
-    let below = node_cgroup.strip_prefix("/").unwrap_or(node_cgroup);
-    index
-        .pods()
-        .find(|(_, path, pod)| {
-            pod.scope == PodScope::Pod && pod.pod_uid == uid && path.starts_with(below)
-        })
-        .map(|(_, path, _)| index.root().join(path))
 }
 
 /// Container cgroup directories by (pod UID, runtime container id), under the node cgroup.

@@ -100,6 +100,7 @@ impl Daemon {
             reconnected,
             now,
         );
+        metrics.set_hard_evictions_on_node(self.acts.kills_on_node());
         self.policy = remap_state(&old.eviction, &new.eviction, &self.policy);
         self.config.current = new;
         let config = &self.config.current;

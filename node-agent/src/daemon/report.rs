@@ -8,6 +8,7 @@ use std::{
 };
 
 use node_agent_executor::{
+    node::{RecordReport, RecordResult},
     plan::Note,
     reclaim::{ReclaimOutcome, ReclaimResult},
     Outcome, Refused, Report, StatusReport,
@@ -50,6 +51,8 @@ pub struct Reporter {
     pub recent: Recent,
     /// What `kubectl node-agent` reads: status, and what was decided about each pod.
     pub inspect: Inspect,
+    /// Pods killed on the node whose record waits for the API server.
+    records_waiting: BTreeSet<String>,
 }
 
 impl Reporter {
@@ -65,6 +68,7 @@ impl Reporter {
             events_failing: BTreeSet::new(),
             recent: Recent::default(),
             inspect,
+            records_waiting: BTreeSet::new(),
         }
     }
 
@@ -231,6 +235,49 @@ impl Reporter {
         let record = Record::eviction(report, crate::sys::now_rfc3339());
         self.inspect.record(&record);
         self.live.publish(&record);
+    }
+
+    /// What became of the record of an eviction carried out on the node: counted, logged.
+    pub fn recorded(&mut self, record: &RecordReport) {
+        let e = &record.eviction;
+        let pod = format!("{}/{}", e.namespace, e.name);
+        let after = record.after_kill;
+        let label = match &record.result {
+            RecordResult::Written => {
+                self.records_waiting.remove(&pod);
+                self.event_written(KubeOperation::PodEvent, record.event_error.as_ref());
+                tracing::info!(%pod, ?after, "eviction recorded: the pod is Failed, Evicted");
+                "written"
+            }
+            RecordResult::Gone => {
+                self.records_waiting.remove(&pod);
+                tracing::info!(%pod, ?after, "eviction not recorded: the pod went first");
+                "gone"
+            }
+            RecordResult::DryRun => {
+                self.records_waiting.remove(&pod);
+                "dry_run"
+            }
+            RecordResult::Waiting(error) => {
+                self.records_waiting.insert(pod.clone());
+                tracing::warn!(%pod, error = %error_chain(error),
+                    "the pod was killed on the node; its record waits for the API server (tried again until it is taken)");
+                "waiting"
+            }
+            RecordResult::Lost(why) => {
+                self.records_waiting.remove(&pod);
+                tracing::error!(%pod, reason = %why,
+                    "the pod was killed on the node but its record (Failed, Evicted) was not written: the kubelet may start it again in place");
+                "lost"
+            }
+            RecordResult::Reasserted(killed) => {
+                tracing::warn!(%pod, processes = killed.signalled, ?after,
+                    "the kubelet had started a killed pod again in place: killed again, its record written again");
+                "reasserted"
+            }
+        };
+        self.metrics
+            .eviction_record(label, self.records_waiting.len() as i64);
     }
 
     /// An event written, or not: every failure counted, said once until one of its kind is

@@ -226,6 +226,7 @@ async fn start(
         ),
         None => {}
     }
+    metrics.set_hard_evictions_on_node(acts.kills_on_node());
     let report = Reporter::new(metrics, health, live, inspect);
     let mut daemon = Daemon {
         config,

@@ -52,6 +52,16 @@ pub const OBSERVED_SIGNALS: [Signal; 7] = [
 /// The kinds of kernel events counted in `node_agent_kernel_events_total`: one per probe.
 pub const KERNEL_EVENT_KINDS: [&str; 4] = crate::probes::NAMES;
 
+/// The results counted in `node_agent_eviction_records_total`.
+pub const RECORD_RESULTS: [&str; 6] = [
+    "written",
+    "gone",
+    "dry_run",
+    "waiting",
+    "lost",
+    "reasserted",
+];
+
 /// What ran out at an OOM kill: a cgroup's limit, the whole node, or the kernel did not say.
 pub const OOM_REASONS: [&str; 3] = ["cgroup_limit", "node", "unknown"];
 
@@ -168,6 +178,9 @@ pub struct Metrics {
     evaluations: Family<TriggerLabels, Counter>,
     stale_data: Family<SourceLabels, Counter>,
     config_reloads: Family<ResultLabels, Counter>,
+    eviction_records: Family<ResultLabels, Counter>,
+    eviction_records_waiting: Gauge,
+    hard_evictions_on_node: Gauge,
     tracked_cgroups: Gauge,
     untracked_cgroups: Gauge,
     tracking_cap_reached: Counter,
@@ -210,6 +223,9 @@ impl Metrics {
             evaluations: Family::default(),
             stale_data: Family::default(),
             config_reloads: Family::default(),
+            eviction_records: Family::default(),
+            eviction_records_waiting: Gauge::default(),
+            hard_evictions_on_node: Gauge::default(),
             tracked_cgroups: Gauge::default(),
             untracked_cgroups: Gauge::default(),
             tracking_cap_reached: Counter::default(),
@@ -242,6 +258,10 @@ impl Metrics {
             .set(1);
         for result in ["ok", "invalid", "refused", "retrying"] {
             self.config_reloads
+                .get_or_create_owned(&ResultLabels { result });
+        }
+        for result in RECORD_RESULTS {
+            self.eviction_records
                 .get_or_create_owned(&ResultLabels { result });
         }
         let limits = StorageLimit::ALL.map(StorageLimit::as_str);
@@ -421,6 +441,21 @@ impl Metrics {
             "config_reloads",
             "Configuration reloads by result (ok, or invalid and the old configuration kept)",
             self.config_reloads.clone(),
+        );
+        r.register(
+            "eviction_records",
+            "Records of evictions carried out on the node (the pod Failed, Evicted, through the API), by result: written, gone (the pod went first), dry_run, waiting (the API server did not take it yet; tried again), lost (refused, or given up), reasserted (the kubelet had started the pod again in place: killed again, written again)",
+            self.eviction_records.clone(),
+        );
+        r.register(
+            "eviction_records_waiting",
+            "Records of evictions carried out on the node that wait for the API server",
+            self.eviction_records_waiting.clone(),
+        );
+        r.register(
+            "hard_evictions_on_node",
+            "1 while hard memory and PID evictions are carried out on the node (kubernetes.hardEviction: node, and the agent can), 0 while they go through the API",
+            self.hard_evictions_on_node.clone(),
         );
         r.register(
             "tracked_cgroups",

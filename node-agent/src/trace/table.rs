@@ -309,6 +309,7 @@ mod tests {
                 EvictionResult::BlockedByPdb,
                 "Cannot evict pod as it would violate the pod's disruption budget.",
             ),
+            killed: None,
             event_error: None,
             at: SystemTime::now(),
         };

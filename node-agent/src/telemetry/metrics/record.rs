@@ -185,6 +185,20 @@ impl Metrics {
             .inc();
     }
 
+    /// Counter `node_agent_eviction_records_total{result}` (one of [`RECORD_RESULTS`]), and
+    /// gauge `node_agent_eviction_records_waiting`.
+    pub fn eviction_record(&self, result: &'static str, waiting: i64) {
+        self.eviction_records
+            .get_or_create(&ResultLabels { result })
+            .inc();
+        self.eviction_records_waiting.set(waiting);
+    }
+
+    /// Gauge `node_agent_hard_evictions_on_node`.
+    pub fn set_hard_evictions_on_node(&self, on: bool) {
+        self.hard_evictions_on_node.set(i64::from(on));
+    }
+
     /// Counter `node_agent_config_reloads_total{result="ok"|"invalid"|"refused"|"retrying"}`.
     pub fn config_reload(&self, result: &'static str) {
         self.config_reloads

@@ -265,10 +265,11 @@ fn assert_helped(text: &str, families: &[&str]) {
     }
 }
 
-const COUNTERS: [&str; 32] = [
+const COUNTERS: [&str; 33] = [
     "node_agent_config_reloads",
     "node_agent_decision_latency_invalid",
     "node_agent_evaluations",
+    "node_agent_eviction_records",
     "node_agent_evictions",
     "node_agent_executor_refused",
     "node_agent_inspect_clients_closed",
@@ -300,9 +301,11 @@ const COUNTERS: [&str; 32] = [
     "node_agent_tracking_cap_reached",
 ];
 
-const OTHERS: [&str; 21] = [
+const OTHERS: [&str; 23] = [
     "node_agent_build_info",
     "node_agent_decision_latency_seconds",
+    "node_agent_eviction_records_waiting",
+    "node_agent_hard_evictions_on_node",
     "node_agent_kube_kubelet_tls_verified",
     "node_agent_kube_pod_watch_backoff_seconds",
     "node_agent_kube_source_ready",
