@@ -35,6 +35,7 @@ fn exercise(config: &EvictionConfig) {
             Observation {
                 available,
                 capacity,
+                lead: 0,
             },
         );
     }

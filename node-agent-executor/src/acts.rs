@@ -10,7 +10,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use node_agent_kube::config::KubeConfig;
+use node_agent_kube::{config::KubeConfig, evict::EvictionResult};
 use node_agent_policy::{Decision, Eligibility, Eviction, PodInfo};
 use tokio::sync::{mpsc, watch};
 
@@ -230,10 +230,22 @@ impl Acts {
     }
 
     /// What the plan learns from an outcome: an eviction's result, an eviction the lane shed,
-    /// a reclaim ended, a pod's OOM event not written.
-    pub fn learn(&mut self, outcome: &Outcome, now: Duration) {
+    /// a reclaim ended, a pod's OOM event not written. A kill on the node says how long relief
+    /// took: from the decision to the victim's growth stopped.
+    pub fn learn(&mut self, outcome: &Outcome, now: Duration) -> Option<Duration> {
+        let mut relieved = None;
         match outcome {
-            Outcome::Eviction(report) => self.plan.reported(report, &self.timing, now),
+            Outcome::Eviction(report) => {
+                if report.attempt.result == EvictionResult::Killed {
+                    let id = report.eviction.pod_id();
+                    relieved = self
+                        .plan
+                        .in_flight()
+                        .find(|f| f.pod_id == id)
+                        .map(|f| now.saturating_sub(f.since));
+                }
+                self.plan.reported(report, &self.timing, now)
+            }
             Outcome::EvictionShed { evict, .. } => self.plan.shed(&evict.eviction, now),
             Outcome::Reclaim(_) => self.plan.reclaimed(now),
             Outcome::PodOomEvent {
@@ -243,6 +255,7 @@ impl Acts {
             } => self.plan.oom_event_failed(namespace, name),
             _ => {}
         }
+        relieved
     }
 
     /// An OOM kill, its victim named as far as it can be: its pod's event (or nothing while it

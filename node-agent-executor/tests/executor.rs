@@ -68,6 +68,7 @@ fn decision(hard: bool) -> Eviction {
         }],
         threshold_quantity: "100Mi".parse().unwrap(),
         available: Quantity::from_int(60 << 20, Format::BinarySi),
+        early: false,
     }
 }
 

@@ -45,6 +45,7 @@ fn hostile_eviction(hard: bool) -> Eviction {
         offending_containers: Vec::new(),
         threshold_quantity: "100Mi".parse::<Quantity>().unwrap(),
         available: "50Mi".parse::<Quantity>().unwrap(),
+        early: false,
     }
 }
 

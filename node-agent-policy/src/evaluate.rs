@@ -46,6 +46,9 @@ pub struct MetThreshold {
     pub held_by_min_reclaim: bool,
     /// Met for at least its grace period: it drives eviction.
     pub grace_period_passed: bool,
+    /// Met only ahead of the threshold: the signal falls so fast that the headroom left would
+    /// be gone before relief could arrive if asked for at the threshold ([`met_early`]).
+    pub early: bool,
 }
 
 /// The pod chosen for eviction, and why.
@@ -70,6 +73,9 @@ pub struct Eviction {
     pub threshold_quantity: Quantity,
     /// The observed available value; for a local storage limit, what was used.
     pub available: Quantity,
+    /// Chosen for a hard threshold met early (`MetThreshold::early`): the signal falls faster
+    /// than relief could follow from the threshold itself.
+    pub early: bool,
 }
 
 impl Eviction {
@@ -153,6 +159,20 @@ pub(crate) fn is_met(
     quantity > i128::from(observed.available) * NANOS
 }
 
+/// Whether a hard `threshold` is met only ahead of itself: its signal's lead (rate of fall ×
+/// time to relief) is beyond the threshold and the headroom left, `available`, is within it.
+/// Waiting for the threshold would leave relief arriving after the headroom is gone. A
+/// departure from the kubelet, which waits for the threshold; the trace says so.
+pub fn met_early(threshold: &Threshold, observations: &Observations) -> bool {
+    let Some(observed) = observations.get(&threshold.signal) else {
+        return false;
+    };
+    threshold.is_hard()
+        && observed.lead > 0
+        && observed.available <= observed.lead
+        && !is_met(threshold, observations, false)
+}
+
 /// Evaluates the policy once with every pod a candidate unless the kubelet deems it critical
 /// (`simulate`, benches). Pure: `now` is any monotonic time since a fixed epoch.
 pub fn evaluate(
@@ -190,7 +210,9 @@ pub fn evaluate_among(
 
     // Thresholds met now, then those acted on before and not yet recovered past min reclaim.
     let mut met: Vec<(usize, bool)> = (0..thresholds.len())
-        .filter(|&i| is_met(&thresholds[i], observations, false))
+        .filter(|&i| {
+            is_met(&thresholds[i], observations, false) || met_early(&thresholds[i], observations)
+        })
         .map(|i| (i, false))
         .collect();
     for &i in &state.thresholds_acted_on {
@@ -232,6 +254,7 @@ pub fn evaluate_among(
                 hard: threshold.is_hard(),
                 held_by_min_reclaim: held,
                 grace_period_passed: now.saturating_sub(since) >= threshold.grace_period,
+                early: !held && met_early(threshold, observations),
             }
         })
         .collect();
@@ -279,6 +302,10 @@ pub fn evaluate_among(
         return (decision, next_state);
     };
     let threshold = &thresholds[reclaim_index];
+    let early = decision
+        .thresholds_met
+        .iter()
+        .any(|t| t.index == reclaim_index && t.early);
     decision.reclaim = Some(threshold.signal);
     let resource = threshold.signal.resource();
     let observed = observations[&threshold.signal];
@@ -310,6 +337,7 @@ pub fn evaluate_among(
             offending_containers,
             threshold_quantity,
             available,
+            early,
         });
         break;
     }
@@ -367,6 +395,7 @@ pub fn over_local_storage_limits(
                     offending_containers: Vec::new(),
                     threshold_quantity: exceeded.limit_quantity,
                     available: exceeded.used,
+                    early: false,
                 });
             }
         }

@@ -37,6 +37,22 @@ pub struct Observation {
     pub available: i64,
     /// The capacity percentage thresholds are taken of.
     pub capacity: i64,
+    /// How far the signal is expected to fall before relief could arrive if it were asked for
+    /// now (its rate of fall times the time relief takes): a hard threshold of this signal is
+    /// met early, while `available` is at most this, even above the threshold itself. The
+    /// headroom left would be gone before relief arrives. 0: not moving, or not known.
+    pub lead: i64,
+}
+
+impl Observation {
+    /// A value with no lead (not falling, or not known to be).
+    pub fn new(available: i64, capacity: i64) -> Self {
+        Self {
+            available,
+            capacity,
+            lead: 0,
+        }
+    }
 }
 
 /// The latest value of each observed signal. A signal absent here meets no threshold.

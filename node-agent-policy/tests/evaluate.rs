@@ -35,6 +35,7 @@ fn observe(signals: &[(Signal, i64)]) -> Observations {
                 Observation {
                     available,
                     capacity,
+                    lead: 0,
                 },
             )
         })
@@ -859,6 +860,81 @@ fn eviction_messages_match_the_kubelet_wording() {
         assert_eq!(
             named, want,
             "{behaviour}: the annotations name what the message names"
+        );
+    }
+}
+
+/// A hard memory threshold is met early when the signal falls so fast that the headroom left
+/// would be gone before relief arrives (its lead, rate × time to relief, is beyond the
+/// threshold and within reach); a soft one never is.
+#[test]
+fn a_fast_fall_meets_a_hard_threshold_ahead_of_itself() {
+    let config = config(
+        "evictionHard: {memory.available: 200Mi}\nevictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: 1m}\n",
+    );
+    let pods = [pod("grower", 0, 3 * GI, Some("64Mi"))];
+    // (behaviour, available MiB, lead MiB, hard met, early, a pod evicted)
+    let rows = [
+        (
+            "no lead: the threshold as the kubelet has it",
+            300,
+            0,
+            false,
+            false,
+            false,
+        ),
+        (
+            "a lead within the threshold changes nothing",
+            300,
+            150,
+            false,
+            false,
+            false,
+        ),
+        (
+            "a lead short of the headroom left: not yet",
+            300,
+            280,
+            false,
+            false,
+            false,
+        ),
+        (
+            "the headroom left within the lead: met early, evicted",
+            300,
+            320,
+            true,
+            true,
+            true,
+        ),
+        (
+            "past the threshold: met, not early",
+            150,
+            320,
+            true,
+            false,
+            true,
+        ),
+    ];
+    for (what, available, lead, hard_met, early, evicted) in rows {
+        let mut observations = observe(&[(Signal::MemoryAvailable, available * MI)]);
+        observations.get_mut(&Signal::MemoryAvailable).unwrap().lead = lead * MI;
+        let (decision, _) = evaluate(
+            &config,
+            &node(),
+            &observations,
+            &pods,
+            Duration::from_secs(100),
+            &PolicyState::default(),
+        );
+        let hard = decision.thresholds_met.iter().find(|t| t.hard);
+        assert_eq!(hard.is_some(), hard_met, "{what}");
+        assert_eq!(hard.is_some_and(|t| t.early), early, "{what}");
+        assert_eq!(!decision.evictions.is_empty(), evicted, "{what}");
+        let soft = decision.thresholds_met.iter().find(|t| !t.hard);
+        assert!(
+            soft.is_some_and(|t| !t.early),
+            "{what}: the soft one is met, never early"
         );
     }
 }

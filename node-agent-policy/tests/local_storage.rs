@@ -55,6 +55,7 @@ fn evaluate(
         Observation {
             available: available as i64,
             capacity: 10 << 30,
+            lead: 0,
         },
     )]
     .into();

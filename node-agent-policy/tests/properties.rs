@@ -171,7 +171,7 @@ proptest! {
         let node = NodeCapacity { memory_bytes: Some(16 * GI), ..NodeCapacity::default() };
         let observations: Observations = [(
             Signal::MemoryAvailable,
-            Observation { available, capacity: 16 * GI },
+            Observation { available, capacity: 16 * GI, lead: 0 },
         )]
         .into_iter()
         .collect();

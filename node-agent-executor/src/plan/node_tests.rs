@@ -62,6 +62,7 @@ fn eviction(name: &str, signal: Signal, hard: bool) -> Eviction {
         offending_containers: vec![],
         threshold_quantity: Quantity::from_int(200, Format::BinarySi),
         available: Quantity::from_int(150, Format::BinarySi),
+        early: false,
     }
 }
 
@@ -73,6 +74,7 @@ fn decision(evict: &str, signal: Signal, hard: bool) -> Decision {
             hard,
             held_by_min_reclaim: false,
             grace_period_passed: true,
+            early: false,
         }],
         conditions: vec![NodeCondition::MemoryPressure],
         reclaim: Some(signal),

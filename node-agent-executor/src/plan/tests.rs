@@ -49,6 +49,7 @@ fn eviction(name: &str) -> Eviction {
         offending_containers: vec![],
         threshold_quantity: Quantity::from_int(100, Format::BinarySi),
         available: Quantity::from_int(10, Format::BinarySi),
+        early: false,
     }
 }
 
@@ -61,6 +62,7 @@ fn decision(evict: Option<&str>) -> Decision {
             hard: true,
             held_by_min_reclaim: false,
             grace_period_passed: true,
+            early: false,
         }],
         conditions: vec![NodeCondition::MemoryPressure],
         reclaim: Some(Signal::MemoryAvailable),
@@ -650,6 +652,7 @@ fn the_taint_goes_after_the_transition_period_with_the_real_policy() {
             Observation {
                 available: available_mib * mib,
                 capacity: 4 << 30,
+                lead: 0,
             },
         )]
         .into();

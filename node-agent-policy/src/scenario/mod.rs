@@ -115,6 +115,7 @@ pub fn simulate(scenario: &Scenario) -> Vec<StepOutput> {
                 Observation {
                     available,
                     capacity,
+                    lead: 0,
                 },
             );
         }

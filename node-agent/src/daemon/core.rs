@@ -121,6 +121,8 @@ impl Signals {
 pub struct Daemon {
     pub config: Config,
     pub node: Node,
+    /// How fast memory falls and how long relief takes: a hard threshold met early.
+    pub ahead: super::ahead::Ahead,
     pub kernel: KernelSide,
     /// `None` in standalone mode.
     pub kube: Option<Kube>,
@@ -310,7 +312,9 @@ impl Daemon {
     /// Records what the executor reports, and decides again when the next step may go now.
     fn on_outcome(&mut self, outcome: Outcome) {
         let now = self.now();
-        self.acts.learn(&outcome, now);
+        if let Some(after) = self.acts.learn(&outcome, now) {
+            self.ahead.relieved(true, after);
+        }
         match outcome {
             Outcome::Eviction(report) => {
                 self.report.eviction(&report);
@@ -381,12 +385,27 @@ impl Daemon {
         let cgroups = super::pods::NodeCgroups {
             version: self.node.layout.version(),
         };
-        let ended = self.acts.settle(self.now(), &cgroups);
+        let now = self.now();
+        let ended = self.acts.settle(now, &cgroups);
         if !ended.is_empty() {
-            for (done, freed) in &ended {
-                tracing::debug!(pod = %done.pod, freed, "killed pod's memory back");
-            }
+            self.settled(&ended, now);
             self.evaluate(Trigger::EvictionOutcome, None);
+        }
+    }
+
+    /// Evictions done with: an urgent one through the API says how long relief took (to its
+    /// memory freed).
+    pub(super) fn settled(
+        &mut self,
+        ended: &[(node_agent_executor::plan::InFlight, bool)],
+        now: Duration,
+    ) {
+        use node_agent_executor::plan::Track;
+        for (f, done) in ended {
+            tracing::debug!(pod = %f.pod, done_with = done, "eviction settled");
+            if *done && f.urgent && f.track == Track::Threshold {
+                self.ahead.relieved(false, now.saturating_sub(f.since));
+            }
         }
     }
 

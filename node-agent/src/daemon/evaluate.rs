@@ -17,10 +17,14 @@ impl Daemon {
         let cgroups = pods::NodeCgroups {
             version: self.node.layout.version(),
         };
-        for (done, gone) in self.acts.settle(now, &cgroups) {
-            tracing::debug!(pod = %done.pod_id, done_with = gone, "eviction settled");
-        }
-        let reading = self.node.read();
+        let ended = self.acts.settle(now, &cgroups);
+        self.settled(&ended, now);
+        let mut reading = self.node.read();
+        // How fast memory falls: a hard threshold is met early where relief asked for at it
+        // would come after the headroom is gone.
+        self.ahead.observe(now, &reading.observations);
+        self.ahead
+            .lead(&mut reading.observations, self.acts.kills_on_node());
         self.report.sources(&reading.failed);
         let config = &self.config.current;
         self.acts

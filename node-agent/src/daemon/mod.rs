@@ -18,6 +18,7 @@
 //! everything; [`kubelet`] compares the kubelet's own thresholds with the agent's.
 
 mod acting_config;
+mod ahead;
 mod allocatable;
 pub mod config;
 mod core;

@@ -329,6 +329,7 @@ fn observe_fs(fs: &FsStats, source: Source, reading: &mut NodeReading) {
         Observation {
             available: fs.avail_bytes,
             capacity: fs.total_bytes,
+            lead: 0,
         },
     );
     reading.observations.insert(
@@ -336,6 +337,7 @@ fn observe_fs(fs: &FsStats, source: Source, reading: &mut NodeReading) {
         Observation {
             available: fs.avail_inodes,
             capacity: fs.total_inodes,
+            lead: 0,
         },
     );
 }
@@ -455,6 +457,7 @@ fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), Obser
             available: capacity_bytes
                 .saturating_sub(i64::try_from(working_set).unwrap_or(i64::MAX)),
             capacity: capacity_bytes,
+            lead: 0,
         },
     );
     reading.capacity.memory_bytes = Some(capacity_bytes);
@@ -497,6 +500,7 @@ fn read_allocatable(
         Observation {
             available: allocatable.saturating_sub(working_set),
             capacity: allocatable,
+            lead: 0,
         },
     );
     Ok(())
@@ -514,6 +518,7 @@ fn read_pids(
         Observation {
             available: limit - live,
             capacity: limit,
+            lead: 0,
         },
     );
     reading.capacity.pids = Some(limit);
@@ -925,7 +930,8 @@ mod allocatable_tests {
                     .copied(),
                 capacity.map(|capacity| Observation {
                     available: capacity - (600 << 20),
-                    capacity
+                    capacity,
+                    lead: 0,
                 }),
                 "{behaviour}"
             );

@@ -228,7 +228,7 @@ impl Reporter {
         self.event_written(KubeOperation::PodEvent, report.event_error.as_ref());
         tracing::info!(
             pod = %format!("{}/{}", report.eviction.namespace, report.eviction.name),
-            signal = %report.eviction.signal, result = result.as_str(),
+            signal = %report.eviction.signal, result = result.as_str(), early = report.eviction.early,
             reason = report.attempt.detail.as_deref().unwrap_or(""),
             retry_after = ?report.attempt.retry_after, "eviction outcome"
         );

@@ -4,7 +4,10 @@
 //!
 //! The node's working set is not a kernel counter, but growth is: with headroom
 //! `H = available − threshold` at the last reading, the node crosses once its cgroups grow by
-//! `H`. So each target cgroup gets the line `usage + H`. Targets: the kubepods cgroup below the
+//! `H`. So each target cgroup gets the line `usage + H`. The threshold is the nearest one still
+//! ahead (the largest below `available`), so a node past its soft threshold is watched in the
+//! kernel for its hard one, not only re-read every `pressurePollInterval`: at the fastest
+//! growth this machine makes (2–3 GiB/s) a poll 100 ms late is 250 MiB late. Targets: the kubepods cgroup below the
 //! node cgroup when the kubelet layout is present; else the node cgroup itself when it is not
 //! the hierarchy's root (the root's counter does not include tasks living in it); else each
 //! top-level cgroup, which catches one workload running away (growth spread over several is
@@ -30,6 +33,8 @@ const MOVE_AT_LEAST: u64 = 4 << 20;
 /// With less headroom than this the daemon polls as well: the node is about to cross.
 const NEAR: u64 = 2 * MOVE_AT_LEAST;
 const MAX_HYSTERESIS: u64 = 16 << 20;
+/// A line farther than this from the next threshold stops halfway ([`step`]).
+pub const PROBE_ABOVE: u64 = 64 << 20;
 
 /// The largest threshold quantity configured for `signal` (hard or soft), resolved against
 /// `capacity`: the earliest point at which the policy may act.
@@ -141,7 +146,7 @@ impl Triggers {
             let Ok(reading) = paths::read_memory(dir, version) else {
                 continue;
             };
-            let line = reading.usage.saturating_add(h);
+            let line = reading.usage.saturating_add(step(h));
             // Down always (less headroom must never be noticed late); up only by a real step.
             let moved = self
                 .lines
@@ -156,17 +161,99 @@ impl Triggers {
     }
 }
 
-/// `available − most lenient threshold` of a memory signal in this reading, if it was read
-/// and has a threshold.
+/// The nearest threshold of `signal` still ahead at `available` (the largest configured one
+/// below it, hard or soft, resolved against `capacity`; a hard one no lower than `lead`, where
+/// the policy meets it early): the next line growth would cross.
+pub fn next_line(
+    config: &EvictionConfig,
+    signal: Signal,
+    capacity: i64,
+    available: i64,
+    lead: i64,
+) -> Option<i64> {
+    config
+        .thresholds()
+        .iter()
+        .filter(|t| t.signal == signal)
+        .map(|t| {
+            let v = t.value.resolve(capacity).value();
+            if t.is_hard() {
+                v.max(lead)
+            } else {
+                v
+            }
+        })
+        .filter(|v| *v > 0 && *v < available)
+        .max()
+}
+
+/// `available − the nearest threshold ahead` of a memory signal in this reading, `Some(0)`
+/// when every threshold is met already, `None` when it was not read or has no threshold.
 fn headroom(config: &EvictionConfig, reading: &NodeReading, signal: Signal) -> Option<i64> {
     let obs = reading.observations.get(&signal)?;
-    let threshold = most_lenient(config, signal, obs.capacity)?;
-    Some(obs.available - threshold)
+    most_lenient(config, signal, obs.capacity)?;
+    Some(
+        next_line(config, signal, obs.capacity, obs.available, obs.lead)
+            .map_or(0, |line| obs.available - line),
+    )
+}
+
+/// Where a target's line goes, `h` ahead of the next threshold: halfway there while it is far
+/// (beyond [`PROBE_ABOVE`]), so that a ramp towards it is read on the way (each crossing is a
+/// reading, and the readings give its rate: see `ahead`); at it once near.
+pub fn step(h: u64) -> u64 {
+    if h > PROBE_ABOVE {
+        h / 2
+    } else {
+        h
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_next_line_is_the_nearest_threshold_still_ahead() {
+        let config = EvictionConfig::from_kubelet_yaml(
+            "evictionHard: {memory.available: 200Mi}\nevictionSoft: {memory.available: 500Mi}\nevictionSoftGracePeriod: {memory.available: 1m}\n",
+        )
+        .unwrap();
+        let mib = 1i64 << 20;
+        let cap = 4096 * mib;
+        let rows = [
+            ("far from both: the soft one first", 2000, Some(500)),
+            ("past the soft one: the hard one", 400, Some(200)),
+            ("on the soft one: the hard one", 500, Some(200)),
+            ("past both: none, the daemon polls", 150, None),
+        ];
+        for (what, available, want) in rows {
+            assert_eq!(
+                next_line(&config, Signal::MemoryAvailable, cap, available * mib, 0),
+                want.map(|w| w * mib),
+                "{what}"
+            );
+        }
+        // A lead beyond the hard threshold (a fall faster than relief): the hard line where
+        // the policy meets it early.
+        assert_eq!(
+            next_line(&config, Signal::MemoryAvailable, cap, 400 * mib, 300 * mib),
+            Some(300 * mib)
+        );
+        assert_eq!(
+            next_line(&config, Signal::MemoryAvailable, cap, 2000 * mib, 900 * mib),
+            Some(900 * mib),
+            "ahead of the soft one too"
+        );
+    }
+
+    #[test]
+    fn far_lines_stop_halfway_so_a_ramp_is_read_on_its_way() {
+        let mib = 1u64 << 20;
+        assert_eq!(step(1000 * mib), 500 * mib);
+        assert_eq!(step(64 * mib), 64 * mib);
+        assert_eq!(step(8 * mib), 8 * mib);
+    }
 
     #[test]
     fn the_most_lenient_threshold_is_the_earliest_trigger() {

@@ -231,6 +231,7 @@ async fn start(
     let mut daemon = Daemon {
         config,
         node,
+        ahead: Default::default(),
         kernel,
         kube,
         acts,

@@ -49,6 +49,7 @@ fn eviction(result: EvictionResult, reason: Option<String>) -> Seen {
         result,
         reason,
         message: "m".into(),
+        early: false,
     }))
 }
 

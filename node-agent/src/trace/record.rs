@@ -114,6 +114,10 @@ pub enum Record {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
         message: String,
+        /// For a hard threshold met early: the signal fell faster than relief could follow
+        /// from the threshold itself (the headroom left was within its fall until relief).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        early: bool,
     },
     /// Node-level reclaim before an eviction for a disk signal: dead containers and unused
     /// images removed through the container runtime (or, in dry run, what would be).
@@ -203,6 +207,7 @@ impl Record {
             result: report.attempt.result,
             reason: report.attempt.detail.clone(),
             message: e.message.clone(),
+            early: e.early,
         }
     }
 

@@ -57,6 +57,7 @@ impl Record {
                 result,
                 reason,
                 grace_period_seconds,
+                early,
                 ..
             } => {
                 let resource = signal
@@ -68,11 +69,12 @@ impl Record {
                     }
                     Resource::Inodes | Resource::Pids => v.to_string(),
                 };
-                // A threshold is met below its line; a local storage limit is passed above it.
-                let relation = if signal.threshold().is_some() {
-                    "<"
-                } else {
-                    ">"
+                // A threshold is met below its line (or ahead of it, falling faster than
+                // relief could follow); a local storage limit is passed above it.
+                let relation = match (signal.threshold().is_some(), early) {
+                    (true, false) => "<",
+                    (true, true) => "falling fast towards",
+                    (false, _) => ">",
                 };
                 (
                     time,
@@ -303,6 +305,7 @@ mod tests {
                 offending_containers: vec![],
                 threshold_quantity: Quantity::from_int(100 << 20, Format::BinarySi),
                 available: Quantity::from_int(60 << 20, Format::BinarySi),
+                early: false,
             },
             trigger_ktime_ns: Some(5),
             attempt: Attempt::new(

@@ -91,6 +91,7 @@ impl Decider {
             Observation {
                 available,
                 capacity,
+                lead: 0,
             },
         );
         let (decision, _) = evaluate(
