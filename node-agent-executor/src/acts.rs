@@ -134,6 +134,12 @@ impl Acts {
         self.plan.reset_reported();
     }
 
+    /// Holds every threshold's eviction until `until` (`None`: no longer) while the pod source
+    /// names a pod it has not listed yet that may rank first.
+    pub fn hold_for_names(&mut self, until: Option<Duration>) {
+        self.plan.hold_for_names(until);
+    }
+
     /// Sets (or, `None`, turns off) node-level reclaim: the layout may change at any reading.
     pub fn set_node_reclaim(&mut self, reclaim: Option<NodeReclaim>) {
         self.plan.set_node_reclaim(reclaim);

@@ -279,6 +279,9 @@ pub struct Acting {
     reclaim: ReclaimState,
     /// OOM kills in pods, by series.
     oom: OomSeries,
+    /// A threshold's eviction waits until then for the pod source to name a pod it has not
+    /// listed yet, which holds more memory than the pod chosen (the loop decides that).
+    names_until: Option<Duration>,
 }
 
 impl Acting {
@@ -398,7 +401,9 @@ impl Acting {
         let reclaim = self.node_reclaim(decision, pods, fresh, now);
         // Nothing is evicted for a disk signal until the reclaim's outcome is back and the
         // node observed again; pods over their local storage limits still go.
+        let naming = self.names_until.is_some_and(|t| now < t);
         let threshold_held = reclaim.is_some()
+            || naming
             || (self.reclaim.in_flight.is_some()
                 && decision
                     .reclaim
@@ -451,7 +456,7 @@ impl Acting {
         // (and takes back an earlier claim).
         let starving = decision
             .reclaim
-            .filter(|_| fresh && decision.no_evictable_pod());
+            .filter(|_| fresh && !naming && decision.no_evictable_pod());
         match (self.no_evictable, starving) {
             (before, Some(signal)) if before != Some(signal) => {
                 plan.notes.push(Note::NoEvictablePod {
@@ -513,6 +518,12 @@ impl Acting {
         };
         // Asked anew at the next decision, at the new rates.
         self.paced_until = None;
+    }
+
+    /// Holds every threshold's eviction until `until` (or, `None`, no longer): the pod source
+    /// is naming a pod that may rank first.
+    pub fn hold_for_names(&mut self, until: Option<Duration>) {
+        self.names_until = until;
     }
 
     /// Sets (or, `None`, turns off) node-level reclaim; from config, at start and on reload.
@@ -613,7 +624,7 @@ impl Acting {
                 // On the node: nothing of the API server's holds it, nor any pacing; one at a
                 // time, and only a pod whose cgroup was found (the kill's target).
                 Track::Node => {
-                    if self.in_flight_on(Track::Node) > 0 {
+                    if threshold_held || self.in_flight_on(Track::Node) > 0 {
                         continue;
                     }
                 }

@@ -337,6 +337,24 @@ impl KubeletSource {
         }
     }
 
+    /// The pods alone, at once, with `last`'s usage ([`KubeletClient::pods_now`]): a pod cgroup
+    /// the snapshot does not know is named without waiting for the next refresh.
+    pub async fn pods_now(&mut self, last: &PodSnapshot) -> Result<PodSnapshot, KubeletError> {
+        let Some(current) = &self.current else {
+            return Err(KubeletError::Resolve(
+                self.resolve_error.clone().unwrap_or_default(),
+            ));
+        };
+        current
+            .client
+            .pods_now(last)
+            .await
+            .map_err(|error| KubeletError::Read {
+                target: current.target.to_string(),
+                error,
+            })
+    }
+
     fn due(&self, now: Instant) -> bool {
         if matches!(self.how, How::NodeProxy) {
             return false;

@@ -99,6 +99,16 @@ impl KubeletClient {
         Ok(snapshot)
     }
 
+    /// The pods alone, at once (no summary: a pod the kubelet just admitted is named within
+    /// one request), with the usage `last` had for the pods it knew. Ranking reads every
+    /// pod's memory from its cgroup before an eviction anyway.
+    pub async fn pods_now(&self, last: &PodSnapshot) -> Result<PodSnapshot, ApiError> {
+        let PodList {
+            items, problems, ..
+        } = self.pods().await?;
+        Ok(PodSnapshot::build(items, None, SystemTime::now(), problems).with_usage_of(last))
+    }
+
     /// GETs and decodes, retried with backoff. The decoding (up to the cap's megabytes of
     /// JSON) runs on a blocking thread, never on the runtime's workers.
     async fn get<T: Send + 'static>(

@@ -14,7 +14,7 @@ pub mod stats;
 pub mod status;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     time::{Duration, SystemTime},
 };
 
@@ -39,6 +39,9 @@ pub struct PodSnapshot {
     pub problems: Vec<Problem>,
     /// How many pods the source listed (terminal and left-out ones included).
     pub listed: usize,
+    /// The UIDs of every pod listed, terminal ones included: a pod cgroup whose UID is not
+    /// here is a pod the source has not listed yet.
+    pub listed_uids: HashSet<String>,
     /// The node's task limit as the kubelet reads it, from its summary (`node.rlimit.maxpid`):
     /// `None` from the API server's pods, or a summary without it; `Err` naming a bad figure.
     /// The kubelet reads it in the host's PID namespace, which the agent's pod is not in.
@@ -95,6 +98,7 @@ impl PodSnapshot {
         for item in &items {
             *uids.entry(item.uid.clone()).or_default() += 1;
         }
+        let listed_uids = uids.keys().cloned().collect();
         let mut pods = Vec::with_capacity(items.len());
         let mut containers = HashMap::new();
         for item in items {
@@ -132,8 +136,29 @@ impl PodSnapshot {
             observed_at,
             problems,
             listed,
+            listed_uids,
             kubelet_max_pids: None,
         }
+    }
+
+    /// This snapshot (pods read now, without usage) with the usage and the task limit `last`
+    /// had: each pod's by its UID, none for a pod `last` did not know. Its age stays the
+    /// pods' (usage is read from the cgroups before anything is decided on it).
+    pub fn with_usage_of(mut self, last: &PodSnapshot) -> Self {
+        for pod in &mut self.pods {
+            let Some(uid) = &pod.uid else { continue };
+            let Some(known) = last.by_uid(uid) else {
+                continue;
+            };
+            pod.usage = known.usage.clone();
+            for c in &mut pod.containers {
+                if let Some(k) = known.containers.iter().find(|k| k.name == c.name) {
+                    c.usage = k.usage;
+                }
+            }
+        }
+        self.kubelet_max_pids = last.kubelet_max_pids.clone();
+        self
     }
 
     pub fn check_fresh(&self, now: SystemTime, bound: Duration) -> Result<(), StaleError> {

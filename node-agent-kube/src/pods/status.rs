@@ -180,6 +180,7 @@ mod tests {
             observed_at: at,
             problems: (0..left_out).map(problem).collect(),
             listed,
+            listed_uids: Default::default(),
             kubelet_max_pids: None,
         }
     }

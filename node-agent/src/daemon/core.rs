@@ -55,6 +55,8 @@ pub struct Kube {
     pub counters: Arc<Counters>,
     /// Who reviews the callers of `/metrics` (`metricsAccess: kubernetes`): this connection.
     pub reviewer: tokio::sync::watch::Sender<Option<Arc<node_agent_kube::access::Reviewer>>>,
+    /// A threshold's eviction waiting for the pod source to name an unlisted pod.
+    pub naming: super::naming::Naming,
 }
 
 /// Time: since start (the policy's `now`), and the loop's timers.
@@ -180,6 +182,9 @@ impl Daemon {
                 () = wait_paced, if pressure => self.evaluate(Trigger::Pacing, None),
                 () = tokio::time::sleep(FREED_POLL), if self.acts.awaits_freed_memory() => {
                     self.freed_memory();
+                }
+                () = tokio::time::sleep(FREED_POLL), if self.kube.as_ref().is_some_and(|k| k.naming.waiting()) => {
+                    self.evaluate(Trigger::PressurePoll, None);
                 }
                 _ = self.clock.poll.tick(), if polling => self.evaluate(Trigger::PressurePoll, None),
                 _ = self.clock.resync.tick() => self.evaluate(Trigger::Resync, None),

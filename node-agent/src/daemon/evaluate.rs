@@ -5,7 +5,13 @@
 use node_agent_executor::Decided;
 use node_agent_policy::{evaluate_among, PodInfo};
 
-use super::{acting_config, core::Daemon, pods, recent::Acted};
+use super::{
+    acting_config,
+    core::Daemon,
+    naming::{Verdict, NAME_WAIT},
+    pods,
+    recent::Acted,
+};
 use crate::telemetry::Trigger;
 
 impl Daemon {
@@ -19,6 +25,11 @@ impl Daemon {
         };
         let ended = self.acts.settle(now, &cgroups);
         self.settled(&ended, now);
+        // Under pressure, a cgroup made since the last scan (a pod just admitted) is in the
+        // index before the pods are ranked.
+        if self.clock.polling {
+            self.kernel.rescan_if_changed(&self.report);
+        }
         let mut reading = self.node.read();
         // How fast memory falls: a hard threshold is met early where relief asked for at it
         // would come after the headroom is gone.
@@ -36,6 +47,7 @@ impl Daemon {
             pods,
             fresh,
             listed,
+            listed_uids,
         } = pods::current(cluster.zip(config.kubernetes.as_ref()), index, node_cgroup);
         if let Some(listed) = &listed {
             self.acts.forget_absent(listed);
@@ -62,6 +74,45 @@ impl Daemon {
             (decision, state) = decide(&ranked);
         }
         self.policy = state;
+        // A pod cgroup the pod source has not listed is named at once; the threshold's
+        // eviction waits for it while it holds more than the pod chosen (`naming`).
+        let version = self.node.layout.version();
+        let names_until = match (
+            self.kube.as_mut(),
+            &listed_uids,
+            decision.threshold_eviction(),
+        ) {
+            (Some(kube), Some(listed_uids), Some(chosen)) => {
+                let unlisted = pods::unlisted_pods(index, node_cgroup, listed_uids, version);
+                if !unlisted.is_empty() {
+                    kube.cluster.name_pods_now();
+                }
+                let chosen_ws = ranked
+                    .iter()
+                    .find(|p| p.id() == chosen.pod_id())
+                    .and_then(|p| p.usage.as_ref())
+                    .map_or(0, |u| u.memory_working_set_bytes);
+                match kube.naming.check(now, &unlisted, chosen_ws) {
+                    Verdict::Act => None,
+                    Verdict::Wait { uid, until } => {
+                        tracing::debug!(pod_uid = %uid, chosen = %format!("{}/{}", chosen.namespace, chosen.name),
+                            "a pod the pod source has not listed yet holds more memory than the pod chosen: waiting for its name");
+                        Some(until)
+                    }
+                    Verdict::GaveUp { uid } => {
+                        tracing::warn!(pod_uid = %uid, chosen = %format!("{}/{}", chosen.namespace, chosen.name), wait = ?NAME_WAIT,
+                            "a pod cgroup holding more memory than the pod chosen is still not listed by the pod source: evicting the pod chosen");
+                        None
+                    }
+                }
+            }
+            (Some(kube), _, _) => {
+                kube.naming.clear();
+                None
+            }
+            _ => None,
+        };
+        self.acts.hold_for_names(names_until);
         if let Some(k) = ktime_ns {
             let latency = crate::sys::monotonic_ns().saturating_sub(k) as f64 / 1e9;
             self.report.metrics.decision_latency(trigger, latency);

@@ -58,6 +58,8 @@ pub struct Cluster {
     /// The API server, for the executor.
     pub api: Context,
     pub snapshots: watch::Receiver<Option<PodSnapshot>>,
+    /// Asks the pod source for the pods at once (a pod cgroup it has not listed yet).
+    name_now: Arc<tokio::sync::Notify>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -140,6 +142,7 @@ impl Cluster {
             config.api_server_endpoint(host.as_deref(), port.as_deref())?,
         )?);
         let (tx, snapshots) = watch::channel(None);
+        let name_now = Arc::new(tokio::sync::Notify::new());
         let mut pods = Report::new("pods", metrics.clone(), health.clone());
         pods.state(&SourceState::Starting);
         let mut cluster = Report::new("cluster", metrics.clone(), health.clone());
@@ -169,12 +172,22 @@ impl Cluster {
                     )?))
                 };
                 let counters = counters.clone();
+                let asked = name_now.clone();
                 tasks.push(tokio::spawn(async move {
                     let mut problems = ProblemLog::default();
                     let mut tick = ticker(refresh);
                     loop {
-                        tick.tick().await;
-                        let error = match source.snapshot().await {
+                        // The pods alone, at once, when asked (a pod cgroup not listed yet);
+                        // pods and usage at every tick.
+                        let last = tokio::select! {
+                            _ = tick.tick() => None,
+                            () = asked.notified() => tx.borrow().clone(),
+                        };
+                        let read = match &last {
+                            Some(last) => source.pods_now(last).await,
+                            None => source.snapshot().await,
+                        };
+                        let error = match read {
                             Ok(snapshot) => {
                                 problems.note(&snapshot.problems, &counters);
                                 if tx.send(Some(snapshot)).is_err() {
@@ -202,11 +215,16 @@ impl Cluster {
                 let store = source.store();
                 tasks.push(tokio::spawn(source.run(WatchTiming::for_bound(bound))));
                 let counters = counters.clone();
+                let asked = name_now.clone();
                 tasks.push(tokio::spawn(async move {
                     let mut problems = ProblemLog::default();
                     let mut tick = ticker(refresh);
                     loop {
-                        tick.tick().await;
+                        // The watch has the pods as they come: when asked, what it has now.
+                        tokio::select! {
+                            _ = tick.tick() => {}
+                            () = asked.notified() => {}
+                        }
                         let snapshot = store.snapshot();
                         if let Some(s) = &snapshot {
                             problems.note(&s.problems, &counters);
@@ -228,8 +246,14 @@ impl Cluster {
         Ok(Self {
             api,
             snapshots,
+            name_now,
             tasks,
         })
+    }
+
+    /// Asks the pod source for the pods at once; asks made before it answers are one.
+    pub fn name_pods_now(&self) {
+        self.name_now.notify_one();
     }
 }
 

@@ -100,6 +100,15 @@ impl KernelSide {
             .flatten()
     }
 
+    /// Rescans the cgroups now if one was made or removed since the last scan.
+    pub fn rescan_if_changed(&mut self, report: &Reporter) {
+        match self.feed.rescan_if_changed() {
+            Ok(Some(tracked)) => self.rescanned(tracked, report),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %crate::error_chain(&e), "rescanning cgroups"),
+        }
+    }
+
     /// The in-kernel `pid.available` check, at the most lenient configured threshold.
     pub fn set_pid_trigger(&mut self, eviction: &EvictionConfig, reading: &NodeReading) {
         let Some(limit) = reading.capacity.pids else {

@@ -28,6 +28,7 @@ mod feed;
 mod kernel_side;
 mod kubelet;
 mod live;
+mod naming;
 mod node;
 mod oom;
 mod pid_limit;

@@ -76,6 +76,8 @@ pub struct Pods {
     pub pods: Vec<PodInfo>,
     pub fresh: bool,
     pub listed: Option<HashSet<String>>,
+    /// Every UID the pod source listed, terminal pods' too (Kubernetes mode).
+    pub listed_uids: Option<HashSet<String>>,
 }
 
 /// The pods to rank now: the pod source's (fresh enough to act on or not), or in standalone
@@ -93,6 +95,7 @@ pub fn current(
                 .collect(),
             fresh: true,
             listed: None,
+            listed_uids: None,
         };
     };
     let snapshot = cluster.snapshots.borrow();
@@ -101,6 +104,7 @@ pub fn current(
             pods: Vec::new(),
             fresh: false,
             listed: None,
+            listed_uids: None,
         };
     };
     let fresh = match snapshot.check_fresh(SystemTime::now(), kube.staleness_bound()) {
@@ -112,6 +116,7 @@ pub fn current(
     };
     Pods {
         listed: Some(snapshot.pods.iter().map(PodInfo::id).collect()),
+        listed_uids: Some(snapshot.listed_uids.clone()),
         pods: snapshot.pods.clone(),
         fresh,
     }
@@ -155,6 +160,24 @@ pub fn pod_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> HashMap<String, P
         .pods()
         .filter(|(_, path, pod)| pod.scope == PodScope::Pod && path.starts_with(below))
         .map(|(_, path, pod)| (pod.pod_uid.clone(), index.root().join(path)))
+        .collect()
+}
+
+/// The pod cgroups under the node cgroup whose pod the source has not listed (`listed`: every
+/// UID it listed), with their working sets: `(uid, working set)`.
+pub fn unlisted_pods(
+    index: &CgroupIndex,
+    node_cgroup: &Path,
+    listed: &HashSet<String>,
+    version: CgroupVersion,
+) -> Vec<(String, u64)> {
+    pod_cgroups(index, node_cgroup)
+        .into_iter()
+        .filter(|(uid, _)| !listed.contains(uid))
+        .map(|(uid, dir)| {
+            let ws = working_set(&dir, version).unwrap_or(0);
+            (uid, ws)
+        })
         .collect()
 }
 

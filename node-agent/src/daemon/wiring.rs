@@ -169,6 +169,7 @@ async fn start(
                 cluster,
                 counters,
                 reviewer,
+                naming: Default::default(),
             })
         }
         None => None,

@@ -160,6 +160,11 @@ impl KernelFeed {
         done
     }
 
+    /// Rescans the cgroups now if a change was reported (or the safety interval passed).
+    pub fn rescan_if_changed(&mut self) -> Result<Option<Tracked>, TrackError> {
+        self.tracker.refresh_if_due(&mut self.programs)
+    }
+
     /// Rescans the cgroups at the next housekeeping (or the next event naming a new one).
     pub fn mark_changed(&mut self) {
         self.tracker.mark_changed();
