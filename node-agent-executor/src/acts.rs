@@ -56,11 +56,11 @@ pub struct Decided<'a> {
     pub trigger_ktime_ns: Option<u64>,
 }
 
-/// What acting on a decision handed over, for the loop to report: the evictions, and the
-/// plan's notes.
+/// What acting on a decision handed over, for the loop to report: the evictions (each with
+/// whether it is carried out on the node), and the plan's notes.
 #[derive(Debug, Default)]
 pub struct Handed {
-    pub evictions: Vec<Eviction>,
+    pub evictions: Vec<(Eviction, bool)>,
     pub notes: Vec<Note>,
 }
 
@@ -223,8 +223,8 @@ impl Acts {
             .actions
             .iter()
             .filter_map(|a| match a {
-                Action::Evict(e) => Some(e.eviction.clone()),
-                Action::Kill(k) => Some(k.evict.eviction.clone()),
+                Action::Evict(e) => Some((e.eviction.clone(), false)),
+                Action::Kill(k) => Some((k.evict.eviction.clone(), true)),
                 _ => None,
             })
             .collect();

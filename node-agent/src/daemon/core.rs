@@ -419,11 +419,34 @@ impl Daemon {
         self.host_pid_max();
         self.kubelet_pid_limit();
         self.kernel.housekeeping(&self.report);
+        self.name_unlisted_pods();
         self.acts.flush_oom(self.now());
         self.report.recent.expire(crate::sys::monotonic_ns());
         self.acts.detect_images_if_due(self.now(), false);
         if self.local_storage_due() {
             self.evaluate(Trigger::LocalStorage, None);
+        }
+    }
+
+    /// A pod cgroup the pod source has not listed (a pod admitted since its last refresh): it
+    /// is asked at once, rather than at its next refresh (see `naming`).
+    fn name_unlisted_pods(&mut self) {
+        let Some(kube) = &mut self.kube else {
+            return;
+        };
+        let unlisted = {
+            let snapshot = kube.cluster.snapshots.borrow();
+            let Some(snapshot) = snapshot.as_ref() else {
+                return;
+            };
+            super::pods::unlisted_uids(
+                self.kernel.feed.index(),
+                &self.config.current.settings.node_cgroup,
+                &snapshot.listed_uids,
+            )
+        };
+        if kube.naming.any_new(unlisted) {
+            kube.cluster.name_pods_now();
         }
     }
 

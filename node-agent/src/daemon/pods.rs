@@ -181,6 +181,18 @@ pub fn unlisted_pods(
         .collect()
 }
 
+/// The pods with a cgroup under the node cgroup that the source has not listed.
+pub fn unlisted_uids(
+    index: &CgroupIndex,
+    node_cgroup: &Path,
+    listed: &HashSet<String>,
+) -> std::collections::BTreeSet<String> {
+    pod_cgroups(index, node_cgroup)
+        .into_keys()
+        .filter(|uid| !listed.contains(uid))
+        .collect()
+}
+
 /// Container cgroup directories by (pod UID, runtime container id), under the node cgroup.
 fn container_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> Vec<(String, String, PathBuf)> {
     let below = node_cgroup.strip_prefix("/").unwrap_or(node_cgroup);
