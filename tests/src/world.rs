@@ -73,17 +73,21 @@ impl World {
     }
 
     /// The config with the test's `kubernetes:` and top-level lines; evictions paced at 60 a
-    /// minute unless the test says otherwise.
+    /// minute, and hard ones carried out through the API, unless the test says otherwise:
+    /// these tests are about the eviction requests and the API server's answers; the kill on
+    /// the node has its own (`kill_e2e.rs`).
     pub fn config(&self, kube: &str, agent: &str) -> String {
         self.config_with_threshold("824Mi", kube, agent)
     }
 
     pub fn config_with_threshold(&self, threshold: &str, kube: &str, agent: &str) -> String {
-        let kube = if kube.contains("evictionsPerMinute") {
-            kube.to_string()
-        } else {
-            format!("  evictionsPerMinute: 60\n{kube}")
-        };
+        let mut kube = kube.to_string();
+        if !kube.contains("evictionsPerMinute") {
+            kube = format!("  evictionsPerMinute: 60\n{kube}");
+        }
+        if !kube.contains("hardEviction") {
+            kube = format!("  hardEviction: api\n{kube}");
+        }
         Config {
             fake: &self.fake,
             node: &self.node,

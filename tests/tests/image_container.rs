@@ -2,7 +2,8 @@
 //! and mounts of the DaemonSet as `kubectl kustomize deploy` renders it (each runtime
 //! component too), translated as the kubelet would: it must load its kernel programs, report a
 //! real OOM kill on the host and answer `/healthz`. Then each added capability is taken away
-//! in turn and the agent must fail to start: the set is minimal.
+//! in turn: without BPF or PERFMON the agent fails to start, without KILL (or the host's PID
+//! namespace) it says it cannot kill a pod on the node: the set is minimal.
 //!
 //! Differences from a cluster, all outside the security context: the ConfigMap is a standalone
 //! config (no API server here), and the hostPaths this machine lacks (it runs no kubelet) are
@@ -30,6 +31,7 @@ use node_agent_tests::{
 const MEM_HELPER: &str = env!("CARGO_BIN_EXE_mem-helper");
 const AGENT_UID: &str = "8c1f7a52-3d4e-4b6a-9f0e-1a2b3c4d5e6f";
 /// Capability numbers (linux/capability.h).
+const CAP_KILL: u32 = 5;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
@@ -315,8 +317,8 @@ fn the_image_runs_with_the_daemonsets_privileges_and_reports_a_host_oom_kill() {
             let (cap_eff, no_new_privs, seccomp) = process_security(pid)?;
             assert_eq!(
                 cap_eff,
-                (1 << CAP_BPF) | (1 << CAP_PERFMON),
-                "effective capabilities {cap_eff:#x}: BPF and PERFMON only"
+                (1 << CAP_BPF) | (1 << CAP_PERFMON) | (1 << CAP_KILL),
+                "effective capabilities {cap_eff:#x}: BPF, PERFMON and KILL only"
             );
             assert_eq!(no_new_privs, "1", "allowPrivilegeEscalation: false");
             assert_eq!(seccomp, "2", "seccomp filter mode (RuntimeDefault)");
@@ -599,8 +601,12 @@ fn on_a_node_of_another_runtime_the_agent_starts_and_reports_the_runtime_unavail
         .unwrap();
 }
 
+/// Each capability the DaemonSet adds is needed: without BPF or PERFMON the kernel refuses
+/// the agent and it stops, saying which it needs; without KILL it runs, but says it cannot
+/// kill a pod on the node (in Kubernetes mode, where it would), and sends hard evictions
+/// through the API.
 #[test]
-fn without_any_one_of_its_capabilities_the_agent_refuses_to_start() {
+fn each_added_capability_is_needed() {
     require_root();
     let (archive, reference) = image();
     runtime()
@@ -611,16 +617,31 @@ fn without_any_one_of_its_capabilities_the_agent_refuses_to_start() {
                 .capabilities
                 .unwrap_or_default()
                 .add_capabilities;
-            assert!(!added.is_empty(), "the DaemonSet adds capabilities");
+            assert_eq!(added, ["BPF", "PERFMON", "KILL"], "the DaemonSet adds these");
             let ctrd = Containerd::start(Options::default()).await?;
             ctrd.import_archive(&archive, &reference).await?;
+            let (config, ca) = kubernetes_mode();
+            let files: &[(&str, &[u8])] = &[("ca.crt", &ca), ("token", b"token\n")];
             for (attempt, missing) in (1..).zip(&added) {
-                let agent = run_agent(&ctrd, &template, &reference, attempt, |sc| {
+                let without = |sc: &mut proto::LinuxContainerSecurityContext| {
                     if let Some(caps) = sc.capabilities.as_mut() {
                         caps.add_capabilities.retain(|c| c != missing);
                     }
-                })
-                .await?;
+                };
+                if missing == "KILL" {
+                    let custom = Custom { config: &config, files, env: &[] };
+                    let agent = run_agent_with(&ctrd, &template, &reference, attempt, without, Some(custom)).await?;
+                    let log = wait_for_log(
+                        &agent,
+                        "cannot be carried out on the node here",
+                        "without KILL the agent did not say it cannot kill on the node",
+                    )
+                    .await?;
+                    assert!(log.contains("lacks CAP_KILL"), "it names the capability: {log}");
+                    ctrd.client().remove_container(&agent.id).await?;
+                    continue;
+                }
+                let agent = run_agent(&ctrd, &template, &reference, attempt, without).await?;
                 ctrd.wait_state(&agent.id, ContainerState::Exited, Duration::from_secs(30))
                     .await
                     .with_context(|| format!("without {missing} the agent kept running"))?;
@@ -635,6 +656,58 @@ fn without_any_one_of_its_capabilities_the_agent_refuses_to_start() {
                     "without {missing} the kernel refuses the agent, and it says which capabilities it needs: {log}"
                 );
             }
+            anyhow::Ok(())
+        })
+        .unwrap();
+}
+
+/// The kill of a pod on the node needs the host's PID namespace (`hostPID: true`): with the
+/// DaemonSet's spec the agent says it carries hard evictions out on the node; in a PID
+/// namespace of its own it says it cannot, and why.
+#[test]
+fn the_kill_on_the_node_needs_the_hosts_pid_namespace() {
+    require_root();
+    let (archive, reference) = image();
+    runtime()
+        .block_on(async {
+            let ctrd = Containerd::start(Options::default()).await?;
+            ctrd.import_archive(&archive, &reference).await?;
+            let (config, ca) = kubernetes_mode();
+            let files: &[(&str, &[u8])] = &[("ca.crt", &ca), ("token", b"token\n")];
+            let shipped = daemonset()?;
+            assert!(
+                shipped.host_pid(),
+                "the DaemonSet asks for the host's PID namespace"
+            );
+            let custom = Custom {
+                config: &config,
+                files,
+                env: &[],
+            };
+            let agent =
+                run_agent_with(&ctrd, &shipped, &reference, 1, |_| {}, Some(custom)).await?;
+            wait_for_log(
+                &agent,
+                "hard memory and PID evictions are carried out on the node",
+                "with the DaemonSet's spec the agent did not say it kills on the node",
+            )
+            .await?;
+            ctrd.client().remove_container(&agent.id).await?;
+            let mut own = shipped.clone();
+            own.spec["hostPID"] = serde_json::Value::Bool(false);
+            let custom = Custom {
+                config: &config,
+                files,
+                env: &[],
+            };
+            let agent = run_agent_with(&ctrd, &own, &reference, 2, |_| {}, Some(custom)).await?;
+            let log = wait_for_log(
+                &agent,
+                "cannot be carried out on the node here",
+                "in a PID namespace of its own the agent did not say it cannot kill on the node",
+            )
+            .await?;
+            assert!(log.contains("not in the host's PID namespace"), "{log}");
             anyhow::Ok(())
         })
         .unwrap();
