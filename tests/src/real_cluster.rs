@@ -294,6 +294,9 @@ pub struct WorkloadPod {
     /// Extra YAML lines under the container (volumeMounts), indented by six spaces.
     pub extra_container: Vec<String>,
     pub memory_limit: Option<String>,
+    /// The container's command instead of the image's entrypoint (`pod-workload`), e.g. a
+    /// shell as PID 1.
+    pub command: Option<Vec<String>>,
 }
 
 impl WorkloadPod {
@@ -309,6 +312,7 @@ impl WorkloadPod {
             extra_spec: Vec::new(),
             extra_container: Vec::new(),
             memory_limit: None,
+            command: None,
         }
     }
 
@@ -354,6 +358,10 @@ impl WorkloadPod {
             spec.push('\n');
         }
         let mut container_extra = String::new();
+        if let Some(command) = &self.command {
+            let quoted: Vec<String> = command.iter().map(|c| format!("{c:?}")).collect();
+            container_extra.push_str(&format!("      command: [{}]\n", quoted.join(", ")));
+        }
         for line in &self.extra_container {
             container_extra.push_str(line);
             container_extra.push('\n');

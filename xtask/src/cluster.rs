@@ -54,15 +54,15 @@ enum ClusterCommand {
     /// What runs, the nodes and the agent's pods.
     Status,
     /// Races the real kubelet (docs/benchmarks.md, "Racing the kubelet on a real node"): every
-    /// scenario in every configuration, writes the table, docs/race.svg and
-    /// target/bench/race-<commit>.json. Brings a one-node cluster up (or uses the one that is
-    /// up with --reuse) and ends it after.
+    /// scenario in every configuration, interleaved run by run, writes the tables,
+    /// docs/race.svg and target/bench/race-<commit>.json. Brings a one-node cluster up (or
+    /// uses the one that is up with --reuse) and ends it after.
     Bench {
-        /// Runs per cell (the PID and disk scenarios take at most 3).
-        #[arg(long, default_value_t = 3)]
+        /// Runs per cell: rounds, each running every scenario in every configuration.
+        #[arg(long, default_value_t = 5)]
         runs: usize,
         /// Only these scenarios (slow-ramp, fast-ramp, fastest-ramp, burst, many-small-pods,
-        /// fork-storm, disk-fill, emptydir-over-limit).
+        /// ignores-sigterm, fork-storm, disk-fill, emptydir-over-limit).
         #[arg(long = "scenario")]
         scenarios: Vec<String>,
         /// Only these configurations (kubelet-kubeadm, kubelet-agent-thresholds,

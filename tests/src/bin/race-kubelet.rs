@@ -1,22 +1,25 @@
 //! `cargo xtask cluster bench`: races the real kubelet on the real cluster and writes the
-//! table (docs/benchmarks.md, between the race markers), the picture (docs/race.svg) and every
-//! run's record (target/bench/race-<commit>.json). Arguments: `--runs N` (3 by default;
-//! the PID and disk scenarios take at most 3), `--scenario NAME` and `--config NAME`
-//! (repeatable; every one by default), `--out DIR` (the workspace), `--commit SHA`; `--render
-//! RECORDS.json|.jsonl` (repeatable) writes the table and picture again from records (a partial
-//! bench's `.partial.jsonl` too), without a cluster.
+//! tables (docs/benchmarks.md, between the race markers), the picture (docs/race.svg) and every
+//! run's record (target/bench/race-<commit>.json). Arguments: `--runs N` (5 by default),
+//! `--scenario NAME` and `--config NAME` (repeatable; every one by default), `--out DIR` (the
+//! workspace), `--commit SHA`; `--render RECORDS.json|.jsonl` (repeatable) writes the tables
+//! and picture again from records (a partial bench's `.partial.jsonl` too), without a cluster.
+//!
+//! The runs go in rounds: each round runs every scenario once in every configuration, the
+//! configurations in a rotated order (so no two runs in a row share one, and each comes first
+//! as often), so that a drift of the shared machine falls on every configuration alike.
 
 use std::time::Instant;
 
 use anyhow::Context as _;
 use node_agent_tests::{
-    race::{report, run::Bench, Config, Pressed, Scenario},
+    race::{report, run::Bench, Config, Scenario},
     real_cluster::RealCluster,
 };
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut runs = 3usize;
+    let mut runs = 5usize;
     let mut scenarios = Vec::new();
     let mut configs = Vec::new();
     let mut out = std::path::PathBuf::from(".");
@@ -93,25 +96,21 @@ fn main() -> anyhow::Result<()> {
     }
     let rc = RealCluster::get();
     let mut bench = Bench::new(&rc);
+    bench.prepare()?;
     let started = Instant::now();
     let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load_at_start = load();
     let mut records = Vec::new();
-    for scenario in &scenarios {
-        let n = if scenario.pressed() == Pressed::Memory {
-            runs
-        } else {
-            runs.min(3)
-        };
-        for i in 0..n {
-            // Alternated: forwards, then backwards.
-            let order: Vec<Config> = if i % 2 == 0 {
-                configs.clone()
-            } else {
-                configs.iter().rev().copied().collect()
-            };
+    let mut turn = 0usize;
+    for round in 0..runs {
+        for scenario in &scenarios {
+            // Rotated: every configuration comes first as often, and consecutive runs differ.
+            let order: Vec<Config> = (0..configs.len())
+                .map(|i| configs[(i + turn) % configs.len()])
+                .collect();
+            turn += 1;
             for config in order {
-                match bench.run(*scenario, config, i) {
+                match bench.run(*scenario, config, round) {
                     Ok(r) => {
                         // Kept after every run, one line each: a bench ended early still
                         // leaves what it saw.
@@ -119,7 +118,7 @@ fn main() -> anyhow::Result<()> {
                         records.push(r);
                     }
                     Err(e) => eprintln!(
-                        "race: {} / {} #{i} failed: {e:#}",
+                        "race: {} / {} round {round} failed: {e:#}",
                         scenario.name(),
                         config.label()
                     ),
@@ -128,7 +127,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let meta = format!(
-        "Run of {} at commit `{}`: {} runs; load average at the start {}, at the end {}; the bench took {:.0} min. Kubernetes v1.37.2 (kubelet, API server), containerd 1.6.20, kernel {}, the agent's memory mechanism on this host: the in-kernel sampler (this host refuses fexit).",
+        "Run of {} at commit `{}`: {} runs in rounds, the configurations interleaved run by run; load average at the start {}, at the end {}; the bench took {:.0} min. Kubernetes v1.37.2 (kubelet, API server), containerd 1.6.20, kernel {}, memory on cgroup v1; the agent's memory mechanism on this host: the in-kernel sampler (this host refuses fexit); hard evictions carried out on the node.",
         jiff::Timestamp::now(),
         &commit[..commit.len().min(7)],
         records.len(),

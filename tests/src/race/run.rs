@@ -1,6 +1,10 @@
 //! One run: a configuration in force, a namespace with the ballast and the scenario's pods,
-//! everything observed until the pressure is gone or the run's limit, then the namespace
+//! everything observed until the pods have ended or the run's limit, then the namespace
 //! deleted and its cgroups waited for.
+//!
+//! Configurations change between runs (the bench interleaves them run by run): the kubelet is
+//! restarted only when its thresholds change, and the agent's DaemonSet, installed once,
+//! enforcing, is put on or taken off the node by a label its `nodeSelector` asks for.
 
 use std::{
     collections::BTreeSet,
@@ -13,54 +17,91 @@ use node_agent_cluster::node_components::KubeletOptions;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    observe::{self, By, Conditions, Eviction, Sampled, Sampler, Sources},
+    observe::{self, Conditions, Decision, RecordWatch, Sampled, Sampler, Sources},
     Config, Pressed, Scenario,
 };
-use crate::real_cluster::{Qos, RealCluster, Variant, WorkloadPod, AGENT_NS, AGENT_SA};
+use crate::real_cluster::{Patch, Qos, RealCluster, Variant, WorkloadPod, AGENT_NS};
 
-/// Where the scenario starts: the signal this far above the agent's line (MiB).
-const START_ABOVE_AGENT_LINE_MIB: f64 = 700.0;
-const SLOW_START_ABOVE_MIB: f64 = 200.0;
-/// The agent's threshold on allocatableMemory.available (MiB), and the kubelet's (kubeadm), as
-/// configured. The bench's axis is the Node's allocatable less the pods' working set; both
-/// sides measure the pods cgroup's own headroom, which is the kubelet's hard threshold above
-/// it: the report places the kubelet's line on the axis (`report::kubelet_line`), and a run
-/// records the agent's where it falls (`AGENT_LINE_MIB` until 05d0d49, when the agent measured
-/// against the Node's allocatable too; one hard threshold lower since).
+/// Each side's line on the memory axis (the kubepods cgroup's headroom, MiB): the hard
+/// `memory.available` threshold, which both sides apply to that headroom as
+/// `allocatableMemory.available` (the kubelet's `addAllocatableThresholds`; the agent's the
+/// same).
 pub const AGENT_LINE_MIB: f64 = 200.0;
-pub const KUBELET_LINE_MIB: f64 = 100.0;
+pub const KUBELET_LINE_KUBEADM_MIB: f64 = 100.0;
+pub const KUBELET_LINE_AGENTS_MIB: f64 = 200.0;
 /// The fork storm's thresholds: this many PIDs below pid.available at the run's start.
 const PID_MARGIN: f64 = 1500.0;
+/// The label the race's agent DaemonSet asks of a node: the agent is on the node while it is
+/// there.
+const AGENT_LABEL: &str = "node-agent.io/race";
+/// What the ballast's pod holds besides the memory it is asked to (its sandbox, its
+/// process), MiB: the headroom at the start is measured when the scenario's pods are created,
+/// before they hold anything.
+const BALLAST_OVERHEAD_MIB: f64 = 4.0;
+/// The ballast's priority class, made by the bench: above the scenario pods (0).
+pub const BALLAST_PRIORITY_CLASS: &str = "race-ballast";
+/// What the run watches after its pods ended: a kubelet period and a bit, for late
+/// evictions (over-evictions) and conditions.
+const TAIL: Duration = Duration::from_secs(11);
 
 /// What a run saw.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunRecord {
     pub scenario: Scenario,
     pub config: Config,
-    pub index: usize,
+    /// Which round of the bench (each round runs every scenario in every configuration).
+    pub round: usize,
+    /// When the scenario's pods were created.
     pub started_ns: i64,
-    /// Each side's line on the pressed signal (available MiB, or PIDs), as set in this run.
+    /// Each side's line on the pressed signal (headroom MiB, or PIDs, or free MiB), as set in
+    /// this run.
     pub agent_line: Option<f64>,
     pub kubelet_line: Option<f64>,
+    /// The pressed signal when the scenario's pods were created.
+    pub start_available: Option<f64>,
     pub sampled: Sampled,
-    pub evictions: Vec<Eviction>,
+    /// Each side's decisions to evict pods of the run, in time order.
+    pub decisions: Vec<Decision>,
+    /// Each pod's first API record of its end (`Failed`/`Evicted`, or marked deleted), by name.
+    pub records: std::collections::BTreeMap<String, i64>,
     pub conditions: Conditions,
-    /// The scenario pods' UIDs by name.
+    /// The scenario pods' names and UIDs.
     pub pods: Vec<(String, String)>,
+    /// The ballast pod's name and UID (memory scenarios): never the victim to choose.
+    pub ballast: Option<(String, String)>,
+    /// Restarts in place of the scenario pods' containers (0 where nothing restarted them).
+    pub restarts: u64,
     /// Local storage: when the pod's write was done (its `phase=held`), the clock both sides
     /// start from.
     pub written_ns: Option<i64>,
 }
 
-/// The configuration in force, switched only when it changes.
+/// The kubelet's eviction settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KubeletMode {
+    /// kubeadm's: the kubelet's defaults, no PID threshold.
+    Kubeadm,
+    /// The agent's shipped thresholds (with this PID line, for the fork storm).
+    AgentThresholds(Option<i64>),
+}
+
+/// What is in force on the node now (`None`: not known yet, set at the first run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct InForce {
+    kubelet: Option<KubeletMode>,
+    /// The agent's DaemonSet installed with this PID line, and whether it is on the node.
+    agent: Option<(Option<i64>, bool)>,
+}
+
+/// The configuration in force, changed only as far as a run needs.
 pub struct Bench<'a> {
     pub rc: &'a RealCluster,
-    current: Option<(Config, bool)>,
+    now: InForce,
 }
 
 /// The kubelet's eviction settings equal to the agent's shipped ones (deploy/config.yaml's
 /// `eviction:` section, as KubeletConfiguration lines).
-fn agents_thresholds_for_the_kubelet(pid_threshold: Option<f64>) -> anyhow::Result<Vec<String>> {
+fn agents_thresholds_for_the_kubelet(pid_threshold: Option<i64>) -> anyhow::Result<Vec<String>> {
     let text =
         std::fs::read_to_string(crate::real_cluster::workspace().join("deploy/config.yaml"))?;
     let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text)?;
@@ -69,7 +110,7 @@ fn agents_thresholds_for_the_kubelet(pid_threshold: Option<f64>) -> anyhow::Resu
         .cloned()
         .context("deploy/config.yaml has no eviction section")?;
     if let (Some(pids), Some(hard)) = (pid_threshold, eviction.get_mut("evictionHard")) {
-        hard["pid.available"] = serde_yaml_ng::Value::String(format!("{}", pids as i64));
+        hard["pid.available"] = serde_yaml_ng::Value::String(format!("{pids}"));
     }
     Ok(serde_yaml_ng::to_string(&eviction)?
         .lines()
@@ -79,80 +120,128 @@ fn agents_thresholds_for_the_kubelet(pid_threshold: Option<f64>) -> anyhow::Resu
 
 impl<'a> Bench<'a> {
     pub fn new(rc: &'a RealCluster) -> Self {
-        Self { rc, current: None }
+        Self {
+            rc,
+            now: InForce::default(),
+        }
     }
 
-    /// Puts `config` in force (the kubelet restarted with its settings; the agent installed
-    /// enforcing, or removed). `pid_threshold`: the fork storm's absolute line.
-    fn ensure(&mut self, config: Config, pid_threshold: Option<f64>) -> anyhow::Result<()> {
-        let fork = pid_threshold.is_some();
-        if self.current == Some((config, fork)) && !fork {
-            return Ok(());
-        }
-        let node = self.rc.node0();
-        let kubelet = match config {
-            Config::KubeletAgentThresholds => KubeletOptions {
-                extra: agents_thresholds_for_the_kubelet(pid_threshold)?,
-            },
-            _ => KubeletOptions::default(),
-        };
-        self.rc.cluster.restart_kubelet(&node, &kubelet)?;
-        match config {
-            Config::KubeletAndAgent => {
-                let config_yaml = match pid_threshold {
-                    Some(p) => Variant::shipped_config_with(&[(
-                        "pid.available: \"10%\"",
-                        &format!("pid.available: \"{}\"", p as i64),
-                    )]),
-                    None => Variant::shipped_config_with(&[]),
-                };
-                self.rc.install(
-                    if fork {
-                        "race-agent-fork"
-                    } else {
-                        "race-agent"
-                    },
-                    &Variant {
-                        config: Some(config_yaml),
-                        ..Variant::enforcing()
-                    },
-                )?;
-            }
-            _ => {
-                let _ = self.rc.kubectl.call(
-                    &[
-                        "-n",
-                        AGENT_NS,
-                        "delete",
-                        "daemonsets",
-                        "--all",
-                        "--wait=true",
-                    ],
-                    None,
-                    Duration::from_secs(120),
-                );
-                self.rc
-                    .kubectl
-                    .wait_for("no agent pod", Duration::from_secs(120), |k| {
-                        let pods = k.get_json(&["-n", AGENT_NS, "pods"])?;
-                        Ok(pods["items"]
-                            .as_array()
-                            .is_none_or(|a| a.is_empty())
-                            .then_some(()))
-                    })?;
-            }
-        }
-        self.current = Some((config, fork));
+    /// The ballast's priority class (1000000: above the scenario pods, below anything
+    /// critical).
+    pub fn prepare(&self) -> anyhow::Result<()> {
+        self.rc.kubectl.apply(&format!(
+            "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata:\n  name: {BALLAST_PRIORITY_CLASS}\nvalue: 1000000\npreemptionPolicy: Never\ndescription: the race's ballast, never the victim to choose\n"
+        ))?;
         Ok(())
     }
 
-    fn allocatable_mib(&self) -> anyhow::Result<f64> {
-        let node = self.rc.kubectl.get_json(&["node", &self.rc.node0().name])?;
-        let text = node["status"]["allocatable"]["memory"]
-            .as_str()
-            .context("the Node's allocatable memory")?;
-        let q: node_agent_policy::Quantity = text.parse().context("allocatable memory")?;
-        Ok(q.checked_value().map_err(|e| anyhow::anyhow!("{e:?}"))? as f64 / 1048576.0)
+    /// Puts `config` in force: the kubelet restarted with its settings if they change; the
+    /// agent installed enforcing (once per PID line) and on the node, or taken off it.
+    /// `pid_threshold`: the fork storm's absolute line.
+    fn ensure(&mut self, config: Config, pid_threshold: Option<i64>) -> anyhow::Result<()> {
+        let node = self.rc.node0();
+        let kubelet = if config.kubelet_has_agents_thresholds() {
+            KubeletMode::AgentThresholds(pid_threshold)
+        } else {
+            KubeletMode::Kubeadm
+        };
+        if self.now.kubelet != Some(kubelet) {
+            let options = match kubelet {
+                KubeletMode::AgentThresholds(pids) => KubeletOptions {
+                    extra: agents_thresholds_for_the_kubelet(pids)?,
+                },
+                KubeletMode::Kubeadm => KubeletOptions::default(),
+            };
+            self.rc.cluster.restart_kubelet(&node, &options)?;
+            self.now.kubelet = Some(kubelet);
+        }
+        let wanted_agent = config.has_agent();
+        // The agent's DaemonSet: installed once (and again for a new PID line), enforcing.
+        let installed_for = self.now.agent.map(|(p, _)| p);
+        if installed_for != Some(pid_threshold) {
+            self.label_node(wanted_agent)?;
+            let config_yaml = match pid_threshold {
+                Some(p) => Variant::shipped_config_with(&[(
+                    "pid.available: \"10%\"",
+                    &format!("pid.available: \"{p}\""),
+                )]),
+                None => Variant::shipped_config_with(&[]),
+            };
+            self.rc.apply_variant(
+                "race-agent",
+                &Variant {
+                    config: Some(config_yaml),
+                    patches: vec![Patch {
+                        kind: "DaemonSet".into(),
+                        name: "node-agent".into(),
+                        operations: serde_json::json!([{
+                            "op": "add",
+                            "path": format!("/spec/template/spec/nodeSelector/{}", AGENT_LABEL.replace('/', "~1")),
+                            "value": "on",
+                        }]),
+                    }],
+                    ..Variant::enforcing()
+                },
+            )?;
+            self.now.agent = Some((pid_threshold, wanted_agent));
+            self.wait_agent(wanted_agent)?;
+        } else if self.now.agent.map(|(_, on)| on) != Some(wanted_agent) {
+            self.label_node(wanted_agent)?;
+            self.now.agent = Some((pid_threshold, wanted_agent));
+            self.wait_agent(wanted_agent)?;
+        }
+        Ok(())
+    }
+
+    fn label_node(&self, on: bool) -> anyhow::Result<()> {
+        let node = self.rc.node0();
+        let label = if on {
+            format!("{AGENT_LABEL}=on")
+        } else {
+            format!("{AGENT_LABEL}-")
+        };
+        self.rc
+            .kubectl
+            .run(&["label", "node", &node.name, &label, "--overwrite"])?;
+        Ok(())
+    }
+
+    /// Waits until the agent is Ready on the node (`on`), or no agent pod is left.
+    fn wait_agent(&self, on: bool) -> anyhow::Result<()> {
+        self.rc.kubectl.wait_for(
+            "the agent on or off the node",
+            Duration::from_secs(180),
+            |k| {
+                let pods = k.get_json(&["-n", AGENT_NS, "pods"])?;
+                let items: Vec<&serde_json::Value> =
+                    pods["items"].as_array().into_iter().flatten().collect();
+                let ready = items.iter().any(|p| {
+                    p["metadata"]["deletionTimestamp"].is_null()
+                        && p["status"]["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                });
+                let done = if on {
+                    ready && items.len() == 1
+                } else {
+                    items.is_empty()
+                };
+                Ok(done.then_some(()))
+            },
+        )
+    }
+
+    /// The agent's pod on the node, when it is there.
+    fn agent_pod(&self) -> Option<String> {
+        let pods = self.rc.kubectl.get_json(&["-n", AGENT_NS, "pods"]).ok()?;
+        pods["items"].as_array()?.iter().find_map(|p| {
+            p["metadata"]["deletionTimestamp"]
+                .is_null()
+                .then(|| p["metadata"]["name"].as_str().map(str::to_string))
+                .flatten()
+        })
     }
 
     /// One run of `scenario` under `config`.
@@ -160,7 +249,7 @@ impl<'a> Bench<'a> {
         &mut self,
         scenario: Scenario,
         config: Config,
-        index: usize,
+        round: usize,
     ) -> anyhow::Result<RunRecord> {
         let rc = self.rc;
         let node = rc.node0();
@@ -176,21 +265,23 @@ impl<'a> Bench<'a> {
             let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
             // SAFETY: as above.
             unsafe { libc::sysinfo(&mut info) };
-            max - f64::from(info.procs) - PID_MARGIN
+            (max - f64::from(info.procs) - PID_MARGIN) as i64
         });
         self.ensure(config, pid_threshold)?;
-        let allocatable = self.allocatable_mib()?;
         let ns = rc.namespace(&format!("race-{}", scenario.name()));
         let (agent_line, kubelet_line) = match (pressed, config) {
-            (Pressed::Memory, Config::KubeletKubeadm) => (None, Some(KUBELET_LINE_MIB)),
-            (Pressed::Memory, Config::KubeletAgentThresholds) => (None, Some(AGENT_LINE_MIB)),
+            (Pressed::Memory, Config::KubeletKubeadm) => (None, Some(KUBELET_LINE_KUBEADM_MIB)),
+            (Pressed::Memory, Config::KubeletAgentThresholds) => {
+                (None, Some(KUBELET_LINE_AGENTS_MIB))
+            }
             (Pressed::Memory, Config::KubeletAndAgent) => {
-                let offset = crate::real_node::kubelet_allocatable_offset(rc, &node)? / 1048576.0;
-                (Some(AGENT_LINE_MIB - offset), Some(KUBELET_LINE_MIB))
+                (Some(AGENT_LINE_MIB), Some(KUBELET_LINE_KUBEADM_MIB))
             }
             (Pressed::Pids, Config::KubeletKubeadm) => (None, None),
-            (Pressed::Pids, Config::KubeletAgentThresholds) => (None, pid_threshold),
-            (Pressed::Pids, Config::KubeletAndAgent) => (pid_threshold, None),
+            (Pressed::Pids, Config::KubeletAgentThresholds) => {
+                (None, pid_threshold.map(|p| p as f64))
+            }
+            (Pressed::Pids, Config::KubeletAndAgent) => (pid_threshold.map(|p| p as f64), None),
             (Pressed::Disk, c) => {
                 let cap = disk_capacity_mib(rc)?;
                 // One disk is nodefs and imagefs at once: the imagefs line is met first
@@ -204,39 +295,49 @@ impl<'a> Bench<'a> {
             (Pressed::LocalStorage, _) => (None, None),
         };
 
-        // The ballast: memory scenarios start a fixed distance above the agent's line.
-        if pressed == Pressed::Memory {
-            std::thread::sleep(Duration::from_secs(2));
-            let ws = observe_ws(&kubepods)?;
-            let headroom = allocatable - ws;
-            let above = if scenario == Scenario::SlowRamp {
-                SLOW_START_ABOVE_MIB
-            } else {
-                START_ABOVE_AGENT_LINE_MIB
-            };
-            let ballast = (headroom - AGENT_LINE_MIB - above).floor();
-            if ballast > 64.0 {
-                let mut b = WorkloadPod::new(
-                    "ballast",
-                    Qos::Guaranteed,
-                    &format!("{}Mi", ballast as u64 + 64),
-                    &["memory", &(ballast as u64).to_string(), "0", "64"],
-                );
-                b.node = Some(node.name.clone());
-                rc.kubectl.apply(&b.manifest(&ns.name))?;
-                rc.wait_held(&ns.name, &["ballast"], Duration::from_secs(120))?;
-                std::thread::sleep(Duration::from_secs(2));
-            }
+        // The ballast: memory scenarios start at the same headroom in every configuration.
+        let mut ballast = None;
+        if let Some(start) = scenario.start_headroom_mib() {
+            let headroom = settled_headroom(&kubepods)?;
+            let size = (headroom - start - BALLAST_OVERHEAD_MIB).floor();
+            anyhow::ensure!(
+                size > 64.0,
+                "the node's pods already hold too much: headroom {headroom:.0} MiB, {start:.0} wanted at the start"
+            );
+            // Never the victim to choose: above every scenario pod in priority, which both
+            // sides rank by right after "exceeds its request" (which every pod here does).
+            // Within its request it would ask for more than the node's allocatable leaves.
+            let mut b = WorkloadPod::new(
+                "ballast",
+                Qos::Burstable,
+                "64Mi",
+                &["memory", &(size as u64).to_string(), "0", "64"],
+            );
+            b.priority_class = Some(BALLAST_PRIORITY_CLASS.into());
+            b.node = Some(node.name.clone());
+            b.extra_spec
+                .push("  tolerations: [{operator: Exists}]".into());
+            rc.kubectl.apply(&b.manifest(&ns.name))?;
+            rc.wait_held(&ns.name, &["ballast"], Duration::from_secs(120))?;
+            std::thread::sleep(Duration::from_secs(1));
+            ballast = Some(("ballast".to_string(), pod_uid(rc, &ns.name, "ballast")?));
         }
 
         let uids = Arc::new(Mutex::new(BTreeSet::new()));
+        if let (Some((_, uid)), Ok(mut set)) = (&ballast, uids.lock()) {
+            set.insert(uid.clone());
+        }
         let sampler = Sampler::start(Sources {
             pressed,
             kubepods: kubepods.clone(),
-            allocatable_mib: allocatable,
             nodefs: rc.cluster.node_path(&node, "/var/lib/kubelet")?,
             pods: uids.clone(),
         });
+        let watch = RecordWatch::start(&rc.kubectl, &ns.name)?;
+        let start_available = match pressed {
+            Pressed::Memory => observe::kubepods_headroom_mib(&kubepods),
+            _ => None,
+        };
         let started_ns = observe::wall_ns();
         let pods = scenario_pods(scenario, &node.name);
         for p in &pods {
@@ -246,25 +347,18 @@ impl<'a> Bench<'a> {
         // The pods' UIDs, for their cgroups.
         let mut pod_uids = Vec::new();
         for name in &names {
-            let uid = rc.kubectl.run(&[
-                "-n",
-                &ns.name,
-                "get",
-                "pod",
-                name,
-                "-o",
-                "jsonpath={.metadata.uid}",
-            ])?;
-            pod_uids.push((name.clone(), uid.trim().to_string()));
-        }
-        if let Ok(mut set) = uids.lock() {
-            set.extend(pod_uids.iter().map(|(_, u)| u.clone()));
+            let uid = pod_uid(rc, &ns.name, name)?;
+            if let Ok(mut set) = uids.lock() {
+                set.insert(uid.clone());
+            }
+            pod_uids.push((name.clone(), uid));
         }
         // Until every scenario pod is gone or ended, or the limit.
         let limit = scenario.limit();
         let start = Instant::now();
         let mut conditions = Conditions::default();
         let mut written_ns = None;
+        let mut restarts = 0;
         // A condition counts when it turned True in this run: both sides hold one for
         // evictionPressureTransitionPeriod (5 min) after the pressure, so an earlier run's may
         // still be True (lastTransitionTime has whole seconds).
@@ -299,93 +393,148 @@ impl<'a> Bench<'a> {
                 written_ns = Some(observe::wall_ns());
             }
             let list = rc.kubectl.get_json(&["-n", &ns.name, "pods"])?;
-            let active = list["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|p| names.iter().any(|n| p["metadata"]["name"] == n.as_str()))
-                .filter(|p| {
-                    p["metadata"]["deletionTimestamp"].is_null()
-                        && matches!(p["status"]["phase"].as_str(), Some("Pending" | "Running"))
-                        && !p["status"]["containerStatuses"][0]["state"]["terminated"].is_object()
-                })
-                .count();
+            let mut active = 0;
+            for p in list["items"].as_array().into_iter().flatten() {
+                if !names.iter().any(|n| p["metadata"]["name"] == n.as_str()) {
+                    continue;
+                }
+                restarts = restarts.max(
+                    p["status"]["containerStatuses"][0]["restartCount"]
+                        .as_u64()
+                        .unwrap_or(0),
+                );
+                if p["metadata"]["deletionTimestamp"].is_null()
+                    && matches!(p["status"]["phase"].as_str(), Some("Pending" | "Running"))
+                    && !p["status"]["containerStatuses"][0]["state"]["terminated"].is_object()
+                {
+                    active += 1;
+                }
+            }
             if active == 0 || start.elapsed() > limit {
                 break;
             }
             std::thread::sleep(Duration::from_millis(500));
         }
-        // What the sides still do once the pressure is gone (over-evictions, conditions): 12 s,
-        // more than a kubelet period.
+        // What the sides still do once the pressure is gone (over-evictions, conditions).
         let tail = Instant::now();
-        while tail.elapsed() < Duration::from_secs(12) {
+        while tail.elapsed() < TAIL {
             poll_conditions(&mut conditions);
             std::thread::sleep(Duration::from_millis(500));
         }
         let sampled = sampler.stop();
-        let mut evictions =
-            observe::agent_evictions(&rc.audit_events()?, &ns.name, AGENT_SA, started_ns);
+        let records = watch.stop();
+        let mut decisions = Vec::new();
+        if config.has_agent() {
+            let pod = self.agent_pod().context("the agent's pod on the node")?;
+            let since = jiff::Timestamp::from_nanosecond(i128::from(started_ns) - 60_000_000_000)
+                .map(|t| t.to_string())
+                .unwrap_or_default();
+            let log = rc.kubectl.run(&[
+                "-n",
+                AGENT_NS,
+                "logs",
+                &pod,
+                &format!("--since-time={since}"),
+            ])?;
+            decisions.extend(observe::agent_decisions(&log, &ns.name, started_ns));
+        }
         let kubelet_log = crate::real_cluster::read_tail(
             &rc.cluster.layout.log(&format!("kubelet-{}", node.name)),
             16 << 20,
         )?;
-        evictions.extend(observe::kubelet_evictions(
+        decisions.extend(observe::kubelet_decisions(
             &kubelet_log,
             &ns.name,
             started_ns,
         ));
-        evictions.sort_by_key(|e| e.wall_ns);
+        decisions.sort_by_key(|d| d.wall_ns);
         let name = ns.name.clone();
         drop(ns);
         // The namespace's pods' cgroups gone before the next run.
+        let all: Vec<String> = pod_uids
+            .iter()
+            .map(|(_, u)| u.clone())
+            .chain(ballast.iter().map(|(_, u)| u.clone()))
+            .collect();
         let _ = rc
             .kubectl
             .wait_for("the run's cgroups gone", Duration::from_secs(120), |_| {
-                Ok(pod_uids
+                Ok(all
                     .iter()
-                    .all(|(_, u)| {
-                        !["", "burstable/", "besteffort/"]
+                    .all(|u| {
+                        !observe::pod_cgroups(&kubepods, u)
                             .iter()
-                            .any(|q| kubepods.join(format!("{q}pod{u}")).exists())
+                            .any(|d| d.exists())
                     })
                     .then_some(()))
             });
         eprintln!(
-            "race: {} / {} #{index}: {} evictions ({} by the agent), {} OOM kills, lowest {:.0} (namespace {name})",
+            "race: {} / {} round {round}: {} decisions ({} by the agent), {} OOM kills, lowest {:.0}, started at {} (namespace {name})",
             scenario.name(),
             config.label(),
-            evictions.len(),
-            evictions.iter().filter(|e| e.by == By::Agent).count(),
+            decisions.len(),
+            decisions
+                .iter()
+                .filter(|d| d.by == observe::By::Agent)
+                .count(),
             sampled.oom_kills.len(),
-            sampled.samples.iter().map(|s| s.available).fold(f64::INFINITY, f64::min),
+            sampled
+                .samples
+                .iter()
+                .map(|s| s.available)
+                .fold(f64::INFINITY, f64::min),
+            start_available.map_or("-".into(), |s| format!("{s:.0}")),
         );
         Ok(RunRecord {
             scenario,
             config,
-            index,
+            round,
             started_ns,
             agent_line,
             kubelet_line,
+            start_available,
             sampled,
-            evictions,
+            decisions,
+            records,
             conditions,
             pods: pod_uids,
+            ballast,
+            restarts,
             written_ns,
         })
     }
 }
 
-fn observe_ws(kubepods: &std::path::Path) -> anyhow::Result<f64> {
-    let usage: f64 = std::fs::read_to_string(kubepods.join("memory.usage_in_bytes"))?
+fn pod_uid(rc: &RealCluster, namespace: &str, name: &str) -> anyhow::Result<String> {
+    Ok(rc
+        .kubectl
+        .run(&[
+            "-n",
+            namespace,
+            "get",
+            "pod",
+            name,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])?
         .trim()
-        .parse()?;
-    let stat = std::fs::read_to_string(kubepods.join("memory.stat"))?;
-    let inactive: f64 = stat
-        .lines()
-        .find_map(|l| l.strip_prefix("total_inactive_file "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0);
-    Ok((usage - inactive) / 1048576.0)
+        .to_string())
+}
+
+/// The kubepods headroom once the previous run's memory is back: two readings 1 s apart
+/// within 8 MiB of each other (bounded).
+fn settled_headroom(kubepods: &std::path::Path) -> anyhow::Result<f64> {
+    let read = || observe::kubepods_headroom_mib(kubepods).context("reading kubepods' memory");
+    let mut last = read()?;
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = read()?;
+        if (now - last).abs() < 8.0 {
+            return Ok(now);
+        }
+        last = now;
+    }
+    Ok(last)
 }
 
 fn disk_capacity_mib(rc: &RealCluster) -> anyhow::Result<f64> {
@@ -401,7 +550,8 @@ fn disk_capacity_mib(rc: &RealCluster) -> anyhow::Result<f64> {
     Ok(s.f_blocks as f64 * s.f_frsize as f64 / 1048576.0)
 }
 
-/// The scenario's pods, on `node`.
+/// The scenario's pods, on `node`, tolerating every taint (both sides' pressure taints stay
+/// for minutes after a run).
 fn scenario_pods(scenario: Scenario, node: &str) -> Vec<WorkloadPod> {
     let ramp = |name: &str, request: &str, mib: u64, rate: u64, step: u64| {
         let mut p = WorkloadPod::new(
@@ -416,6 +566,8 @@ fn scenario_pods(scenario: Scenario, node: &str) -> Vec<WorkloadPod> {
             ],
         );
         p.node = Some(node.to_string());
+        p.extra_spec
+            .push("  tolerations: [{operator: Exists}]".into());
         p
     };
     match scenario {
@@ -426,9 +578,23 @@ fn scenario_pods(scenario: Scenario, node: &str) -> Vec<WorkloadPod> {
         Scenario::ManySmallPods => (0..8)
             .map(|i| ramp(&format!("small-{i}"), "32Mi", 400, 20, 1))
             .collect(),
+        Scenario::IgnoresSigterm => {
+            // The shell is PID 1 and has no handler: SIGTERM does nothing (a PID namespace's
+            // first process gets no default action); its child never hears of it.
+            let mut p = ramp("shell", "64Mi", 3000, 300, 1);
+            p.command = Some(vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "/bin/pod-workload memory 3000 300 1; sleep 100000".into(),
+            ]);
+            p.args.clear();
+            vec![p]
+        }
         Scenario::ForkStorm => {
             let mut p = WorkloadPod::new("storm", Qos::Burstable, "64Mi", &["forks", "3000"]);
             p.node = Some(node.to_string());
+            p.extra_spec
+                .push("  tolerations: [{operator: Exists}]".into());
             vec![p]
         }
         Scenario::DiskFill => {
@@ -439,8 +605,10 @@ fn scenario_pods(scenario: Scenario, node: &str) -> Vec<WorkloadPod> {
                 &["fill", "/scratch/data", "8000", "200"],
             );
             p.node = Some(node.to_string());
-            p.extra_spec
-                .push("  volumes: [{name: scratch, emptyDir: {}}]".into());
+            p.extra_spec.push(
+                "  tolerations: [{operator: Exists}]\n  volumes: [{name: scratch, emptyDir: {}}]"
+                    .into(),
+            );
             p.extra_container
                 .push("      volumeMounts: [{name: scratch, mountPath: /scratch}]".into());
             vec![p]
@@ -453,8 +621,10 @@ fn scenario_pods(scenario: Scenario, node: &str) -> Vec<WorkloadPod> {
                 &["allocate", "/scratch/data", "200"],
             );
             p.node = Some(node.to_string());
-            p.extra_spec
-                .push("  volumes: [{name: scratch, emptyDir: {sizeLimit: 100Mi}}]".into());
+            p.extra_spec.push(
+                "  tolerations: [{operator: Exists}]\n  volumes: [{name: scratch, emptyDir: {sizeLimit: 100Mi}}]"
+                    .into(),
+            );
             p.extra_container
                 .push("      volumeMounts: [{name: scratch, mountPath: /scratch}]".into());
             vec![p]
