@@ -78,8 +78,6 @@ impl Ahead {
         (fell / span.as_secs_f64(), fell)
     }
 
-
-
     /// A measured time to relief: an eviction carried out on the node (`on_node`, to its growth
     /// stopped) or through the API (to its memory freed).
     pub fn relieved(&mut self, on_node: bool, after: Duration) {
