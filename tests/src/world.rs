@@ -111,6 +111,18 @@ impl World {
         self.pods_known(daemon)
     }
 
+    /// [`Self::start_text`] for a config whose pod refresh is far off: the pods are known
+    /// once the kubelet was asked once, at start.
+    pub fn start_text_listed_once(&self, text: &str) -> anyhow::Result<Daemon> {
+        std::fs::write(&self.config, text)?;
+        let lists = self.cluster().pod_lists;
+        let daemon = Daemon::start(&self.config, self.port)?;
+        wait_until(wait(), "the pod list fetch at start", || {
+            self.cluster().pod_lists > lists
+        })?;
+        Ok(daemon)
+    }
+
     /// [`Self::start_text`], the agent PID 1 of a PID namespace of its own (a pod without
     /// `hostPID`).
     pub fn start_text_in_pid_namespace(&self, text: &str) -> anyhow::Result<Daemon> {

@@ -198,7 +198,8 @@ fn a_pod_the_pod_source_has_not_listed_yet_is_named_before_the_pods_are_ranked(
     let text = w
         .config(NODE_KILLS, "")
         .replace("podRefreshInterval: 200ms", "podRefreshInterval: 10m");
-    let mut daemon = w.start_text(&text)?;
+    assert!(text.contains("podRefreshInterval: 10m"), "{text}");
+    let mut daemon = w.start_text_listed_once(&text)?;
     let calm_helper = w.load("calm", 120)?;
     let lists = w.cluster().pod_lists;
     // The hog's cgroup holds memory; the kubelet now lists it (a pod admitted just now), but
