@@ -203,7 +203,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn pids_in_cgroups(roots: &[PathBuf]) -> Vec<u32> {
+pub fn pids_in_cgroups(roots: &[PathBuf]) -> Vec<u32> {
     let mut pids = BTreeSet::new();
     for root in roots {
         let mut dirs = Vec::new();
@@ -217,8 +217,25 @@ fn pids_in_cgroups(roots: &[PathBuf]) -> Vec<u32> {
     pids.into_iter().collect()
 }
 
+/// Processes whose command is `kubelet`, wherever they run.
+pub fn kubelet_processes() -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if fs::read_to_string(entry.path().join("comm")).is_ok_and(|c| c.trim() == "kubelet") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 /// Removes each tree deepest first; returns what could not be removed.
-fn remove_cgroups(roots: &[PathBuf]) -> Vec<PathBuf> {
+pub fn remove_cgroups(roots: &[PathBuf]) -> Vec<PathBuf> {
     let mut left = Vec::new();
     for root in roots {
         let mut dirs = Vec::new();

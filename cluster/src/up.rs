@@ -530,17 +530,41 @@ fn leftover_processes(layout: &Layout) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A `/kubepods` no cluster of ours made means a kubelet of the host's own: never touch it.
+/// A `/kubepods` no cluster of ours made means a kubelet of the host's own: never touch it
+/// while any process lives in it or a kubelet runs. Empty and with no kubelet left, it is
+/// what a stopped kubelet (or a cluster of another directory) left behind: removed, and said.
 fn refuse_foreign_kubepods() -> anyhow::Result<()> {
-    for h in down::hierarchies() {
-        let path = h.join("kubepods");
-        if path.is_dir() {
-            bail!(
-                "{} exists and no cluster of this directory made it: is a kubelet running on this host? Stop it (or remove the cgroup) first",
-                path.display()
-            );
-        }
+    let roots: Vec<PathBuf> = down::hierarchies()
+        .into_iter()
+        .map(|h| h.join("kubepods"))
+        .filter(|p| p.is_dir())
+        .collect();
+    let Some(first) = roots.first() else {
+        return Ok(());
+    };
+    let pids = down::pids_in_cgroups(&roots);
+    let kubelets = down::kubelet_processes();
+    if !pids.is_empty() || !kubelets.is_empty() {
+        bail!(
+            "{} exists and no cluster of this directory made it ({} processes in it, kubelet processes {:?}): is a kubelet running on this host? Stop it (or remove the cgroup) first",
+            first.display(),
+            pids.len(),
+            kubelets
+        );
     }
+    let left = down::remove_cgroups(&roots);
+    if !left.is_empty() {
+        bail!(
+            "{} exists, holds no process and no kubelet runs, but {} of its cgroups could not be removed (first: {})",
+            first.display(),
+            left.len(),
+            left[0].display()
+        );
+    }
+    eprintln!(
+        "xtask: removed an empty {} that no running kubelet owns (left by one that stopped)",
+        first.display()
+    );
     Ok(())
 }
 
