@@ -447,6 +447,23 @@ impl Variant {
         }
         text
     }
+
+    /// deploy/config.yaml with `replace` applied and hard evictions asked through the API
+    /// (`kubernetes.hardEviction: api`) instead of carried out on the node: for the tests of
+    /// what only the API path meets (budgets, the override's grants, 429s and their retries).
+    pub fn api_config_with(replace: &[(&str, &str)]) -> String {
+        let mut all = replace.to_vec();
+        all.push(("\nkubernetes:\n", "\nkubernetes:\n  hardEviction: api\n"));
+        Self::shipped_config_with(&all)
+    }
+
+    /// [`Variant::enforcing`] with [`Variant::api_config_with`]`(&[])`.
+    pub fn enforcing_through_the_api() -> Self {
+        Self {
+            config: Some(Self::api_config_with(&[])),
+            ..Self::enforcing()
+        }
+    }
 }
 
 /// The workspace root.
@@ -752,7 +769,83 @@ impl RealCluster {
     }
 }
 
+/// One of the agent's writes that end a pod: an Eviction through the API, or the record of a
+/// kill on the node (its status patched `Failed`, `Evicted`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentEnd {
+    pub pod: String,
+    /// `eviction` or `status`.
+    pub kind: &'static str,
+    pub code: i64,
+    pub at: String,
+}
+
 impl RealCluster {
+    /// The agent's writes that end pods of `namespace` (its Evictions and the records of its
+    /// kills on the node), in the audit log's order.
+    pub fn agent_pod_ends(&self, namespace: &str) -> anyhow::Result<Vec<AgentEnd>> {
+        Ok(self
+            .audit_events()?
+            .iter()
+            .filter(|e| {
+                e["objectRef"]["namespace"] == namespace
+                    && e["objectRef"]["resource"] == "pods"
+                    && e["user"]["username"] == AGENT_SA
+                    && e["stage"] == "ResponseComplete"
+            })
+            .filter_map(|e| {
+                let kind = match (e["objectRef"]["subresource"].as_str(), e["verb"].as_str()) {
+                    (Some("eviction"), Some("create")) => "eviction",
+                    (Some("status"), Some("patch")) => "status",
+                    _ => return None,
+                };
+                Some(AgentEnd {
+                    pod: e["objectRef"]["name"].as_str().unwrap_or("").to_string(),
+                    kind,
+                    code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
+                    at: e["requestReceivedTimestamp"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                })
+            })
+            .collect())
+    }
+
+    /// Waits until `pod` was killed on the node by the agent and recorded: `Failed` with
+    /// reason `Evicted` and the kubelet's `DisruptionTarget` condition, its status written by
+    /// the agent's account.
+    pub fn wait_killed_by_agent(
+        &self,
+        namespace: &str,
+        pod: &str,
+        limit: Duration,
+    ) -> anyhow::Result<Value> {
+        self.kubectl.wait_for(
+            &format!("pod {namespace}/{pod} killed by the agent"),
+            limit,
+            |k| {
+                let p = k.get_json(&["-n", namespace, "pod", pod])?;
+                let status = &p["status"];
+                let recorded = status["phase"] == "Failed"
+                    && status["reason"] == "Evicted"
+                    && status["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "DisruptionTarget" && c["status"] == "True");
+                if !recorded {
+                    return Ok(None);
+                }
+                let by_agent = self
+                    .agent_pod_ends(namespace)?
+                    .iter()
+                    .any(|e| e.pod == pod && e.kind == "status" && e.code == 200);
+                Ok(by_agent.then_some(p))
+            },
+        )
+    }
+
     /// Waits until `pod` is gone (the agent's eviction deletes it) or Failed with reason
     /// Evicted (the kubelet's leaves it so).
     pub fn wait_gone_or_failed(

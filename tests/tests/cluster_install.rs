@@ -113,16 +113,13 @@ fn the_base_install_decides_in_dry_run_and_only_reads() -> anyhow::Result<()> {
         "node_agent_evictions_total{eviction_signal=\"allocatableMemory.available\",result=\"dry_run\"}",
     )?;
     assert!(dry >= Some(1.0), "counted as dry_run: {dry:?}");
-    let phase = rc.kubectl.run(&[
-        "-n",
-        &ns.name,
-        "get",
-        "pod",
-        "hog",
-        "-o",
-        "jsonpath={.status.phase}",
-    ])?;
-    assert_eq!(phase.trim(), "Running", "nothing evicted");
+    // Nothing evicted, and nothing killed on the node: a kill would show as a restart.
+    let hog_now = rc.kubectl.get_json(&["-n", &ns.name, "pod", "hog"])?;
+    assert_eq!(hog_now["status"]["phase"], "Running", "nothing evicted");
+    assert_eq!(
+        hog_now["status"]["containerStatuses"][0]["restartCount"], 0,
+        "nothing killed on the node"
+    );
 
     // Only reads from its service account: no eviction, event, condition, taint. The reviews
     // of /metrics' callers (TokenReview, SubjectAccessReview) are creates that change nothing.

@@ -1,13 +1,12 @@
 //! Memory pressure on a real node, with the real kubelet, API server and scheduler: the agent
-//! evicts the pod the kubelet's ranking names, through policy/v1 Eviction, the kubelet stops it,
-//! what the agent wrote is where users look, and the taint keeps the scheduler away while the
-//! pressure lasts.
+//! kills the pod the kubelet's ranking names on the node, as the kubelet does for a hard
+//! threshold, and records it `Failed`/`Evicted` through the API; the kubelet ends what is left
+//! of it and never restarts it in place, its controller replaces it, what the agent wrote is
+//! where users look, and the taint keeps the scheduler away while the pressure lasts.
 
 use std::time::{Duration, Instant};
 
-use node_agent_tests::real_cluster::{
-    wait_running, Qos, RealCluster, Variant, WorkloadPod, AGENT_NS, AGENT_SA,
-};
+use node_agent_tests::real_cluster::{wait_running, Qos, RealCluster, Variant, WorkloadPod};
 use node_agent_tests::real_node::condition;
 use serde_json::Value;
 
@@ -120,20 +119,24 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
         "jsonpath={.metadata.uid}",
     ])?;
 
-    // The agent evicts BestEffort: the pod is deleted (policy/v1 Eviction), its cgroup goes.
-    rc.kubectl.wait_for(
-        "the BestEffort pod evicted",
-        Duration::from_secs(120),
-        |k| {
-            let out = k.call(
-                &["-n", &ns.name, "get", "pod", "besteffort"],
-                None,
-                Duration::from_secs(10),
-            )?;
-            Ok((!out.success && out.stderr.contains("NotFound")).then_some(()))
-        },
-    )?;
+    // The agent kills BestEffort on the node and records it as the kubelet's eviction leaves a
+    // pod: Failed, Evicted, the kubelet's condition; the kubelet removes its cgroup.
+    let killed = rc.wait_killed_by_agent(&ns.name, "besteffort", Duration::from_secs(120))?;
     let evicted_after = started.elapsed();
+    let disruption = killed["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "DisruptionTarget")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(disruption["reason"], "TerminationByKubelet", "{killed}");
+    assert!(
+        killed["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("The node was low on resource: memory")),
+        "the kubelet's message: {killed}"
+    );
     let cgroup = format!(
         "/sys/fs/cgroup/memory/kubepods/besteffort/pod{}",
         be_uid.trim()
@@ -257,42 +260,50 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
         "kubectl describe node shows the condition"
     );
 
-    // Through policy/v1 Eviction, by the agent's service account, answered 201.
-    let audit = rc.audit_events()?;
-    let evictions: Vec<&Value> = audit
-        .iter()
-        .filter(|e| {
-            e["objectRef"]["subresource"] == "eviction"
-                && e["objectRef"]["namespace"] == ns.name.as_str()
-                && e["stage"] == "ResponseComplete"
-        })
-        .collect();
-    assert_eq!(evictions.len(), 1, "one eviction request: {evictions:?}");
-    assert_eq!(evictions[0]["user"]["username"], AGENT_SA);
-    assert_eq!(evictions[0]["objectRef"]["name"], "besteffort");
-    assert_eq!(evictions[0]["responseStatus"]["code"], 201);
-
-    // The kubelet evicted nothing of its own: no pod left Failed with reason Evicted, and no
-    // eviction in its log since the test began.
-    let pods = rc.kubectl.get_json(&["-n", &ns.name, "pods"])?;
+    // Killed on the node and recorded by the agent's service account (its pods/status
+    // patch, answered 200): no Eviction through the API at all.
+    let ends = rc.agent_pod_ends(&ns.name)?;
+    let records: Vec<_> = ends.iter().filter(|e| e.kind == "status").collect();
     assert!(
-        !pods["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|p| p["status"]["reason"] == "Evicted"),
-        "no kubelet eviction: {pods}"
+        !records.is_empty()
+            && records
+                .iter()
+                .all(|e| e.pod == "besteffort" && e.code == 200),
+        "the agent's records: {ends:?}"
     );
+    assert!(
+        ends.iter().all(|e| e.kind != "eviction"),
+        "no Eviction asked: {ends:?}"
+    );
+
+    // The kubelet evicted nothing of its own: no eviction in its log since the test began, and
+    // no pod but the one the agent recorded left Failed with reason Evicted.
+    let kubelet_log = node_agent_tests::real_node::kubelet_log(&rc, &spec)?;
+    assert!(
+        !kubelet_log
+            .lines()
+            .any(|l| l.contains("pod is evicted successfully")
+                && l.contains(&format!("pod=\"{}/", ns.name))),
+        "no kubelet eviction in its log"
+    );
+    let pods = rc.kubectl.get_json(&["-n", &ns.name, "pods"])?;
+    let evicted: Vec<&str> = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["status"]["reason"] == "Evicted")
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(evicted, ["besteffort"], "only the agent's: {pods}");
     let metric = rc.metric(
         &agent,
-        "node_agent_evictions_total{eviction_signal=\"allocatableMemory.available\",result=\"evicted\"}",
+        "node_agent_evictions_total{eviction_signal=\"allocatableMemory.available\",result=\"killed\"}",
     )?;
-    assert_eq!(metric, Some(1.0), "the agent counted its eviction");
+    assert_eq!(metric, Some(1.0), "the agent counted its kill");
     eprintln!(
         "evicted {evicted_after:?} after the pods were created; agent {agent}; namespace {}",
         ns.name
     );
-    let _ = AGENT_NS;
     Ok(())
 }
 
@@ -343,7 +354,7 @@ fn a_long_evicted_note_is_cut_to_what_the_api_server_takes() -> anyhow::Result<(
         },
     )?;
     rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 300)?;
-    rc.wait_gone(&ns.name, "wide", Duration::from_secs(120))?;
+    rc.wait_killed_by_agent(&ns.name, "wide", Duration::from_secs(120))?;
     let events = rc
         .kubectl
         .get_json(&["-n", &ns.name, "events.v1.events.k8s.io"])?;

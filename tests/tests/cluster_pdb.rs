@@ -1,7 +1,9 @@
 //! PodDisruptionBudgets on the real cluster, their status kept by the real disruption
 //! controller: `respect` takes the API server's 429 (cause DisruptionBudget) and evicts the
 //! next pod; `override` deletes the protected pod and marks it Evicted, as the kubelet does
-//! under hard pressure, with the grants of deploy/override/ and not without them.
+//! under hard pressure, with the grants of deploy/override/ and not without them. Budgets
+//! bind only evictions through the API (`kubernetes.hardEviction: api`): a kill on the node
+//! passes them by, as the kubelet's own does.
 
 use std::time::Duration;
 
@@ -50,7 +52,7 @@ fn protected_and_next(rc: &RealCluster, ns: &Namespace, node: &str) -> anyhow::R
 fn respect_takes_the_budgets_429_and_evicts_the_next_pod() -> anyhow::Result<()> {
     let rc = RealCluster::get();
     let _base = rc.base_on_drop();
-    rc.install("pdb-respect", &Variant::enforcing())?;
+    rc.install("pdb-respect", &Variant::enforcing_through_the_api())?;
     let node = rc.node0().name;
     let agent = rc.agent_pod(&node, "node-agent")?;
     let ns = rc.namespace("pdbrespect");
@@ -105,8 +107,41 @@ fn respect_takes_the_budgets_429_and_evicts_the_next_pod() -> anyhow::Result<()>
     Ok(())
 }
 
+/// With hard evictions on the node (the shipped `kubernetes.hardEviction: node`), a budget binds
+/// nothing, as it binds nothing of the kubelet's own hard evictions: the protected pod, the
+/// ranking's first, is killed and recorded, the next one stays, and no Eviction is asked.
+#[test]
+fn on_the_node_a_budget_binds_nothing_as_for_the_kubelets_own() -> anyhow::Result<()> {
+    let rc = RealCluster::get();
+    let _base = rc.base_on_drop();
+    rc.install("pdb-node", &Variant::enforcing())?;
+    let node = rc.node0().name;
+    let agent = rc.agent_pod(&node, "node-agent")?;
+    let ns = rc.namespace("pdbnode");
+    protected_and_next(&rc, &ns, &node)?;
+    rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 200)?;
+    rc.wait_killed_by_agent(&ns.name, "protected", Duration::from_secs(120))?;
+    let phase = rc.kubectl.run(&[
+        "-n",
+        &ns.name,
+        "get",
+        "pod",
+        "next",
+        "-o",
+        "jsonpath={.status.phase}",
+    ])?;
+    assert_eq!(phase.trim(), "Running", "the next pod stays");
+    let ends = rc.agent_pod_ends(&ns.name)?;
+    assert!(
+        ends.iter()
+            .all(|e| e.kind == "status" && e.pod == "protected"),
+        "only the protected pod's record, no Eviction asked: {ends:?}"
+    );
+    Ok(())
+}
+
 fn override_config() -> String {
-    Variant::shipped_config_with(&[("pdbPolicy: respect ", "pdbPolicy: override")])
+    Variant::api_config_with(&[("pdbPolicy: respect ", "pdbPolicy: override")])
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! every request the agent makes is allowed; every grant of its ClusterRole and every
 //! validation of its admission policy is needed, for without each a named failure follows or
 //! the agent's token could do what the validation forbids; and the policy, as the API server
-//! evaluates it, keeps the agent's token to its own node where it can.
+//! evaluates it, keeps the agent's token to its own node where it can: everywhere but the
+//! Eviction API, which the default way of a hard eviction (a kill on the node, recorded by a
+//! pods/status patch) no longer uses.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -29,6 +31,19 @@ fn config() -> String {
 fn enforcing(patches: Vec<Patch>) -> Variant {
     Variant {
         config: Some(config()),
+        patches,
+        ..Variant::enforcing()
+    }
+}
+
+/// [`enforcing`] with hard evictions asked through the API (`hardEviction: api`), where
+/// pods/eviction is what the agent writes.
+fn enforcing_through_the_api(patches: Vec<Patch>) -> Variant {
+    Variant {
+        config: Some(Variant::api_config_with(&[(
+            "evictionPressureTransitionPeriod: \"5m\"",
+            "evictionPressureTransitionPeriod: \"20s\"",
+        )])),
         patches,
         ..Variant::enforcing()
     }
@@ -220,8 +235,8 @@ fn every_request_the_agent_makes_enforcing_under_pressure_is_allowed() -> anyhow
     // OOM kills in one container, again and again: the pod's event, then its series.
     let looper = oom_looper("looper", &node);
     rc.kubectl.apply(&oom_looper_manifest(&looper, &ns.name))?;
-    // Memory pressure past the agent's line: an eviction, its events, the condition and the
-    // taint; then the pressure ends, and the taint goes.
+    // Memory pressure past the agent's line: a kill on the node and its record, its events,
+    // the condition and the taint; then the pressure ends, and the taint goes.
     let grower = grow_until_left(
         &rc,
         &ns.name,
@@ -231,15 +246,7 @@ fn every_request_the_agent_makes_enforcing_under_pressure_is_allowed() -> anyhow
         150.0,
         400,
     )?;
-    rc.kubectl
-        .wait_for("the grower evicted", Duration::from_secs(120), |k| {
-            let out = k.call(
-                &["-n", &ns.name, "get", "pod", &grower.name],
-                None,
-                Duration::from_secs(10),
-            )?;
-            Ok((!out.success && out.stderr.contains("NotFound")).then_some(()))
-        })?;
+    rc.wait_killed_by_agent(&ns.name, &grower.name, Duration::from_secs(120))?;
     wait_audited(
         &rc,
         since,
@@ -280,8 +287,10 @@ fn every_request_the_agent_makes_enforcing_under_pressure_is_allowed() -> anyhow
             (resource, a.verb.clone(), a.code)
         })
         .collect();
+    // (pods/eviction is the way of soft and disk thresholds, and of hard ones with
+    // `hardEviction: api`: the write rows below take it away there.)
     for (resource, verb, code) in [
-        ("pods/eviction", "create", 201),
+        ("pods/status", "patch", 200),
         ("nodes", "get", 200),
         ("nodes", "patch", 200),
         ("nodes/status", "patch", 200),
@@ -331,6 +340,11 @@ const GRANT_NEEDED_BY: &[(&str, &str, &str)] = &[
     (
         "pods/eviction",
         "create",
+        "without_each_write_grant_under_pressure_the_agent_names_the_refusal",
+    ),
+    (
+        "pods/status",
+        "patch",
         "without_each_write_grant_under_pressure_the_agent_names_the_refusal",
     ),
     (
@@ -448,6 +462,18 @@ struct WriteRow {
     log: &'static str,
     /// The agent's counter that rises.
     counter: &'static str,
+    /// Hard evictions through the API (`hardEviction: api`) rather than on the node.
+    through_the_api: bool,
+}
+
+impl WriteRow {
+    fn variant(&self, patches: Vec<Patch>) -> Variant {
+        if self.through_the_api {
+            enforcing_through_the_api(patches)
+        } else {
+            enforcing(patches)
+        }
+    }
 }
 
 #[test]
@@ -463,18 +489,29 @@ fn without_each_write_grant_under_pressure_the_agent_names_the_refusal() -> anyh
             verb: "create",
             log: "result=\"refused\"",
             counter: "node_agent_evictions_total{eviction_signal=\"allocatableMemory.available\",result=\"refused\"}",
+            through_the_api: true,
+        },
+        // The record of a kill on the node: the pod was killed, its record refused.
+        WriteRow {
+            resource: "pods/status",
+            verb: "patch",
+            log: "its record (Failed, Evicted) was not written",
+            counter: "node_agent_eviction_records_total{result=\"lost\"}",
+            through_the_api: false,
         },
         WriteRow {
             resource: "nodes",
             verb: "patch",
             log: "node taint not written",
             counter: "node_agent_kube_errors_total{operation=\"node taint\"}",
+            through_the_api: false,
         },
         WriteRow {
             resource: "events",
             verb: "create",
             log: "event not recorded",
             counter: "node_agent_kube_errors_total{operation=\"EvictionThresholdMet\"}",
+            through_the_api: false,
         },
     ];
     for (i, row) in rows.iter().enumerate() {
@@ -482,7 +519,7 @@ fn without_each_write_grant_under_pressure_the_agent_names_the_refusal() -> anyh
         let since = jiff::Timestamp::now();
         rc.apply_variant(
             "privilege-writes-without",
-            &enforcing(vec![without_grant(row.resource, row.verb)]),
+            &row.variant(vec![without_grant(row.resource, row.verb)]),
         )?;
         let agent = rc.agent_pod(&node, "node-agent")?;
         let before = counter(&rc, &node, row.counter)?;
@@ -528,7 +565,7 @@ fn without_each_write_grant_under_pressure_the_agent_names_the_refusal() -> anyh
             );
         }
         // The grant back, the pressure gone.
-        rc.apply_variant("privilege-writes", &enforcing(Vec::new()))?;
+        rc.apply_variant("privilege-writes", &row.variant(Vec::new()))?;
         delete_pod(&rc, &ns.name, &grower.name)?;
         wait_no_pressure(&rc, &node)?;
     }
@@ -1122,6 +1159,36 @@ fn the_api_server_keeps_the_agents_token_to_its_own_node_except_for_evictions() 
         series.text
     );
     eprintln!("patching an event it did not write: {}", series.message());
+
+    // The record of a kill on the node (the default way of a hard eviction): a pods/status
+    // patch, which the policy checks against the pod's node. A pod on its node: allowed; a
+    // pod on another node: refused.
+    let record = json!({"status": {"phase": "Failed", "reason": "Evicted",
+        "message": "The node was low on resource: memory. "}});
+    let near = s.bound.merge_patch(
+        &format!(
+            "/api/v1/namespaces/{}/pods/{}/status?dryRun=All",
+            s.namespace, s.own_pod.0
+        ),
+        &record,
+    )?;
+    assert_eq!(
+        near.status, 200,
+        "recording a pod on its node: {}",
+        near.text
+    );
+    let far = s.bound.merge_patch(
+        &format!(
+            "/api/v1/namespaces/{}/pods/{}/status?dryRun=All",
+            s.namespace, s.ghost_pod.0
+        ),
+        &record,
+    )?;
+    assert!(
+        is_denial_by(&far, "may delete or update only pods on its own node"),
+        "recording a pod on another node: {}",
+        far.text
+    );
 
     // Evictions: the policy cannot see the evicted pod's node (the Eviction is all the
     // request carries), so a pod on another node can be evicted by UID, as
