@@ -829,11 +829,7 @@ impl RealCluster {
                 let status = &p["status"];
                 let recorded = status["phase"] == "Failed"
                     && status["reason"] == "Evicted"
-                    && status["conditions"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| c["type"] == "DisruptionTarget" && c["status"] == "True");
+                    && disruption_target(&p)["status"] == "True";
                 if !recorded {
                     return Ok(None);
                 }
@@ -870,6 +866,17 @@ impl RealCluster {
     }
 }
 
+/// `pod`'s (its JSON) `DisruptionTarget` condition, or `Null` when it has none.
+pub fn disruption_target(pod: &Value) -> Value {
+    pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "DisruptionTarget")
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Whether the kubelet ended `pod` (its JSON) by an eviction: `Failed` with reason `Evicted`,
 /// or, as Kubernetes 1.37's kubelet leaves a pod whose containers exit 0 on SIGTERM (the
 /// workload does), ended with the `DisruptionTarget` condition of reason
@@ -878,11 +885,7 @@ pub fn evicted_by_kubelet(pod: &Value) -> bool {
     let status = &pod["status"];
     let failed_evicted = status["phase"] == "Failed" && status["reason"] == "Evicted";
     let ended = status["phase"] == "Failed" || status["phase"] == "Succeeded";
-    let disrupted = status["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "DisruptionTarget" && c["reason"] == "TerminationByKubelet");
+    let disrupted = disruption_target(pod)["reason"] == "TerminationByKubelet";
     failed_evicted || (ended && disrupted)
 }
 

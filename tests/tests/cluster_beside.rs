@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use node_agent_cluster::{node_components::KubeletOptions, NodeSpec};
 use node_agent_tests::{
-    real_cluster::{wait_running, Qos, RealCluster, Variant, WorkloadPod, AGENT_NS},
+    real_cluster::{
+        disruption_target, wait_running, Qos, RealCluster, Variant, WorkloadPod, AGENT_NS,
+    },
     real_node::{
         allocatable_headroom, condition, kubelet_allocatable_available, kubelet_allocatable_offset,
         kubelet_log, pods_cgroup_available, restart_kubelet, taints, wait_held,
@@ -161,11 +163,7 @@ fn enforcing_the_agent_acts_first_and_the_kubelet_evicts_nothing_for_the_same_pr
             // workload exits 0 on SIGTERM, so the phase is Succeeded, not Failed; the eviction
             // is the DisruptionTarget condition, reason TerminationByKubelet.
             let ended = p["status"]["phase"] == "Failed" || p["status"]["phase"] == "Succeeded";
-            let by_kubelet = p["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "DisruptionTarget" && c["reason"] == "TerminationByKubelet");
+            let by_kubelet = disruption_target(&p)["reason"] == "TerminationByKubelet";
             if ended && by_kubelet {
                 return Ok(Some(p));
             }
@@ -182,13 +180,7 @@ fn enforcing_the_agent_acts_first_and_the_kubelet_evicts_nothing_for_the_same_pr
         "the kubelet's eviction as a user sees it: phase {}, reason {}, message {}",
         evicted["status"]["phase"], evicted["status"]["reason"], evicted["status"]["message"]
     );
-    let disruption = evicted["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == "DisruptionTarget")
-        .cloned()
-        .unwrap_or_default();
+    let disruption = disruption_target(&evicted);
     assert!(
         disruption["message"]
             .as_str()

@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use node_agent_tests::real_cluster::{wait_running, Qos, RealCluster, Variant, WorkloadPod};
+use node_agent_tests::real_cluster::{
+    disruption_target, wait_running, Qos, RealCluster, Variant, WorkloadPod,
+};
 use node_agent_tests::real_node::condition;
 use serde_json::Value;
 
@@ -123,13 +125,7 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
     // pod: Failed, Evicted, the kubelet's condition; the kubelet removes its cgroup.
     let killed = rc.wait_killed_by_agent(&ns.name, "besteffort", Duration::from_secs(120))?;
     let evicted_after = started.elapsed();
-    let disruption = killed["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == "DisruptionTarget")
-        .cloned()
-        .unwrap_or_default();
+    let disruption = disruption_target(&killed);
     assert_eq!(disruption["reason"], "TerminationByKubelet", "{killed}");
     assert!(
         killed["status"]["message"]

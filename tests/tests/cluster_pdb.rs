@@ -59,15 +59,7 @@ fn respect_takes_the_budgets_429_and_evicts_the_next_pod() -> anyhow::Result<()>
     protected_and_next(&rc, &ns, &node)?;
     rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 200)?;
     rc.wait_gone(&ns.name, "next", Duration::from_secs(120))?;
-    let phase = rc.kubectl.run(&[
-        "-n",
-        &ns.name,
-        "get",
-        "pod",
-        "protected",
-        "-o",
-        "jsonpath={.status.phase}",
-    ])?;
+    let phase = pod_phase(&rc, &ns.name, "protected")?;
     assert_eq!(phase.trim(), "Running", "the protected pod stays");
     let asked = rc.eviction_requests(&ns.name)?;
     assert!(
@@ -121,15 +113,7 @@ fn on_the_node_a_budget_binds_nothing_as_for_the_kubelets_own() -> anyhow::Resul
     protected_and_next(&rc, &ns, &node)?;
     rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 200)?;
     rc.wait_killed_by_agent(&ns.name, "protected", Duration::from_secs(120))?;
-    let phase = rc.kubectl.run(&[
-        "-n",
-        &ns.name,
-        "get",
-        "pod",
-        "next",
-        "-o",
-        "jsonpath={.status.phase}",
-    ])?;
+    let phase = pod_phase(&rc, &ns.name, "next")?;
     assert_eq!(phase.trim(), "Running", "the next pod stays");
     let ends = rc.agent_pod_ends(&ns.name)?;
     assert!(
@@ -161,15 +145,7 @@ fn override_without_its_grants_is_refused_and_the_protected_pod_stays() -> anyho
     protected_and_next(&rc, &ns, &node)?;
     rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 200)?;
     rc.wait_gone(&ns.name, "next", Duration::from_secs(120))?;
-    let phase = rc.kubectl.run(&[
-        "-n",
-        &ns.name,
-        "get",
-        "pod",
-        "protected",
-        "-o",
-        "jsonpath={.status.phase}",
-    ])?;
+    let phase = pod_phase(&rc, &ns.name, "protected")?;
     assert_eq!(
         phase.trim(),
         "Running",
@@ -229,15 +205,7 @@ fn override_with_its_grants_marks_the_protected_pod_evicted_and_deletes_it() -> 
     protected_and_next(&rc, &ns, &node)?;
     rc.grow_to_headroom(&ns.name, &node, &agent, "grower", 150.0, 200)?;
     rc.wait_gone(&ns.name, "protected", Duration::from_secs(120))?;
-    let phase = rc.kubectl.run(&[
-        "-n",
-        &ns.name,
-        "get",
-        "pod",
-        "next",
-        "-o",
-        "jsonpath={.status.phase}",
-    ])?;
+    let phase = pod_phase(&rc, &ns.name, "next")?;
     assert_eq!(
         phase.trim(),
         "Running",
@@ -270,4 +238,17 @@ fn override_with_its_grants_marks_the_protected_pod_evicted_and_deletes_it() -> 
     )?;
     assert_eq!(overridden, Some(1.0));
     Ok(())
+}
+
+/// The pod's phase, as the API server has it now.
+fn pod_phase(rc: &RealCluster, namespace: &str, pod: &str) -> anyhow::Result<String> {
+    rc.kubectl.run(&[
+        "-n",
+        namespace,
+        "get",
+        "pod",
+        pod,
+        "-o",
+        "jsonpath={.status.phase}",
+    ])
 }
