@@ -812,9 +812,13 @@ impl RealCluster {
             .collect())
     }
 
-    /// Waits until `pod` was killed on the node by the agent and recorded: `Failed` with
-    /// reason `Evicted` and the kubelet's `DisruptionTarget` condition, its status written by
-    /// the agent's account.
+    /// Waits until `pod` was killed on the node by the agent and recorded: `Failed` with the
+    /// kubelet's `DisruptionTarget` condition (reason `TerminationByKubelet`), its status
+    /// written by the agent's account. Not `reason: Evicted`: the agent writes it, but the
+    /// kubelet's status manager may drop it a moment later (its first terminal status of a pod
+    /// whose terminal phase someone else set carries no reason; whether its final one takes the
+    /// API's back is a race), as it drops it from its own evictions whose containers exit on
+    /// SIGTERM. The condition is the record that stays.
     pub fn wait_killed_by_agent(
         &self,
         namespace: &str,
@@ -827,9 +831,10 @@ impl RealCluster {
             |k| {
                 let p = k.get_json(&["-n", namespace, "pod", pod])?;
                 let status = &p["status"];
+                let condition = disruption_target(&p);
                 let recorded = status["phase"] == "Failed"
-                    && status["reason"] == "Evicted"
-                    && disruption_target(&p)["status"] == "True";
+                    && condition["status"] == "True"
+                    && condition["reason"] == "TerminationByKubelet";
                 if !recorded {
                     return Ok(None);
                 }

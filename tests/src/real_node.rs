@@ -90,6 +90,41 @@ pub fn kubelet_log(rc: &RealCluster, node: &NodeSpec) -> anyhow::Result<String> 
     crate::real_cluster::read_tail(&path, 64 << 20)
 }
 
+/// A place in the kubelet's log (its length now): what it writes from here on is read with
+/// [`kubelet_log_since`].
+pub fn kubelet_log_mark(rc: &RealCluster, node: &NodeSpec) -> anyhow::Result<u64> {
+    let path = rc.cluster.layout.log(&format!("kubelet-{}", node.name));
+    Ok(std::fs::metadata(&path)
+        .with_context(|| format!("the kubelet's log {}", path.display()))?
+        .len())
+}
+
+/// Everything the kubelet logged since `mark`, whole: an error, never an empty or partial
+/// text, when the log no longer covers the window (cut or replaced since the mark) or holds
+/// more than 512 MiB since it. A check that nothing happened reads all of it or fails.
+pub fn kubelet_log_since(rc: &RealCluster, node: &NodeSpec, mark: u64) -> anyhow::Result<String> {
+    use std::io::{Read as _, Seek as _};
+    const MOST: u64 = 512 << 20;
+    let path = rc.cluster.layout.log(&format!("kubelet-{}", node.name));
+    let mut f = std::fs::File::open(&path)
+        .with_context(|| format!("the kubelet's log {}", path.display()))?;
+    let len = f.metadata()?.len();
+    anyhow::ensure!(
+        len >= mark,
+        "the kubelet's log {} is {len} bytes, shorter than at the mark ({mark}): it was cut or replaced, so it does not cover the window",
+        path.display()
+    );
+    anyhow::ensure!(
+        len - mark <= MOST,
+        "the kubelet logged {} bytes since the mark, more than the {MOST} read",
+        len - mark
+    );
+    f.seek(std::io::SeekFrom::Start(mark))?;
+    let mut buf = Vec::new();
+    f.take(len - mark).read_to_end(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
 /// The host PID of the `node-agent run` process of the agent pod `pod` (its cgroup names the
 /// pod's UID, so the agents of other clusters on this host are never taken for it).
 pub fn agent_pid(rc: &RealCluster, pod: &str) -> anyhow::Result<u32> {

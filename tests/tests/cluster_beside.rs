@@ -14,7 +14,8 @@ use node_agent_tests::{
     },
     real_node::{
         allocatable_headroom, condition, kubelet_allocatable_available, kubelet_allocatable_offset,
-        kubelet_log, pods_cgroup_available, restart_kubelet, taints, wait_held,
+        kubelet_log_mark, kubelet_log_since, pods_cgroup_available, restart_kubelet, taints,
+        wait_held,
     },
 };
 use serde_json::Value;
@@ -68,11 +69,6 @@ fn pressure(rc: &RealCluster, namespace: &str, spec: &NodeSpec) -> anyhow::Resul
 }
 
 /// What the kubelet did for memory pressure: the part of its log written since `from` bytes.
-fn kubelet_log_since(rc: &RealCluster, node: &NodeSpec, from: usize) -> anyhow::Result<String> {
-    let log = kubelet_log(rc, node)?;
-    Ok(log.get(from..).unwrap_or("").to_string())
-}
-
 fn pods(rc: &RealCluster, namespace: &str) -> anyhow::Result<Vec<Value>> {
     Ok(rc.kubectl.get_json(&["-n", namespace, "pods"])?["items"]
         .as_array()
@@ -103,7 +99,7 @@ fn enforcing_the_agent_acts_first_and_the_kubelet_evicts_nothing_for_the_same_pr
     // Enforcing, the shipped config.
     rc.install("beside-enforcing", &Variant::enforcing())?;
     let ns = rc.namespace("beside");
-    let log_from = kubelet_log(&rc, &spec)?.len();
+    let log_from = kubelet_log_mark(&rc, &spec)?;
     let grower = pressure(&rc, &ns.name, &spec)?;
     rc.wait_killed_by_agent(&ns.name, &grower, Duration::from_secs(120))?;
     // Two of the kubelet's 10 s housekeeping rounds, with the node as the agent left it.
@@ -152,7 +148,7 @@ fn enforcing_the_agent_acts_first_and_the_kubelet_evicts_nothing_for_the_same_pr
     // The same pressure with the agent only observing (the base install): the kubelet's to
     // act on, and what that looks like.
     rc.restore_base()?;
-    let log_from = kubelet_log(&rc, &spec)?.len();
+    let log_from = kubelet_log_mark(&rc, &spec)?;
     let grower = pressure(&rc, &ns.name, &spec)?;
     let evicted = rc.kubectl.wait_for(
         "the kubelet evicting the grower",

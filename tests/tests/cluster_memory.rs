@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use node_agent_tests::real_cluster::{
-    disruption_target, wait_running, Qos, RealCluster, Variant, WorkloadPod,
+    disruption_target, evicted_by_kubelet, wait_running, Qos, RealCluster, Variant, WorkloadPod,
 };
 use node_agent_tests::real_node::condition;
 use serde_json::Value;
@@ -21,6 +21,39 @@ fn allocatable_headroom(rc: &RealCluster, agent: &str) -> anyhow::Result<f64> {
         "node_agent_signal_available_bytes{eviction_signal=\"allocatableMemory.available\"}",
     )?
     .ok_or_else(|| anyhow::anyhow!("the agent exports no allocatableMemory.available"))
+}
+
+/// The agent's own `EvictionThresholdMet` events on `node`, as (name, resourceVersion): a new
+/// one, or one updated (a series counted on), shows a new pair.
+fn agent_threshold_events(
+    rc: &RealCluster,
+    node: &str,
+) -> anyhow::Result<std::collections::BTreeSet<(String, String)>> {
+    let events = rc.kubectl.get_json(&[
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        &format!("involvedObject.name={node}"),
+    ])?;
+    Ok(events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e["reason"] == "EvictionThresholdMet"
+                && e["reportingComponent"] == node_agent_kube::events::REPORTING_CONTROLLER
+        })
+        .map(|e| {
+            (
+                e["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                e["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+        .collect())
 }
 
 fn node_taints(rc: &RealCluster, node: &str) -> anyhow::Result<Vec<String>> {
@@ -55,6 +88,9 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
     let agent = rc.agent_pod(&node, "node-agent")?;
     let ns = rc.namespace("memory");
     let started = Instant::now();
+    let spec = rc.node0();
+    let kubelet_mark = node_agent_tests::real_node::kubelet_log_mark(&rc, &spec)?;
+    let threshold_events_before = agent_threshold_events(&rc, &node)?;
 
     // Three QoS classes. BestEffort holds 1000 MiB over its request of 0; the Burstable pod
     // grows to just past the agent's line (allocatableMemory.available < 200Mi, copied from
@@ -93,7 +129,6 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
     // The agent's exported figure is as old as its last evaluation (up to a resyncInterval):
     // read the same quantity fresh from the pods cgroup too, and take the smaller, or the
     // grower overshoots by what the other pods charged since.
-    let spec = rc.node0();
     let fresh = node_agent_tests::real_node::pods_cgroup_available(&spec)?;
     let headroom = fresh.min(allocatable_headroom(&rc, &agent)?);
     let target_mib = ((headroom / MIB) - 150.0).floor() as u64;
@@ -122,13 +157,13 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
     ])?;
 
     // The agent kills BestEffort on the node and records it as the kubelet's eviction leaves a
-    // pod: Failed, Evicted, the kubelet's condition; the kubelet removes its cgroup.
+    // pod: Failed, the kubelet's condition with its message; the kubelet removes its cgroup.
     let killed = rc.wait_killed_by_agent(&ns.name, "besteffort", Duration::from_secs(120))?;
     let evicted_after = started.elapsed();
     let disruption = disruption_target(&killed);
     assert_eq!(disruption["reason"], "TerminationByKubelet", "{killed}");
     assert!(
-        killed["status"]["message"]
+        disruption["message"]
             .as_str()
             .is_some_and(|m| m.starts_with("The node was low on resource: memory")),
         "the kubelet's message: {killed}"
@@ -142,6 +177,21 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
         Duration::from_secs(60),
         |_| Ok((!std::path::Path::new(&cgroup).exists()).then_some(())),
     )?;
+    // Once the kubelet has ended it, the record stands: Failed, the condition; the kubelet
+    // neither restarted it in place nor put a phase of its own back.
+    let ended = rc
+        .kubectl
+        .get_json(&["-n", &ns.name, "pod", "besteffort"])?;
+    assert_eq!(ended["status"]["phase"], "Failed", "{ended}");
+    assert_eq!(
+        disruption_target(&ended)["reason"],
+        "TerminationByKubelet",
+        "{ended}"
+    );
+    eprintln!(
+        "the killed pod once the kubelet ended it: reason {} (the agent wrote Evicted), restarts {}",
+        ended["status"]["reason"], ended["status"]["containerStatuses"][0]["restartCount"]
+    );
     for survivor in ["guaranteed", "grower"] {
         let phase = rc.kubectl.run(&[
             "-n",
@@ -235,20 +285,14 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
         message.contains("The node was low on resource: memory"),
         "the kubelet's sentence: {message}"
     );
-    let node_events = rc.kubectl.get_json(&[
-        "events",
-        "-n",
-        "default",
-        "--field-selector",
-        &format!("involvedObject.name={node}"),
-    ])?;
+    // The agent's own, written in this test: not the kubelet's, nor one from before.
+    let threshold_events = agent_threshold_events(&rc, &node)?;
     assert!(
-        node_events["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|e| e["reason"] == "EvictionThresholdMet"),
-        "EvictionThresholdMet on the node: {node_events}"
+        threshold_events
+            .difference(&threshold_events_before)
+            .next()
+            .is_some(),
+        "the agent's EvictionThresholdMet on the node, new or counted on in this test: {threshold_events:?}"
     );
     let described = rc.kubectl.run(&["describe", "node", &node])?;
     assert!(
@@ -273,21 +317,28 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
     );
 
     // The kubelet evicted nothing of its own: no eviction in its log since the test began, and
-    // no pod but the one the agent recorded left Failed with reason Evicted.
-    let kubelet_log = node_agent_tests::real_node::kubelet_log(&rc, &spec)?;
+    // no pod but the one the agent recorded left ended by an eviction (Failed with reason
+    // Evicted, or ended with the kubelet's DisruptionTarget condition).
+    // Read whole from the mark (an error if the log no longer covers the window): its ranking
+    // line (it kills right after) or its eviction line for any of the test's pods.
+    let kubelet_log = node_agent_tests::real_node::kubelet_log_since(&rc, &spec, kubelet_mark)?;
+    let kubelet_acted: Vec<&str> = kubelet_log
+        .lines()
+        .filter(|l| {
+            (l.contains("pod is evicted successfully") || l.contains("pods ranked for eviction"))
+                && l.contains(&format!("{}/", ns.name))
+        })
+        .collect();
     assert!(
-        !kubelet_log
-            .lines()
-            .any(|l| l.contains("pod is evicted successfully")
-                && l.contains(&format!("pod=\"{}/", ns.name))),
-        "no kubelet eviction in its log"
+        kubelet_acted.is_empty(),
+        "no kubelet eviction in its log: {kubelet_acted:?}"
     );
     let pods = rc.kubectl.get_json(&["-n", &ns.name, "pods"])?;
     let evicted: Vec<&str> = pods["items"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|p| p["status"]["reason"] == "Evicted")
+        .filter(|p| evicted_by_kubelet(p))
         .filter_map(|p| p["metadata"]["name"].as_str())
         .collect();
     assert_eq!(evicted, ["besteffort"], "only the agent's: {pods}");
