@@ -10,15 +10,23 @@
 //! The helper is the agent's own binary (`/proc/self/exe fs-helper`, a hidden subcommand),
 //! answering one JSON request per line on stdin with one JSON answer per line on stdout, until
 //! stdin closes. [`Helper`] is a long-lived one (a filesystem probe's, asked at every
-//! evaluation); [`ask`] starts one for a single question. Only the `run` and `check-config`
-//! commands turn the helper on ([`use_helper`]); elsewhere (unit tests) the calls are made in
-//! the process, as before.
+//! evaluation); [`ask`] starts one for a single question and waits for its answer at most
+//! [`ASK_DEADLINE`]: a config check or a reload never waits longer for a hung filesystem.
+//! Only the `run` and `check-config` commands turn the helper on ([`use_helper`]); elsewhere
+//! (unit tests) the calls are made in the process, as before. When a helper cannot be had
+//! (no process to spare, a pids limit), the caller hears why: the call is never made in the
+//! agent instead.
+//!
+//! Every helper that ends is reaped: one still stuck in the kernel when it is let go is kept
+//! and reaped when it ends (looked at whenever a helper starts or ends), and at most
+//! [`MAX_STUCK`] are left stuck before no new one is started.
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
-    sync::OnceLock,
+    sync::{Mutex, OnceLock},
+    time::{Duration, Instant},
 };
 
 use serde::{Deserialize, Serialize};
@@ -51,7 +59,9 @@ pub struct FsFigures {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Answer {
     StatFs(Result<FsFigures, String>),
-    IsDir(bool),
+    /// `Ok(false)`: no such path, or not a directory; `Err`: the filesystem failed to say
+    /// (a dead FUSE server's `ENOTCONN`, `EIO`).
+    IsDir(Result<bool, String>),
     /// `Ok(None)`: there is no such file.
     Read(Result<Option<String>, String>),
 }
@@ -71,6 +81,25 @@ pub enum HelperError {
     Ended,
     #[error("the filesystem helper process answered what is not an answer")]
     Garbled(#[source] serde_json::Error),
+    #[error("the filesystem did not answer within {waited:?} (a hung mount?)")]
+    Unanswered { waited: Duration },
+    #[error("{MAX_STUCK} filesystem helper processes are still stuck in the kernel (a hung mount): no other is started until one ends")]
+    TooManyStuck,
+}
+
+/// How long a single question ([`ask`]) waits for its answer.
+pub const ASK_DEADLINE: Duration = Duration::from_secs(2);
+/// Helpers let go while still stuck in the kernel, at most; beyond, none is started.
+pub const MAX_STUCK: usize = 8;
+
+/// Helpers killed but not gone yet (stuck in a filesystem call), reaped once they end.
+static ENDING: Mutex<Vec<Child>> = Mutex::new(Vec::new());
+
+/// Reaps the helpers that ended; how many are still stuck.
+fn reap_ended() -> usize {
+    let mut ending = ENDING.lock().unwrap_or_else(|p| p.into_inner());
+    ending.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+    ending.len()
 }
 
 static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
@@ -87,7 +116,8 @@ const MAX_ANSWER: u64 = 8 << 20;
 /// in the kernel ends it when it returns).
 #[derive(Debug)]
 pub struct Helper {
-    child: Child,
+    /// Taken when the helper is let go.
+    child: Option<Child>,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
 }
@@ -98,6 +128,9 @@ impl Helper {
         let Some(program) = PROGRAM.get() else {
             return Ok(None);
         };
+        if reap_ended() >= MAX_STUCK {
+            return Err(HelperError::TooManyStuck);
+        }
         let mut command = Command::new(program);
         command
             .arg(SUBCOMMAND)
@@ -119,11 +152,11 @@ impl Helper {
             source,
         })?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            let _ = child.kill();
+            let_go(child);
             return Err(HelperError::Ended);
         };
         Ok(Some(Self {
-            child,
+            child: Some(child),
             stdin,
             stdout: BufReader::new(stdout),
         }))
@@ -132,10 +165,26 @@ impl Helper {
     /// Asks one question and waits for its answer (on the caller's thread, which may wait as
     /// long as the filesystem does: never the loop's).
     pub fn ask(&mut self, request: &Request) -> Result<Answer, HelperError> {
+        self.ask_within(request, None)
+    }
+
+    /// [`Helper::ask`], waiting at most `deadline` for the answer to begin; past it,
+    /// [`HelperError::Unanswered`] (the helper is then of no more use: drop it).
+    pub fn ask_within(
+        &mut self,
+        request: &Request,
+        deadline: Option<Duration>,
+    ) -> Result<Answer, HelperError> {
+        reap_ended();
         let mut line = serde_json::to_vec(request).expect("a request always serializes");
         line.push(b'\n');
         self.stdin.write_all(&line).map_err(HelperError::Io)?;
         self.stdin.flush().map_err(HelperError::Io)?;
+        if let Some(deadline) = deadline {
+            if self.stdout.buffer().is_empty() {
+                wait_readable(self.stdout.get_ref(), deadline)?;
+            }
+        }
         let mut answer = Vec::new();
         (&mut self.stdout)
             .take(MAX_ANSWER)
@@ -148,18 +197,100 @@ impl Helper {
     }
 }
 
-impl Drop for Helper {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        // Reaped if it is gone already; one stuck in the kernel is left to end on its own.
-        let _ = self.child.try_wait();
+impl Helper {
+    /// Ends a helper that has answered: it waits for its next question, in a pipe read the
+    /// kill ends at once, so it is reaped now.
+    fn finish(mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
-/// One question, in a helper of its own when helpers are in use (else in this process).
+/// Waits until `out` has something to read (or its writer is gone), at most `deadline`.
+fn wait_readable(out: &ChildStdout, deadline: Duration) -> Result<(), HelperError> {
+    use std::os::fd::AsRawFd as _;
+    let started = Instant::now();
+    loop {
+        let left = deadline.saturating_sub(started.elapsed());
+        let mut fd = libc::pollfd {
+            fd: out.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd, for the duration of the call.
+        match unsafe { libc::poll(&mut fd, 1, ms) } {
+            0 => return Err(HelperError::Unanswered { waited: deadline }),
+            n if n > 0 => return Ok(()),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(HelperError::Io(e));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let_go(child);
+        }
+    }
+}
+
+/// Kills a helper and reaps it, now if it is gone already, else once its call returns (a
+/// helper stuck in the kernel is kept in [`ENDING`], and a reaper thread looks at it every
+/// second until none is left).
+fn let_go(mut child: Child) {
+    let _ = child.kill();
+    if let Ok(None) = child.try_wait() {
+        ENDING.lock().unwrap_or_else(|p| p.into_inner()).push(child);
+        start_reaper();
+    }
+    reap_ended();
+}
+
+/// A reaper thread is looking at [`ENDING`].
+static REAPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Starts the reaper unless one runs: it reaps the helpers that ended every second and stops
+/// when none is left. Without a thread to spare, they are reaped when a helper next starts,
+/// asks or ends.
+fn start_reaper() {
+    use std::sync::atomic::Ordering;
+    if REAPING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("fs-helper-reap".into())
+        .spawn(|| loop {
+            std::thread::sleep(Duration::from_secs(1));
+            if reap_ended() == 0 {
+                REAPING.store(false, Ordering::Release);
+                // One pushed between the sweep and the store starts its own reaper.
+                if reap_ended() == 0 || REAPING.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+            }
+        });
+    if spawned.is_err() {
+        REAPING.store(false, Ordering::Release);
+    }
+}
+
+/// One question, in a helper of its own when helpers are in use (else in this process),
+/// answered within [`ASK_DEADLINE`].
 pub fn ask(request: &Request) -> Result<Answer, HelperError> {
     match Helper::start()? {
-        Some(mut helper) => helper.ask(request),
+        Some(mut helper) => {
+            let answer = helper.ask_within(request, Some(ASK_DEADLINE))?;
+            helper.finish();
+            Ok(answer)
+        }
         None => Ok(answer(request)),
     }
 }
@@ -168,7 +299,12 @@ pub fn ask(request: &Request) -> Result<Answer, HelperError> {
 pub fn answer(request: &Request) -> Answer {
     match request {
         Request::StatFs(path) => Answer::StatFs(statfs(path)),
-        Request::IsDir(path) => Answer::IsDir(path.is_dir()),
+        Request::IsDir(path) => Answer::IsDir(match std::fs::metadata(path) {
+            Ok(m) => Ok(m.is_dir()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }),
         Request::Read(path) => Answer::Read(if !path.exists() {
             Ok(None)
         } else {
@@ -239,8 +375,13 @@ mod tests {
         let file = dir.path().join("config.yaml");
         std::fs::write(&file, "a: 1\n").unwrap();
         let rows = [
-            (Request::IsDir(dir.path().into()), "IsDir(true)"),
-            (Request::IsDir(file.clone()), "IsDir(false)"),
+            (Request::IsDir(dir.path().into()), "IsDir(Ok(true))"),
+            (Request::IsDir(file.clone()), "IsDir(Ok(false))"),
+            (
+                Request::IsDir(dir.path().join("absent")),
+                "IsDir(Ok(false))",
+            ),
+            (Request::IsDir(file.join("below")), "IsDir(Ok(false))"),
             (Request::Read(file.clone()), "Read(Ok(Some(\"a: 1\\n\")))"),
             (Request::Read(dir.path().join("absent")), "Read(Ok(None))"),
         ];

@@ -1,7 +1,8 @@
 //! A filesystem whose `statfs` never answers, as a hung NFS server or a stuck FUSE daemon would
 //! leave one: a FUSE server of the test's own, speaking the kernel's FUSE protocol on
 //! `/dev/fuse` (no libfuse), mounted by root. The root directory answers `stat` (so a path on it
-//! looks fine to a config check); every `statfs` is read and never answered.
+//! looks fine to a config check); every `statfs` is read and never answered. Mounted with
+//! [`HungFs::mount_hung_stat`], `stat` is never answered either: every call hangs.
 //!
 //! Dropping it stops the server: closing `/dev/fuse` aborts the connection, which fails every
 //! request still waiting (the hung `statfs` returns an error to whoever made it), then the
@@ -33,12 +34,23 @@ pub struct HungFs {
     dir: PathBuf,
     stop: Arc<AtomicBool>,
     statfs_seen: Arc<AtomicUsize>,
+    getattr_seen: Arc<AtomicUsize>,
     server: Option<JoinHandle<()>>,
 }
 
 impl HungFs {
     /// Mounts it on a new directory `dir`.
     pub fn mount(dir: &Path) -> anyhow::Result<Self> {
+        Self::mount_with(dir, false)
+    }
+
+    /// Mounts it on a new directory `dir`, `stat` of it hanging too (never call it from the
+    /// test: it waits until the filesystem is dropped).
+    pub fn mount_hung_stat(dir: &Path) -> anyhow::Result<Self> {
+        Self::mount_with(dir, true)
+    }
+
+    fn mount_with(dir: &Path, stat_hangs: bool) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let path = c"/dev/fuse";
         // SAFETY: a valid NUL-terminated path; the descriptor is owned below.
@@ -73,17 +85,20 @@ impl HungFs {
         );
         let stop = Arc::new(AtomicBool::new(false));
         let statfs_seen = Arc::new(AtomicUsize::new(0));
+        let getattr_seen = Arc::new(AtomicUsize::new(0));
         let server = std::thread::Builder::new()
             .name("hung-fs".into())
             .spawn({
                 let (stop, seen) = (stop.clone(), statfs_seen.clone());
-                move || serve(fd, &stop, &seen)
+                let getattr = stat_hangs.then(|| getattr_seen.clone());
+                move || serve(fd, &stop, &seen, getattr.as_deref())
             })
             .context("starting the FUSE server")?;
         Ok(Self {
             dir: dir.to_path_buf(),
             stop,
             statfs_seen,
+            getattr_seen,
             server: Some(server),
         })
     }
@@ -95,6 +110,11 @@ impl HungFs {
     /// How many `statfs` calls are waiting for an answer that never comes.
     pub fn statfs_waiting(&self) -> usize {
         self.statfs_seen.load(Ordering::SeqCst)
+    }
+
+    /// How many `stat` calls are waiting (mounted with [`HungFs::mount_hung_stat`]).
+    pub fn stat_waiting(&self) -> usize {
+        self.getattr_seen.load(Ordering::SeqCst)
     }
 }
 
@@ -160,7 +180,13 @@ fn root_attr() -> Vec<u8> {
     b
 }
 
-fn serve(fd: OwnedFd, stop: &AtomicBool, statfs_seen: &AtomicUsize) {
+/// `getattr_hangs`: `stat` is read, counted there, and never answered.
+fn serve(
+    fd: OwnedFd,
+    stop: &AtomicBool,
+    statfs_seen: &AtomicUsize,
+    getattr_hangs: Option<&AtomicUsize>,
+) {
     let mut buf = vec![0u8; 1 << 17];
     while !stop.load(Ordering::SeqCst) {
         let mut pfd = libc::pollfd {
@@ -189,7 +215,12 @@ fn serve(fd: OwnedFd, stop: &AtomicBool, statfs_seen: &AtomicUsize) {
                 0,
                 &init_out(u32_at(req, IN_HEADER), u32_at(req, IN_HEADER + 4)),
             ),
-            FUSE_GETATTR => reply(&fd, unique, 0, &root_attr()),
+            FUSE_GETATTR => match getattr_hangs {
+                Some(seen) => {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+                None => reply(&fd, unique, 0, &root_attr()),
+            },
             FUSE_LOOKUP => reply(&fd, unique, -libc::ENOENT, &[]),
             // Read, never answered: the caller waits until the connection is aborted.
             FUSE_STATFS => {

@@ -224,6 +224,86 @@ fn a_hung_filesystem_never_stops_memory_decisions() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The agent's children that are zombies (ended, never reaped).
+fn zombie_children(pid: u32) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+                })
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+/// The kubelet's filesystem hung for `stat` as well as `statfs` (a FUSE server that takes
+/// every call and answers none; issue 41's round 4 found the agent never started, never
+/// applied the emergency dry run, and left a zombie per filesystem check): the agent starts,
+/// taking `nodefsPath` as written and saying it could not be checked; memory is decided on;
+/// `dryRun: true` is applied as soon as the file is taken, before the file's own checks end;
+/// and once the filesystem answers again, every helper left stuck is reaped.
+#[test]
+fn a_filesystem_hung_for_stat_stops_neither_start_nor_the_emergency_dry_run() -> anyhow::Result<()>
+{
+    require_root();
+    let w = World::new("wedge-stat", &pods(), MEM_HELPER)?;
+    let mounted = HungFs::mount_hung_stat(&w.dir.join("hung-nodefs"))?;
+    let agent = format!("nodefsPath: '{}'\n", mounted.path().display());
+    let mut daemon = w.start("", &agent)?;
+    // Dropped before the daemon when the test fails (see above).
+    let fs = mounted;
+    daemon.wait_log("could not be checked now", wait())?;
+    assert!(fs.stat_waiting() >= 1, "the check reached the filesystem");
+    let health = daemon.get("/healthz")?;
+    assert!(
+        health.starts_with("HTTP/1.1 200"),
+        "/healthz served: {health}"
+    );
+    let held = pressure(&w)?;
+    drop(held);
+
+    // The emergency brake, on a node whose filesystem still hangs.
+    let checked = daemon.log_count("could not be checked now");
+    std::fs::write(&w.config, w.config("", &format!("{agent}dryRun: true\n")))?;
+    daemon.process.signal(libc::SIGHUP);
+    daemon.wait_log("the config file asks for dry run", wait())?;
+    let reloaded = daemon.wait_log("config reloaded", wait())?;
+    assert!(reloaded.contains("dry_run=true"), "{reloaded}");
+    let lines = daemon.lines();
+    let at = |needle: &str| lines.iter().position(|l| l.contains(needle));
+    assert!(
+        at("the config file asks for dry run") < at("config reloaded"),
+        "dry run held before the file's checks ended"
+    );
+    assert!(
+        daemon.log_count("could not be checked now") > checked,
+        "the reload's own check met the hung filesystem too"
+    );
+    assert_eq!(
+        daemon.metric("node_agent_config_reloads_total{result=\"dry_run_first\"}")?,
+        Some(1.0)
+    );
+
+    // The filesystem answers again (the connection aborted): the stuck helpers end, and
+    // every one is reaped.
+    let pid = daemon.process.child.id();
+    drop(fs);
+    wait_until(wait(), "no zombie left among the agent's children", || {
+        zombie_children(pid) == 0
+    })?;
+    w.assert_nothing_refused();
+    Ok(())
+}
+
 /// The test FUSE filesystem itself: `stat` answers, `statfs` hangs until it is dropped.
 #[test]
 fn the_hung_filesystem_hangs_statfs_until_dropped() -> anyhow::Result<()> {

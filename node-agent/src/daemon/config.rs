@@ -326,10 +326,13 @@ fn validate(
         memory_capacity,
         allocatable_memory,
         // The default is where the kubelet keeps its root on this machine, else `/`.
+        // One that does not answer is there, hung: taken all the same.
         nodefs_path: f.nodefs_path.clone().unwrap_or_else(|| {
-            Some(PathBuf::from(DEFAULT_NODEFS))
-                .filter(|p| plausible::is_dir(p))
-                .unwrap_or_else(|| PathBuf::from("/"))
+            let default = PathBuf::from(DEFAULT_NODEFS);
+            match plausible::is_dir(&default) {
+                Ok(false) => PathBuf::from("/"),
+                Ok(true) | Err(_) => default,
+            }
         }),
         imagefs_path: f.imagefs_path.clone(),
         kubelet_config: f.kubelet_config.clone(),

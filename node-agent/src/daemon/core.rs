@@ -20,7 +20,7 @@ use super::{
     kernel_side::KernelSide,
     node::Node,
     pods::SnapshotNames,
-    reload::{Candidate, ConfigWatcher},
+    reload::{Change, ConfigWatcher},
     report::Reporter,
 };
 use crate::{
@@ -134,7 +134,7 @@ pub struct Daemon {
     pub clock: Clock,
 }
 
-async fn next_candidate(watcher: &mut Option<ConfigWatcher>) -> Option<Candidate> {
+async fn next_change(watcher: &mut Option<ConfigWatcher>) -> Option<Change> {
     match watcher {
         Some(w) => w.next().await,
         None => std::future::pending().await,
@@ -189,8 +189,9 @@ impl Daemon {
                 _ = self.clock.poll.tick(), if polling => self.evaluate(Trigger::PressurePoll, None),
                 _ = self.clock.resync.tick() => self.evaluate(Trigger::Resync, None),
                 () = self.node.allocatable_feed.changed() => self.allocatable_changed(),
-                candidate = next_candidate(&mut self.config.watcher) => match candidate {
-                    Some(c) => self.reload(c),
+                change = next_change(&mut self.config.watcher) => match change {
+                    Some(Change::DryRunFirst) => self.dry_run_first(),
+                    Some(Change::Whole(c)) => self.reload(c),
                     None => {
                         tracing::error!("the config watcher stopped: config changes are no longer seen");
                         self.config.watcher = None;

@@ -19,6 +19,32 @@ use super::{
 use crate::{error_chain, telemetry::Trigger};
 
 impl Daemon {
+    /// A file taken asks for dry run: the executor holds from now, before the file is checked
+    /// (its checks may wait on a hung filesystem). The running config is kept with dry run
+    /// set; the file itself follows, applied whole or refused, and dry run stays either way.
+    pub(super) fn dry_run_first(&mut self) {
+        if self.config.current.dry_run() {
+            return;
+        }
+        let mut config = self.config.current.clone();
+        config.settings.dry_run = true;
+        let now = self.now();
+        acting_config::reconfigure(
+            &mut self.acts,
+            &config,
+            self.kube.as_ref().map(|k| &k.cluster),
+            &self.config.overrides,
+            false,
+            now,
+        );
+        self.config.current = config;
+        self.report
+            .inspect
+            .set_mode(inspect_mode(&self.config.current));
+        self.report.metrics.config_reload("dry_run_first");
+        tracing::warn!("the config file asks for dry run: applied at once, before the file is checked; the rest of it follows (or is refused), and dry run stays");
+    }
+
     /// Applies a new config whole, or refuses it whole and keeps the running one.
     pub(super) fn reload(&mut self, candidate: Candidate) {
         let why = candidate.why;

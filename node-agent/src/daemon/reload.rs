@@ -11,8 +11,12 @@
 //!
 //! A slow load never delays a later one: each file taken supersedes the ones before it, whose
 //! verdicts are dropped when they come (at most [`MAX_LOADS`] load at once; the newest file
-//! waits for a free one). The emergency `dryRun: true` written after a file that is slow to
-//! check is applied as soon as it is read.
+//! waits for a free one). The emergency `dryRun: true` is applied as soon as the file is
+//! taken, before its checks ([`Change::DryRunFirst`]: the file's `dryRun` key, read without
+//! touching any filesystem), so neither a file slow to check nor a hung filesystem behind a
+//! check delays it; the rest of the file follows, whole or refused, and dry run stays either
+//! way. The filesystem checks themselves wait at most the helper's deadline
+//! ([`crate::fs_helper::ASK_DEADLINE`]).
 //!
 //! A new config takes effect whole and at once — the executor's mode, exclusions and pacing,
 //! intervals, thresholds (kernel lines re-armed), fork limits on every tracked cgroup, signal
@@ -54,6 +58,15 @@ pub enum Refusal {
     Invalid(#[from] ConfigError),
 }
 
+/// What the watcher hands the loop.
+#[derive(Debug)]
+pub enum Change {
+    /// A file taken asks for `dryRun: true`: dry run now, before the file is checked.
+    DryRunFirst,
+    /// A file's verdict: a config to apply whole, or why there is none.
+    Whole(Candidate),
+}
+
 /// A config for the loop to apply, or why there is none.
 #[derive(Debug)]
 pub struct Candidate {
@@ -82,6 +95,8 @@ impl Checks {
 pub struct ConfigWatcher {
     asks: std_mpsc::Sender<()>,
     candidates: mpsc::Receiver<Candidate>,
+    /// A file taken asked for dry run (one pending is enough).
+    dry_run_first: mpsc::Receiver<()>,
 }
 
 impl ConfigWatcher {
@@ -95,10 +110,18 @@ impl ConfigWatcher {
     pub fn start_with(path: PathBuf, applied: Vec<u8>, load: Load) -> std::io::Result<Self> {
         let (asks, asked) = std_mpsc::channel();
         let (tx, candidates) = mpsc::channel(1);
+        let (first, dry_run_first) = mpsc::channel(1);
         std::thread::Builder::new()
             .name("config-watch".into())
-            .spawn(move || watch(&path, applied, &Loads::new(load, tx.clone()), &asked, &tx))?;
-        Ok(Self { asks, candidates })
+            .spawn(move || {
+                let loads = Loads::new(load, tx.clone(), first);
+                watch(&path, applied, &loads, &asked, &tx);
+            })?;
+        Ok(Self {
+            asks,
+            candidates,
+            dry_run_first,
+        })
     }
 
     /// SIGHUP: read the file now.
@@ -106,9 +129,13 @@ impl ConfigWatcher {
         let _ = self.asks.send(());
     }
 
-    /// The next config to apply (or refusal to report).
-    pub async fn next(&mut self) -> Option<Candidate> {
-        self.candidates.recv().await
+    /// The next change to apply (or refusal to report): dry run first, when a file asked.
+    pub async fn next(&mut self) -> Option<Change> {
+        tokio::select! {
+            biased;
+            Some(()) = self.dry_run_first.recv() => Some(Change::DryRunFirst),
+            c = self.candidates.recv() => c.map(Change::Whole),
+        }
     }
 }
 
@@ -118,6 +145,8 @@ impl ConfigWatcher {
 struct Loads {
     load: Load,
     tx: mpsc::Sender<Candidate>,
+    /// Told of each file taken that asks for dry run, before it is loaded.
+    first: mpsc::Sender<()>,
     /// The number of the latest file or error taken.
     latest: std::sync::Arc<std::sync::atomic::AtomicU64>,
     running: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -126,10 +155,11 @@ struct Loads {
 }
 
 impl Loads {
-    fn new(load: Load, tx: mpsc::Sender<Candidate>) -> Self {
+    fn new(load: Load, tx: mpsc::Sender<Candidate>, first: mpsc::Sender<()>) -> Self {
         Self {
             load,
             tx,
+            first,
             latest: Default::default(),
             running: Default::default(),
             waiting: Default::default(),
@@ -145,6 +175,10 @@ impl Loads {
     fn take(&self, why: &'static str, bytes: Vec<u8>) {
         use std::sync::atomic::Ordering;
         let number = self.latest.fetch_add(1, Ordering::AcqRel) + 1;
+        if asks_dry_run(&bytes) {
+            // Full already: one dry run pending is as good as two.
+            let _ = self.first.try_send(());
+        }
         *self.waiting.borrow_mut() = None;
         if self.running.load(Ordering::Acquire) >= MAX_LOADS {
             tracing::warn!(
@@ -273,6 +307,21 @@ fn watch(
             }
         }
     }
+}
+
+/// Whether a file's content sets `dryRun: true` at its top level, read as YAML and nothing
+/// else (no check, no filesystem): the emergency switch needs nothing more.
+pub fn asks_dry_run(bytes: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return false;
+    };
+    if crate::yaml::check_nesting(text).is_err() {
+        return false;
+    }
+    let Ok(serde_yaml_ng::Value::Mapping(map)) = serde_yaml_ng::from_str(text) else {
+        return false;
+    };
+    map.get("dryRun") == Some(&serde_yaml_ng::Value::Bool(true))
 }
 
 fn load(checks: &Checks, bytes: &[u8]) -> Result<Box<AgentConfig>, Refusal> {
@@ -594,6 +643,24 @@ mod tests {
         assert!(matches!(first.config, Err(Refusal::Read(_))), "{first:?}");
         let second = next(&mut w, Duration::from_secs(3)).expect("the file read before, applied");
         assert!(dry_run(&second), "{second:?}");
+    }
+
+    /// The emergency switch is read from the file's top level and nothing else.
+    #[test]
+    fn the_dry_run_key_is_read_alone() {
+        let rows: [(&str, bool); 7] = [
+            ("dryRun: true\n", true),
+            ("apiVersion: x\ndryRun: true\nforkLimit: [nonsense\n", false),
+            ("kind: NodeAgentConfig\ndryRun: true\nunknownKey: 1\n", true),
+            ("dryRun: false\n", false),
+            ("dryRun: 'true'\n", false),
+            ("nested:\n  dryRun: true\n", false),
+            ("- dryRun: true\n", false),
+        ];
+        for (text, want) in rows {
+            assert_eq!(asks_dry_run(text.as_bytes()), want, "{text:?}");
+        }
+        assert!(!asks_dry_run(b"\xff\xfe"), "not text");
     }
 
     #[test]

@@ -256,7 +256,7 @@ impl Metrics {
                 rustc: env!("NODE_AGENT_RUSTC"),
             })
             .set(1);
-        for result in ["ok", "invalid", "refused", "retrying"] {
+        for result in ["ok", "invalid", "refused", "retrying", "dry_run_first"] {
             self.config_reloads
                 .get_or_create_owned(&ResultLabels { result });
         }
@@ -439,7 +439,7 @@ impl Metrics {
         );
         r.register(
             "config_reloads",
-            "Configuration reloads by result (ok, or invalid and the old configuration kept)",
+            "Configuration reloads by result (ok; invalid, refused: the old configuration kept; retrying: read again; dry_run_first: a file asking for dry run, applied before its checks)",
             self.config_reloads.clone(),
         );
         r.register(

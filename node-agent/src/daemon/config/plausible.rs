@@ -89,17 +89,31 @@ pub fn on_this_machine(config: &AgentConfig, layout: &Layout) -> Result<PathBuf,
 }
 
 /// Whether `dir` is a directory, asked of a helper process: it is the kubelet's filesystem,
-/// which may hang.
-pub fn is_dir(dir: &Path) -> bool {
-    match crate::fs_helper::ask(&crate::fs_helper::Request::IsDir(dir.into())) {
-        Ok(crate::fs_helper::Answer::IsDir(is)) => is,
-        Ok(_) | Err(_) => dir.is_dir(),
+/// which may hang. `Err` says why it could not be told (no answer within the helper's
+/// deadline, or no helper to ask): never asked in the agent itself.
+pub fn is_dir(dir: &Path) -> Result<bool, String> {
+    use crate::fs_helper::{ask, Answer, Request};
+    match ask(&Request::IsDir(dir.into())) {
+        Ok(Answer::IsDir(is)) => is.map_err(|e| format!("{}: {e}", dir.display())),
+        Ok(other) => Err(format!("the filesystem helper answered {other:?}")),
+        Err(e) => Err(crate::error_chain(&e)),
     }
 }
 
-/// A filesystem path the agent will statvfs: it must be a directory that exists now.
+/// A filesystem path the agent will statvfs: it must be a directory that exists now. One that
+/// cannot be told now (a filesystem that does not answer: the agent's probe will say so, and
+/// its signals are unknown meanwhile) is taken as written, with a warning: a hung mount
+/// neither stops the agent from starting nor holds up a reload (the emergency dry run).
 fn existing_dir(path: &'static str, dir: &Path) -> Result<(), ConfigError> {
-    if !is_dir(dir) {
+    let is = match is_dir(dir) {
+        Ok(is) => is,
+        Err(why) => {
+            tracing::warn!(setting = path, path = %dir.display(), reason = %why,
+                "could not be checked now; taken as written");
+            return Ok(());
+        }
+    };
+    if !is {
         return Err(field(
             path,
             format!(
