@@ -302,6 +302,18 @@ pub fn evaluate_among(
         return (decision, next_state);
     };
     let threshold = &thresholds[reclaim_index];
+    // The kubelet's sync that evicts for local storage makes no threshold eviction: the pods
+    // going for their limits are what relieves the disk, so a disk threshold waits for the
+    // next evaluation. Memory and PIDs do not wait (a pod over its emptyDir limit frees no
+    // memory, and the OOM killer would not wait either).
+    if !decision.evictions.is_empty()
+        && matches!(
+            threshold.signal.resource(),
+            Resource::EphemeralStorage | Resource::Inodes
+        )
+    {
+        return (decision, next_state);
+    }
     let early = decision
         .thresholds_met
         .iter()

@@ -275,3 +275,67 @@ fn with_no_pod_over_a_limit_may_go_the_threshold_eviction_proceeds() {
     assert_eq!(d.reclaim, Some(Signal::MemoryAvailable));
     assert_eq!(d.over_limit_passed_over.len(), 1);
 }
+
+/// The kubelet's sync that evicts for local storage makes no threshold eviction: with
+/// `nodefs.available` met and a pod over its emptyDir limit, only that pod goes, and the
+/// threshold waits for the next evaluation (the limit's eviction is what relieves the disk;
+/// issue 41's round 4 saw a second, ranked pod evicted in the same step). With no pod over a
+/// limit, the threshold acts.
+#[test]
+fn a_disk_threshold_waits_while_pods_go_for_their_limits() {
+    let config =
+        EvictionConfig::from_kubelet_yaml("evictionHard: {nodefs.available: 10%}").unwrap();
+    let node = NodeCapacity::default();
+    let observations: Observations = [(
+        Signal::NodeFsAvailable,
+        Observation {
+            available: 5 << 30,
+            capacity: 100 << 30,
+            lead: 0,
+        },
+    )]
+    .into();
+    let decide = |pods: &[PodInfo]| {
+        evaluate_among(
+            &config,
+            &node,
+            &observations,
+            pods,
+            &Eligibility::default(),
+            Duration::ZERO,
+            &PolicyState::default(),
+        )
+        .0
+    };
+    let d = decide(&[pod("filler", 10, 150), pod("writer", 10, 90)]);
+    let goes: Vec<(&str, EvictionSignal)> = d
+        .evictions
+        .iter()
+        .map(|e| (e.name.as_str(), e.signal))
+        .collect();
+    assert_eq!(
+        goes,
+        [("filler", EvictionSignal::Limit(StorageLimit::EmptyDir))],
+        "the pod over its limit, and no nodefs eviction beside it"
+    );
+    assert_eq!(d.reclaim, None, "no threshold acted on in this step");
+    assert!(
+        d.thresholds_met
+            .iter()
+            .any(|t| t.signal == Signal::NodeFsAvailable),
+        "the threshold is met all the same"
+    );
+    assert_eq!(d.conditions, [NodeCondition::DiskPressure]);
+
+    // Next step, the pod over its limit gone: the threshold acts.
+    let d = decide(&[pod("writer", 10, 90)]);
+    let goes: Vec<(&str, EvictionSignal)> = d
+        .evictions
+        .iter()
+        .map(|e| (e.name.as_str(), e.signal))
+        .collect();
+    assert_eq!(
+        goes,
+        [("writer", EvictionSignal::Threshold(Signal::NodeFsAvailable))]
+    );
+}
