@@ -92,12 +92,10 @@ impl Reviewer {
                 why: format!("a bearer token of {} bytes", token.len()),
             });
         }
-        let key = (token.to_string(), path.to_string());
-        if let Some((verdict, until)) = self.lock().get(&key) {
-            if now < *until {
-                return Ok(verdict.clone());
-            }
+        if let Some(verdict) = self.cached(token, path, now) {
+            return Ok(verdict);
         }
+        let key = (token.to_string(), path.to_string());
         let verdict = self.ask(token, path).await?;
         let ttl = match verdict {
             Verdict::Allowed { .. } => ALLOWED_FOR,
@@ -119,6 +117,15 @@ impl Reviewer {
         }
         cache.insert(key, (verdict.clone(), now + ttl));
         Ok(verdict)
+    }
+
+    /// The cached verdict on the bearer of `token` for `path`, if young enough: asks nothing.
+    pub fn cached(&self, token: &str, path: &str, now: Instant) -> Option<Verdict> {
+        let key = (token.to_string(), path.to_string());
+        self.lock()
+            .get(&key)
+            .filter(|(_, until)| now < *until)
+            .map(|(verdict, _)| verdict.clone())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Verdict, Instant)>> {

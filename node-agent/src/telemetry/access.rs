@@ -5,15 +5,26 @@
 //!
 //! - `kubernetes`: a bearer token the API server authenticates (TokenReview) whose user RBAC
 //!   lets `get` the path (SubjectAccessReview on the non-resource URL), as controller-runtime's
-//!   secure metrics and kube-rbac-proxy do ([`node_agent_kube::access`]). At most
-//!   [`REVIEWS_AT_ONCE`] reviews are out at once: a flood of made-up tokens costs the API
-//!   server that much, and is answered 429 beyond it.
+//!   secure metrics and kube-rbac-proxy do ([`node_agent_kube::access`]). A caller whose
+//!   verdict is cached is answered from the cache before anything else, so a flood of made-up
+//!   tokens never stands in the way of the real scraper. Reviews that must be asked are at
+//!   most [`REVIEWS_AT_ONCE`] at once and [`REVIEWS_PER_SECOND`] a second (burst
+//!   [`REVIEW_BURST`]), each answered within [`REVIEW_DEADLINE`]: a flood costs the API server
+//!   that much, and is answered 429 beyond it; a review that does not come in time is a 503,
+//!   never a dropped connection. A review that fails is logged once until one succeeds again.
 //! - `loopback`: callers in the agent's own network namespace (a sidecar in the pod; the host
 //!   itself, standalone); the kubelet's probes, from the node, still reach `/healthz` and
 //!   `/readyz`.
 //! - `open`: anyone who reaches `listen` (a NetworkPolicy may still narrow who that is).
 
-use std::{net::IpAddr, sync::Arc, time::Instant};
+use std::{
+    net::IpAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
 
 use node_agent_kube::access::{Reviewer, Verdict};
 use serde::{Deserialize, Serialize};
@@ -23,6 +34,33 @@ use super::Metrics;
 
 /// Reviews asked of the API server at once, at most.
 pub const REVIEWS_AT_ONCE: usize = 4;
+/// Reviews asked of the API server per second, at most, on average.
+pub const REVIEWS_PER_SECOND: f64 = 5.0;
+/// Reviews that may be asked at once after a quiet spell.
+pub const REVIEW_BURST: f64 = 10.0;
+/// How long a caller waits for its review: within the listener's own deadline.
+pub const REVIEW_DEADLINE: Duration = Duration::from_secs(3);
+
+/// A token bucket: reviews left, and when it was last filled.
+#[derive(Debug)]
+struct Bucket {
+    left: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn take(&mut self, now: Instant) -> bool {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() * REVIEWS_PER_SECOND;
+        self.left = (self.left + refill).min(REVIEW_BURST);
+        self.at = now;
+        if self.left >= 1.0 {
+            self.left -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
 
 /// `metricsAccess`: who may read `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,7 +92,8 @@ pub enum Refusal {
     /// The API server could not be asked (not connected yet, unreachable, the agent's own RBAC
     /// missing its `create` on the reviews): 503.
     Unavailable(String),
-    /// [`REVIEWS_AT_ONCE`] reviews are out already: 429.
+    /// [`REVIEWS_AT_ONCE`] reviews are out already, or [`REVIEWS_PER_SECOND`] were asked:
+    /// 429.
     Busy,
 }
 
@@ -86,6 +125,9 @@ pub struct Gate {
     /// The API server connection to review callers through (none yet: not connected).
     reviewer: watch::Receiver<Option<Arc<Reviewer>>>,
     reviews: Arc<Semaphore>,
+    rate: Arc<Mutex<Bucket>>,
+    /// A review failed and was said; said again once one succeeds.
+    failing: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
 }
 
@@ -99,6 +141,11 @@ impl Gate {
             mode,
             reviewer,
             reviews: Arc::new(Semaphore::new(REVIEWS_AT_ONCE)),
+            rate: Arc::new(Mutex::new(Bucket {
+                left: REVIEW_BURST,
+                at: Instant::now(),
+            })),
+            failing: Arc::new(AtomicBool::new(false)),
             metrics,
         }
     }
@@ -171,10 +218,44 @@ impl Gate {
                         "not connected to the API server yet: no token can be reviewed".into(),
                     )
                 })?;
-                let Ok(_slot) = self.reviews.try_acquire() else {
-                    return Err(Refusal::Busy);
+                let now = Instant::now();
+                let verdict = match reviewer.cached(token, path, now) {
+                    Some(verdict) => Ok(verdict),
+                    None => {
+                        let Ok(_slot) = self.reviews.try_acquire() else {
+                            return Err(Refusal::Busy);
+                        };
+                        if !self
+                            .rate
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .take(now)
+                        {
+                            return Err(Refusal::Busy);
+                        }
+                        let review = reviewer.review(token, path, now);
+                        let verdict = match tokio::time::timeout(REVIEW_DEADLINE, review).await {
+                            Ok(verdict) => verdict.map_err(|e| crate::error_chain(&e)),
+                            Err(_) => Err(format!(
+                                "the API server did not answer the review within {REVIEW_DEADLINE:?}"
+                            )),
+                        };
+                        match &verdict {
+                            Err(why) => {
+                                if !self.failing.swap(true, Ordering::AcqRel) {
+                                    tracing::warn!(error = %why, "a caller of {path} could not be reviewed (further failures are counted in node_agent_telemetry_authorizations_total{{result=\"unavailable\"}}, not logged, until a review succeeds)");
+                                }
+                            }
+                            Ok(_) => {
+                                if self.failing.swap(false, Ordering::AcqRel) {
+                                    tracing::info!("callers are reviewed again");
+                                }
+                            }
+                        }
+                        verdict
+                    }
                 };
-                match reviewer.review(token, path, Instant::now()).await {
+                match verdict {
                     Ok(Verdict::Allowed { .. }) => Ok(()),
                     Ok(Verdict::Unauthenticated { why }) => Err(Refusal::Unauthenticated(format!(
                         "the API server does not accept the token: {why}"
@@ -182,13 +263,10 @@ impl Gate {
                     Ok(Verdict::Forbidden { user, why }) => Err(Refusal::Forbidden(format!(
                         "{user} may not get {path}: {why}"
                     ))),
-                    Err(e) => {
-                        let why = crate::error_chain(&e);
-                        tracing::warn!(error = %why, "a caller of {path} could not be reviewed");
-                        Err(Refusal::Unavailable(
-                            "the API server could not review the token now (the agent's log says why)".into(),
-                        ))
-                    }
+                    Err(_) => Err(Refusal::Unavailable(
+                        "the API server could not review the token now (the agent's log says why)"
+                            .into(),
+                    )),
                 }
             }
         }
@@ -328,6 +406,48 @@ mod tests {
             );
         }
         assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+    }
+
+    /// A flood of made-up tokens (issue 41, round 4: a cached scraper got 429 on 19 of 20
+    /// scrapes, and one client drove about 90 TokenReviews a second): the scraper whose verdict
+    /// is cached is answered from the cache whatever the flood, and the flood costs the API
+    /// server at most the burst and the rate.
+    #[tokio::test]
+    async fn a_flood_of_made_up_tokens_never_starves_the_scraper_nor_floods_the_api_server() {
+        let fake = Fake::start(|_, _| Reply::status(404, "NotFound", "not here")).await;
+        fake.add_user("scraper", "prom", &[]);
+        fake.grant_url("prom", "get", "/metrics");
+        let (kube, _) = gate(
+            MetricsAccess::Kubernetes,
+            Some(Reviewer::new(fake.context("api server", 1, "n1"))),
+        );
+        let peer = ip("10.1.2.3");
+        let scrape = || kube.check(Some("Bearer scraper"), peer, "/metrics");
+        assert_eq!(scrape().await, Ok(()));
+        let started = Instant::now();
+        let mut busy = 0;
+        for i in 0..200 {
+            let made_up = format!("Bearer made-up-{i}");
+            if kube.check(Some(&made_up), peer, "/metrics").await == Err(Refusal::Busy) {
+                busy += 1;
+            }
+            assert_eq!(scrape().await, Ok(()), "the scraper, {i} made-up tokens in");
+        }
+        let reviews = fake
+            .calls()
+            .iter()
+            .filter(|(_, path)| path.contains("tokenreviews"))
+            .count();
+        let most = 1.0 + REVIEW_BURST + REVIEWS_PER_SECOND * started.elapsed().as_secs_f64();
+        eprintln!(
+            "{reviews} token reviews for 200 made-up tokens in {:?}; {busy} answered busy",
+            started.elapsed()
+        );
+        assert!(
+            reviews as f64 <= most.ceil(),
+            "{reviews} reviews, at most {most}"
+        );
+        assert!(busy > 0, "the flood was answered 429 beyond the rate");
     }
 
     /// `/readyz`'s whole reason: never for a caller without a token under `kubernetes` (the
