@@ -5,10 +5,13 @@
 //! condition `Unknown` and remove a taint the other one set (which that one would not write
 //! again before its next change or heartbeat).
 //!
-//! A sibling takes over only if it would write what the stopping agent did: a pod of the same
-//! DaemonSet (owner UID), on this node, Ready, not terminating, with the same container args
-//! (a sibling that runs with `--dry-run` while this one did not writes nothing, and would
-//! leave a taint behind). A config rolled out with `dryRun: true` is not visible here: see
+//! A sibling takes over only if it would write what the stopping agent did: a pod whose
+//! controller is the same DaemonSet (the owner reference marked `controller`, by UID), bound
+//! to this node, `Running`, Ready, not terminating, with the same containers (image, command
+//! and args: a sibling that runs with `--dry-run` while this one did not writes nothing, and
+//! would leave a taint behind). A pod that names the same owner without being its controller,
+//! one on another node, one `Failed` that still says Ready, or another image with the same
+//! args is not one. A config rolled out with `dryRun: true` is not visible here: see
 //! the README's table of what the agent leaves on its node.
 //!
 //! One `GET` of the node's agent pods, tried once: the stop has 1.5 s for everything.
@@ -44,6 +47,8 @@ struct Pod {
 #[serde(rename_all = "camelCase")]
 struct Meta {
     #[serde(default)]
+    uid: String,
+    #[serde(default)]
     name: String,
     #[serde(default)]
     deletion_timestamp: Option<String>,
@@ -55,10 +60,15 @@ struct Meta {
 struct Owner {
     #[serde(default)]
     uid: String,
+    #[serde(default)]
+    controller: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct Spec {
+    #[serde(default)]
+    node_name: String,
     #[serde(default)]
     containers: Vec<Container>,
 }
@@ -66,11 +76,17 @@ struct Spec {
 #[derive(Debug, Default, Deserialize, PartialEq)]
 struct Container {
     #[serde(default)]
+    image: String,
+    #[serde(default)]
+    command: Vec<String>,
+    #[serde(default)]
     args: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 struct Status {
+    #[serde(default)]
+    phase: String,
     #[serde(default)]
     conditions: Vec<Condition>,
 }
@@ -84,8 +100,19 @@ struct Condition {
 }
 
 impl Pod {
+    /// Its controller's UID (the owner reference marked `controller: true`).
+    fn controller(&self) -> Option<&str> {
+        self.metadata
+            .owner_references
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.as_str())
+            .filter(|uid| !uid.is_empty())
+    }
+
     fn ready(&self) -> bool {
         self.metadata.deletion_timestamp.is_none()
+            && self.status.phase == "Running"
             && self
                 .status
                 .conditions
@@ -94,20 +121,20 @@ impl Pod {
     }
 }
 
-/// The sibling that takes the node over from `own` (the stopping agent's pod), if any. Pure.
-pub fn sibling(pods: &PodList, own: &str) -> Option<String> {
-    let me = pods.items.iter().find(|p| p.metadata.name == own)?;
-    let my_owner = me.metadata.owner_references.first()?;
+/// The sibling that takes the node over from `own` (the stopping agent's pod, bound to
+/// `node`), if any. Pure.
+pub fn sibling(pods: &PodList, own: &str, node: &str) -> Option<String> {
+    let me = pods
+        .items
+        .iter()
+        .find(|p| p.metadata.name == own && p.spec.node_name == node)?;
+    let controller = me.controller()?;
     pods.items
         .iter()
-        .filter(|p| p.metadata.name != own && p.ready())
-        .filter(|p| {
-            p.metadata
-                .owner_references
-                .first()
-                .is_some_and(|o| o.uid == my_owner.uid)
-        })
-        .find(|p| p.spec.containers.first() == me.spec.containers.first())
+        .filter(|p| p.metadata.name != own && p.metadata.uid != me.metadata.uid)
+        .filter(|p| p.spec.node_name == node && p.ready())
+        .filter(|p| p.controller() == Some(controller))
+        .find(|p| !p.spec.containers.is_empty() && p.spec.containers == me.spec.containers)
         .map(|p| p.metadata.name.clone())
 }
 
@@ -126,7 +153,7 @@ pub async fn ready_sibling(
     ));
     let resp = call(&ctx.transport, &req, &[StatusCode::OK]).await?;
     let pods: PodList = decode(ctx.transport.endpoint().name, &req, &resp, "v1.PodList")?;
-    Ok(sibling(&pods, own))
+    Ok(sibling(&pods, own, &ctx.node))
 }
 
 #[cfg(test)]
@@ -143,12 +170,23 @@ mod tests {
         serde_json::json!({
             "metadata": {
                 "name": name,
-                "ownerReferences": [{"uid": owner}],
+                "uid": format!("uid-{name}"),
+                "ownerReferences": [{"uid": owner, "controller": true}],
                 "deletionTimestamp": deleting.then_some("2026-11-28T10:00:00Z"),
             },
-            "spec": {"containers": [{"args": args}]},
-            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+            "spec": {"nodeName": "n1", "containers": [{"image": "node-agent:1", "args": args}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            },
         })
+    }
+
+    /// `pod(name, "ds-1", [], ready, not deleting)` with `change` applied.
+    fn changed(name: &str, change: impl FnOnce(&mut serde_json::Value)) -> serde_json::Value {
+        let mut p = pod(name, "ds-1", &[], true, false);
+        change(&mut p);
+        p
     }
 
     #[test]
@@ -187,10 +225,78 @@ mod tests {
                 vec![pod("new", "ds-1", &[], true, false)],
                 None,
             ),
+            // Impostors (issue 41, round 4): each once made a stopping agent leave its taint.
+            (
+                "a sibling bound to another node does not",
+                vec![
+                    own(),
+                    changed("new", |p| p["spec"]["nodeName"] = "n2".into()),
+                ],
+                None,
+            ),
+            (
+                "one naming the DaemonSet without it as controller does not",
+                vec![
+                    own(),
+                    changed("new", |p| {
+                        p["metadata"]["ownerReferences"][0]["controller"] = false.into()
+                    }),
+                ],
+                None,
+            ),
+            (
+                "one Failed that still says Ready does not",
+                vec![
+                    own(),
+                    changed("new", |p| p["status"]["phase"] = "Failed".into()),
+                ],
+                None,
+            ),
+            (
+                "another image with the same args does not",
+                vec![
+                    own(),
+                    changed("new", |p| {
+                        p["spec"]["containers"][0]["image"] = "impostor:1".into()
+                    }),
+                ],
+                None,
+            ),
+            (
+                "another command with the same args does not",
+                vec![
+                    own(),
+                    changed("new", |p| {
+                        p["spec"]["containers"][0]["command"] = serde_json::json!(["/bin/sh"])
+                    }),
+                ],
+                None,
+            ),
+            (
+                "a second container beside the same one does not",
+                vec![
+                    own(),
+                    changed("new", |p| {
+                        p["spec"]["containers"]
+                            .as_array_mut()
+                            .unwrap()
+                            .push(serde_json::json!({"image": "sidecar:1"}))
+                    }),
+                ],
+                None,
+            ),
+            (
+                "its own pod with the same name under another UID is not a sibling",
+                vec![
+                    own(),
+                    changed("old", |p| p["metadata"]["uid"] = "uid-other".into()),
+                ],
+                None,
+            ),
         ];
         for (behaviour, pods, want) in rows {
             let list: PodList = serde_json::from_value(serde_json::json!({"items": pods})).unwrap();
-            assert_eq!(sibling(&list, "old").as_deref(), want, "{behaviour}");
+            assert_eq!(sibling(&list, "old", "n1").as_deref(), want, "{behaviour}");
         }
     }
 }
