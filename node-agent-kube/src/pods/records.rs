@@ -224,6 +224,14 @@ struct Ident {
     pod_ref: Option<serde_json::Value>,
 }
 
+/// A name from a record, cut to Kubernetes' longest and escaped (a line break or a terminal
+/// escape in it never reaches a log raw).
+fn shown_name(text: &str) -> String {
+    node_agent_policy::shown(text, 253)
+        .escape_debug()
+        .to_string()
+}
+
 /// `namespace/name` of a record that could not be read, if it says.
 fn name_of(raw: &RawValue, index: usize) -> String {
     let ident = serde_json::from_str::<Ident>(raw.get()).ok();
@@ -233,7 +241,7 @@ fn name_of(raw: &RawValue, index: usize) -> String {
         meta.as_ref()
             .and_then(|m| m.get(key))
             .and_then(|v| v.as_str())
-            .map(|t| node_agent_policy::shown(t, 253).into_owned())
+            .map(shown_name)
     };
     match (text("namespace"), text("name"), text("uid")) {
         (Some(ns), Some(name), _) => format!("{ns}/{name}"),
@@ -359,9 +367,16 @@ pub fn decode_summary(body: &[u8]) -> Result<Summary, DecodeError> {
             return true;
         }
         problems.push(Problem {
-            pod: format!("{}/{}", s.pod_ref.namespace, s.pod_ref.name),
+            pod: format!(
+                "{}/{}",
+                shown_name(&s.pod_ref.namespace),
+                shown_name(&s.pod_ref.name)
+            ),
             kind: ProblemKind::StatsUnreadable,
-            detail: format!("another stats entry names its UID {}", s.pod_ref.uid),
+            detail: format!(
+                "another stats entry names its UID {}",
+                shown_name(&s.pod_ref.uid)
+            ),
         });
         false
     });
@@ -453,6 +468,54 @@ mod tests {
             problems[0].detail
         );
         assert!(decode_pod_list(b"<html>").is_err(), "not a list at all");
+
+        // Names Kubernetes would not take (issue 41, round 4: one with a line break was
+        // written raw in text logs, and a pod named so was ranked and evicted): left out,
+        // named escaped.
+        let rows = [
+            (
+                "shop",
+                "evil\nFAKE \u{1b}[31m",
+                "u5",
+                "metadata.name",
+                "evil\\nFAKE \\u{1b}[31m",
+            ),
+            ("Shop_1", "x", "u6", "metadata.namespace", "Shop_1/x"),
+            ("shop", "-x", "u7", "metadata.name", "shop/-x"),
+            ("shop", "a..b", "u8", "metadata.name", "shop/a..b"),
+            ("shop", "x", "u 9", "metadata.uid", "shop/x"),
+        ];
+        for (ns, name, uid, field, shown) in rows {
+            let list = serde_json::json!({"items": [
+                {"metadata": {"namespace": ns, "name": name, "uid": uid}, "spec": {"containers": []}},
+                {"metadata": {"namespace": "shop", "name": "ok.b-2", "uid": "u-ok"}, "spec": {"containers": [{"name": "app-1"}]}},
+            ]});
+            let read = decode_pod_list(list.to_string().as_bytes()).unwrap();
+            assert_eq!(read.items.len(), 1, "{field}: the valid neighbour stays");
+            assert_eq!(read.problems.len(), 1, "{field}");
+            let p = &read.problems[0];
+            assert!(
+                p.detail.contains(field) && p.detail.contains("is not a"),
+                "{field}: {}",
+                p.detail
+            );
+            assert!(p.pod.contains(shown), "{field}: {} shows {shown}", p.pod);
+            assert!(
+                !p.pod.contains('\n') && !p.detail.contains('\n'),
+                "escaped: {p:?}"
+            );
+            assert!(
+                !p.pod.contains('\u{1b}') && !p.detail.contains('\u{1b}'),
+                "escaped: {p:?}"
+            );
+        }
+        let container = serde_json::json!({"items": [
+            {"metadata": {"namespace": "shop", "name": "x", "uid": "u1"}, "spec": {"containers": [{"name": "App"}]}},
+        ]});
+        let read = decode_pod_list(container.to_string().as_bytes()).unwrap();
+        assert!(
+            read.items.is_empty() && read.problems[0].detail.contains("spec.containers[0].name")
+        );
         assert!(
             decode_pod_list(b"{\"items\": 5}").is_err(),
             "items not a list"
