@@ -409,7 +409,11 @@ impl<'de> Deserialize<'de> for ByteSize {
                 self.visit_str(&v.to_string())
             }
 
+            /// YAML reads `1e3` as a float: a whole one within range is that many bytes.
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<ByteSize, E> {
+                if v.is_finite() && v.fract() == 0.0 && v.abs() < 9.2e18 {
+                    return self.visit_i64(v as i64);
+                }
                 Err(E::custom(format_args!(
                     "{v} is not a whole number of bytes; expected a Kubernetes quantity such as 512Mi"
                 )))
@@ -432,6 +436,8 @@ mod tests {
         #[rustfmt::skip]
         let rows: &[(&str, Expected)] = &[
             ("1Mi", Ok((1 << 20, "1Mi"))),
+            ("1e3", Ok((1000, "1k"))),
+            ("-1e3", Err("must not be negative")),
             ("1048576", Ok((1 << 20, "1048576"))),
             ("'4096'", Ok((4096, "4096"))),
             ("1.5Gi", Ok((3 << 29, "1536Mi"))),
