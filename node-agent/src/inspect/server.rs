@@ -12,7 +12,9 @@
 //!   [`Limits::stream_queue`] lines; behind that, the daemon's one broadcast ring (shared by
 //!   every reader, never grown for a slow one). A reader that falls behind the ring loses the
 //!   oldest records and is told how many (`stream_lost`); one whose queue stays full for
-//!   [`Limits::write_timeout`] is let go;
+//!   [`Limits::write_timeout`] is let go. The socket's send buffer is held at [`SEND_BUFFER`]
+//!   (the kernel would grow it to megabytes), so a reader that takes nothing fills it within
+//!   seconds and meets that rule, rather than holding a stream slot for minutes;
 //! - **the decisions**: the loop publishes into the broadcast and writes [`super::Inspect`]
 //!   without waiting; nothing here is awaited by it.
 //!
@@ -61,6 +63,25 @@ const REFUSE_TIMEOUT: Duration = Duration::from_secs(1);
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Closed clients are summed up in one log line at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(10);
+/// A connection's send buffer: a few seconds of a busy stream, never megabytes.
+pub const SEND_BUFFER: libc::c_int = 32 * 1024;
+
+/// Holds the socket's send buffer at [`SEND_BUFFER`] (no autotuning); a failure leaves the
+/// kernel's default and is not worth refusing the client for.
+fn hold_send_buffer(stream: &TcpStream) {
+    use std::os::fd::AsRawFd as _;
+    let size = SEND_BUFFER;
+    // SAFETY: a valid socket descriptor, and a c_int option value of its own size.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            std::ptr::addr_of!(size).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
 
 const JSON: &str = "application/json";
 const JSON_LINES: &str = "application/jsonl";
@@ -191,6 +212,7 @@ impl Server {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => match Arc::clone(&slots).try_acquire_owned() {
                         Ok(slot) => {
+                            hold_send_buffer(&stream);
                             connections.spawn(connection(stream, slot, Arc::clone(&ctx)));
                         }
                         Err(_) => {
