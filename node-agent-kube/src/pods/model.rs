@@ -42,14 +42,6 @@ pub enum PodError {
         max: usize,
         what: &'static str,
     },
-    /// A name Kubernetes would not take (its API server validates every one): what the text
-    /// is, escaped, so a line break or a terminal escape in it never reaches a log raw.
-    #[error("{field} {text:?} is not {what}")]
-    NotAName {
-        field: String,
-        text: String,
-        what: &'static str,
-    },
     #[error(
         "pod {namespace}/{name}: {part}: {field} {value:?} is not a quantity that is not negative"
     )]
@@ -97,24 +89,6 @@ const DNS_LABEL: (usize, &str) = (63, "a DNS label");
 /// A UID is a UUID (36 bytes); the kubelet's static pods carry a 32-byte hash.
 const UID: (usize, &str) = (128, "a UID");
 
-/// A DNS-1123 label: lowercase letters, digits and `-`, starting and ending alphanumeric.
-fn is_dns_label(text: &str) -> bool {
-    let b = text.as_bytes();
-    let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-';
-    let end = |c: Option<&u8>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    end(b.first()) && end(b.last()) && b.iter().all(inner)
-}
-
-/// A DNS-1123 subdomain: labels joined by `.`.
-fn is_dns_subdomain(text: &str) -> bool {
-    text.split('.').all(is_dns_label)
-}
-
-/// What a UID may hold: a UUID's or a hash's letters, digits and `-`.
-fn is_uid(text: &str) -> bool {
-    !text.is_empty() && text.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
-}
-
 fn check_names(
     namespace: &str,
     name: &str,
@@ -127,18 +101,6 @@ fn check_names(
                 field,
                 len: text.len(),
                 max,
-                what,
-            });
-        }
-        let valid = match what {
-            w if w == DNS_LABEL.1 => is_dns_label(text),
-            w if w == DNS_SUBDOMAIN.1 => is_dns_subdomain(text),
-            _ => is_uid(text),
-        };
-        if !valid {
-            return Err(PodError::NotAName {
-                field,
-                text: text.to_string(),
                 what,
             });
         }
