@@ -37,6 +37,14 @@ fn pod(name: &str, memory: u64, cache: u64) -> PodInfo {
     }
 }
 
+/// Who a decision evicts, and for what, in order.
+fn evicted(d: &node_agent_policy::Decision) -> Vec<(&str, EvictionSignal)> {
+    d.evictions
+        .iter()
+        .map(|e| (e.name.as_str(), e.signal))
+        .collect()
+}
+
 /// One evaluation with `memory.available<500Mi` met (100Mi available) or not (5Gi).
 fn evaluate(
     pods: &[PodInfo],
@@ -83,11 +91,7 @@ fn the_threshold_eviction_goes_beside_the_pods_over_a_limit_never_after_them() {
         pod("next", 3000, 0),
     ];
     let d = evaluate(&pods, &Eligibility::default(), true);
-    let goes: Vec<(&str, EvictionSignal)> = d
-        .evictions
-        .iter()
-        .map(|e| (e.name.as_str(), e.signal))
-        .collect();
+    let goes = evicted(&d);
     assert_eq!(
         goes,
         [
@@ -308,11 +312,7 @@ fn a_disk_threshold_waits_while_pods_go_for_their_limits() {
         .0
     };
     let d = decide(&[pod("filler", 10, 150), pod("writer", 10, 90)]);
-    let goes: Vec<(&str, EvictionSignal)> = d
-        .evictions
-        .iter()
-        .map(|e| (e.name.as_str(), e.signal))
-        .collect();
+    let goes = evicted(&d);
     assert_eq!(
         goes,
         [("filler", EvictionSignal::Limit(StorageLimit::EmptyDir))],
@@ -329,11 +329,7 @@ fn a_disk_threshold_waits_while_pods_go_for_their_limits() {
 
     // Next step, the pod over its limit gone: the threshold acts.
     let d = decide(&[pod("writer", 10, 90)]);
-    let goes: Vec<(&str, EvictionSignal)> = d
-        .evictions
-        .iter()
-        .map(|e| (e.name.as_str(), e.signal))
-        .collect();
+    let goes = evicted(&d);
     assert_eq!(
         goes,
         [("writer", EvictionSignal::Threshold(Signal::NodeFsAvailable))]
