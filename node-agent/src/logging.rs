@@ -183,16 +183,62 @@ struct Installed {
 
 static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
-/// A formatter writing to `writer`, in `format`.
-fn formatter<W>(format: LogFormat, writer: W, ansi: bool) -> Formatter
+/// A text writer that keeps one event one line and lets no terminal escape through: each
+/// control character in what is written (a `\n` or an ESC in a pod's name from the kubelet,
+/// a multi-line error) becomes its `\u{..}` text, except the newline that ends the event.
+/// JSON lines are escaped by their encoder already.
+struct Escaped<M>(M);
+
+/// [`Escaped`]'s writer.
+struct EscapedWriter<W>(W);
+
+impl<'w, M: MakeWriter<'w>> MakeWriter<'w> for Escaped<M> {
+    type Writer = EscapedWriter<M::Writer>;
+    fn make_writer(&'w self) -> Self::Writer {
+        EscapedWriter(self.0.make_writer())
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for EscapedWriter<W> {
+    /// The formatter writes each event whole, ending in its newline.
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let (body, end) = match bytes.strip_suffix(b"\n") {
+            Some(body) => (body, &b"\n"[..]),
+            None => (bytes, &b""[..]),
+        };
+        if !body.iter().any(|b| b.is_ascii_control()) {
+            self.0.write_all(bytes)?;
+            return Ok(bytes.len());
+        }
+        let mut out = Vec::with_capacity(bytes.len() + 16);
+        for &b in body {
+            if b.is_ascii_control() {
+                out.extend_from_slice(format!("\\u{{{b:x}}}").as_bytes());
+            } else {
+                out.push(b);
+            }
+        }
+        out.extend_from_slice(end);
+        self.0.write_all(&out)?;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// A formatter writing to `writer`, in `format`. Text is escaped ([`Escaped`]), and so
+/// carries no colours: the ANSI codes are control characters too.
+fn formatter<W>(format: LogFormat, writer: W) -> Formatter
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
     match format {
         LogFormat::Text => Box::new(
             tracing_subscriber::fmt::layer()
-                .with_writer(writer)
-                .with_ansi(ansi),
+                .with_writer(Escaped(writer))
+                .with_ansi(false),
         ),
         // No span fields: the agent logs events, and a span's fields formatted by the text
         // layer before a switch would not be the JSON layer's.
@@ -216,9 +262,7 @@ pub fn init(command_line: CommandLine, default_level: &str) {
         .clone()
         .or_else(|| default_level.parse().ok())
         .unwrap_or_default();
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let (formatter_layer, formatter) =
-        reload::Layer::new(self::formatter(format, std::io::stderr, ansi));
+    let (formatter_layer, formatter) = reload::Layer::new(self::formatter(format, std::io::stderr));
     let (filter_layer, filter) = reload::Layer::new(level.filter());
     let installed = tracing_subscriber::registry()
         .with(formatter_layer)
@@ -261,10 +305,9 @@ pub fn configure(format: LogFormat, level: &LogLevel) {
         }
     }
     if current.0 != format {
-        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         match installed
             .formatter
-            .reload(self::formatter(format, std::io::stderr, ansi))
+            .reload(self::formatter(format, std::io::stderr))
         {
             Ok(()) => {
                 let was = std::mem::replace(&mut current.0, format);
@@ -324,7 +367,7 @@ mod tests {
     fn eviction_line(format: LogFormat) -> String {
         let buffer = Buffer::default();
         let subscriber = tracing_subscriber::registry()
-            .with(formatter(format, buffer.clone(), false))
+            .with(formatter(format, buffer.clone()))
             .with(LogLevel::info().filter());
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!(
@@ -339,6 +382,29 @@ mod tests {
         let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         text
+    }
+
+    #[test]
+    fn a_text_line_carries_no_control_character_but_its_end() {
+        let buffer = Buffer::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(formatter(LogFormat::Text, buffer.clone()))
+            .with(LogLevel::info().filter());
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(pod = %"shop/web\n2026-01-01T00:00:00Z  INFO forged", "eviction");
+            tracing::warn!(pod = %"shop/\u{1b}[2Jweb", error = "a\r\tb", "not recorded");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text:?}");
+        assert!(
+            text.trim_end_matches('\n')
+                .split('\n')
+                .all(|l| !l.chars().any(|c| c.is_ascii_control())),
+            "{text:?}"
+        );
+        assert!(text.contains(r"shop/web\u{a}2026-01-01"), "{text:?}");
+        assert!(text.contains(r"shop/\u{1b}[2Jweb"), "{text:?}");
+        assert!(text.ends_with('\n'), "{text:?}");
     }
 
     /// The `key=value` fields of a text line (values without spaces here).
