@@ -163,15 +163,33 @@ pub fn pod_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> HashMap<String, P
         .collect()
 }
 
-/// The pod cgroups under the node cgroup whose pod the source has not listed (`listed`: every
-/// UID it listed), with their working sets: `(uid, working set)`.
+/// The pod cgroups of this node's kubelet: those below its pods cgroup (`kubepods` or
+/// `kubepods.slice` right under the node cgroup, the one allocatable memory is measured on)
+/// where there is one, so that another kubelet's pods nested below the node cgroup (a node in
+/// a container, two kubelets on one host) are never taken for pods this one has not listed
+/// yet, each costing an eviction the name wait ([`super::naming::NAME_WAIT`]); else every pod
+/// cgroup below the node cgroup.
+fn own_pod_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> HashMap<String, PathBuf> {
+    let all = pod_cgroups(index, node_cgroup);
+    let below = node_cgroup.strip_prefix("/").unwrap_or(node_cgroup);
+    match crate::cgroup::kubepods::kubepods_dir(&index.root().join(below)) {
+        Some(pods) => all
+            .into_iter()
+            .filter(|(_, dir)| dir.starts_with(&pods))
+            .collect(),
+        None => all,
+    }
+}
+
+/// The pod cgroups of this node's kubelet ([`own_pod_cgroups`]) whose pod the source has not
+/// listed (`listed`: every UID it listed), with their working sets: `(uid, working set)`.
 pub fn unlisted_pods(
     index: &CgroupIndex,
     node_cgroup: &Path,
     listed: &HashSet<String>,
     version: CgroupVersion,
 ) -> Vec<(String, u64)> {
-    pod_cgroups(index, node_cgroup)
+    own_pod_cgroups(index, node_cgroup)
         .into_iter()
         .filter(|(uid, _)| !listed.contains(uid))
         .map(|(uid, dir)| {
@@ -181,13 +199,13 @@ pub fn unlisted_pods(
         .collect()
 }
 
-/// The pods with a cgroup under the node cgroup that the source has not listed.
+/// The pods of this node's kubelet ([`own_pod_cgroups`]) that the source has not listed.
 pub fn unlisted_uids(
     index: &CgroupIndex,
     node_cgroup: &Path,
     listed: &HashSet<String>,
 ) -> std::collections::BTreeSet<String> {
-    pod_cgroups(index, node_cgroup)
+    own_pod_cgroups(index, node_cgroup)
         .into_keys()
         .filter(|uid| !listed.contains(uid))
         .collect()
@@ -393,5 +411,63 @@ mod tests {
             100,
             "only cgroups below the node cgroup are read"
         );
+    }
+
+    /// Unlisted pods are this kubelet's: below the pods cgroup right under the node cgroup
+    /// when there is one (a second kubelet nested below, as on the real-cluster tests' host,
+    /// cost every eviction the 250 ms name wait for the other node's agent pod); anywhere
+    /// below the node cgroup when there is none.
+    #[test]
+    fn unlisted_pods_are_this_kubelets_own() {
+        const NESTED: &str = "1b4e28ba-2fa1-11d2-883f-0016d3cca427";
+        type Row = (
+            &'static str,
+            &'static [&'static str],
+            &'static [&'static str],
+        );
+        let rows: &[Row] = &[
+            (
+                "a second kubelet's pods nested below the node cgroup are not this one's",
+                &["kubepods/burstable/pod{UID}", "node-1/kubepods/pod{NESTED}"],
+                &[UID],
+            ),
+            (
+                "systemd's pods slice",
+                &[
+                    "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice",
+                    "node-1/kubepods/pod{NESTED}",
+                ],
+                &[UID],
+            ),
+            (
+                "no pods cgroup right below: every pod cgroup below the node cgroup",
+                &["kubelet/kubepods/pod{UID}", "node-1/kubepods/pod{NESTED}"],
+                &[UID, NESTED],
+            ),
+        ];
+        for (what, dirs, want) in rows {
+            let tmp = tempfile::tempdir().unwrap();
+            for dir in *dirs {
+                let dir = dir
+                    .replace("{UID}", UID)
+                    .replace("{UID_}", &UID.replace('-', "_"))
+                    .replace("{NESTED}", NESTED);
+                memcg(&tmp.path().join(dir), 64 << 20, 0);
+            }
+            let index = CgroupIndex::scan(tmp.path()).unwrap();
+            let unlisted: std::collections::BTreeSet<String> =
+                unlisted_pods(&index, Path::new("/"), &HashSet::new(), CgroupVersion::V1)
+                    .into_iter()
+                    .map(|(uid, _)| uid)
+                    .collect();
+            let want: std::collections::BTreeSet<String> =
+                want.iter().map(|u| u.to_string()).collect();
+            assert_eq!(unlisted, want, "{what}");
+            assert_eq!(
+                unlisted_uids(&index, Path::new("/"), &HashSet::new()),
+                want,
+                "{what}"
+            );
+        }
     }
 }
