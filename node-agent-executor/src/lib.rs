@@ -19,6 +19,7 @@
 
 mod action;
 mod acts;
+pub mod journal;
 pub mod kill;
 mod lanes;
 pub mod node;
@@ -31,6 +32,7 @@ pub use action::{
     StatusReport, Unnamed,
 };
 pub use acts::{Acts, Decided, Handed};
+pub use journal::Journal;
 pub use lanes::{Refused, LANES};
 pub use reclaim::Identity;
 pub use run::{

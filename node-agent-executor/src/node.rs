@@ -25,11 +25,11 @@ use node_agent_kube::{
     events,
     evict::{self, Attempt, EvictionResult, Recorded},
 };
-use node_agent_policy::{error_chain, Eviction};
+use node_agent_policy::{error_chain, Eviction, PodInfo};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::{
-    action::{Kill, Outcome, Report},
+    action::{Evict, Kill, Outcome, Report},
     kill::{self, host::Host, KillError, Killed, Release},
     run::Settings,
 };
@@ -104,6 +104,35 @@ impl NodeLane {
     ) -> Self {
         let (jobs, rx) = std_mpsc::channel();
         let (records, records_rx) = mpsc::unbounded_channel();
+        let journal = settings.borrow().pending_records.clone();
+        for pending in journal
+            .map(|j| j.pending(SystemTime::now()))
+            .unwrap_or_default()
+        {
+            let e = &pending.eviction;
+            tracing::info!(pod = %format!("{}/{}", e.namespace, e.name), killed_ago = ?pending.killed_ago,
+                "a kill's record a previous run left unwritten: writing it");
+            let now = Instant::now();
+            let _ = records.send(RecordJob {
+                kill: Kill {
+                    evict: Evict {
+                        pod: PodInfo {
+                            namespace: e.namespace.clone(),
+                            name: e.name.clone(),
+                            uid: e.uid.clone(),
+                            ..PodInfo::default()
+                        },
+                        eviction: pending.eviction,
+                        trigger_ktime_ns: None,
+                    },
+                    target: pending.target,
+                },
+                killed_at: now.checked_sub(pending.killed_ago).unwrap_or(now),
+                // Not looked at again: the pod's labels and priority, which the last check
+                // before a kill needs, are not kept.
+                reasserts: MAX_REASSERTS,
+            });
+        }
         tokio::spawn(record_lane(
             settings.clone(),
             records_rx,
@@ -283,6 +312,16 @@ fn node_thread(
                 }
                 let killed_at = Instant::now();
                 let record = || {
+                    // Kept before it is tried, so an agent killed from here on finds it at
+                    // its next start (a few microseconds on the emptyDir's tmpfs).
+                    if let Some(journal) = &current.pending_records {
+                        if let Err(e) =
+                            journal.keep(&kill.evict.eviction, &kill.target, SystemTime::now())
+                        {
+                            tracing::warn!(dir = %journal.dir().display(), error = %e,
+                                "the kill's record is not kept on the node: if the agent stops before the API server takes it, it is lost");
+                        }
+                    }
                     let _ = records.send(RecordJob {
                         kill: (*kill).clone(),
                         killed_at,
@@ -392,6 +431,7 @@ async fn write_record(
         };
         let result = match evict::record_evicted(ctx, e, &dry_run, SystemTime::now()).await {
             Recorded::Written => {
+                forget(&settings, &job);
                 let event = events::build_pod_evicted(e, &ctx.node, SystemTime::now());
                 let event_error = if dry_run() {
                     None
@@ -422,7 +462,15 @@ async fn write_record(
                 error_chain(&err)
             )),
         };
+        forget(&settings, &job);
         let _ = outcomes.send(record_outcome(&job, result, None));
         return;
+    }
+}
+
+/// The record needs no keeping any more: written, or never to be.
+fn forget(settings: &Settings, job: &RecordJob) {
+    if let Some(journal) = &settings.pending_records {
+        journal.remove(&job.kill.target.pod_uid);
     }
 }

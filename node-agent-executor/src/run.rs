@@ -41,6 +41,7 @@ use tokio::{
 
 use crate::{
     action::{Action, Evict, NodeEvent, Outcome, PodOomEvent, Report, StatusReport, Unnamed},
+    journal::Journal,
     lanes::Refused,
     node::{self, NodeLane},
     reclaim::{self, NodeReclaimer, Reclaim, ReclaimOutcome, Runtime, RuntimeError},
@@ -92,6 +93,9 @@ pub struct Settings {
     pub runtime: Option<Runtime>,
     /// How often the condition is written again unchanged ([`CONDITION_HEARTBEAT`]).
     pub heartbeat: Duration,
+    /// Where the records of kills on the node wait until the API server takes them, so that
+    /// a restarted agent writes them ([`crate::journal`]); `None`: not kept (standalone).
+    pub pending_records: Option<Journal>,
 }
 
 /// What the events lane posts.

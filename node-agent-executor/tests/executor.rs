@@ -111,6 +111,7 @@ fn settings(fake: &Fake, pdb_policy: PdbPolicy, dry_run: bool) -> Settings {
         taint: true,
         runtime: None,
         heartbeat: node_agent_executor::CONDITION_HEARTBEAT,
+        pending_records: None,
     }
 }
 
@@ -955,6 +956,89 @@ async fn evictions_never_queue_behind_one_another_and_a_full_lane_sheds_as_a_ref
             "{results:?}"
         );
         assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+    })
+    .await;
+}
+
+/// A kill's record a previous run left unwritten (the agent SIGKILLed between its kill and
+/// the API server's answer) is written by the next start, bound to the pod's UID, its event
+/// posted, and forgotten once taken; one whose pod is gone is forgotten with no event.
+#[tokio::test]
+async fn a_record_left_by_a_killed_agent_is_written_by_the_next_start_and_forgotten() {
+    bounded(async {
+        let rows: &[(&str, Reply, &str, usize)] = &[
+            ("taken", Reply::json(200, "{}"), "written", 2),
+            (
+                "the pod went meanwhile",
+                Reply::status(404, "NotFound", "pods \"web\" not found"),
+                "gone",
+                1,
+            ),
+        ];
+        for (what, answer, result, requests) in rows {
+            let answer = answer.clone();
+            let fake = Fake::start(move |s, _| match (s.method.as_str(), s.path.as_str()) {
+                ("PATCH", p) if p.ends_with("/status") => answer.clone(),
+                ("POST", p) if p.contains("/events") => Reply::json(201, s.body.to_string()),
+                _ => Reply::status(404, "NotFound", "not found"),
+            })
+            .await;
+            let dir = tempfile::tempdir().unwrap();
+            let journal = node_agent_executor::Journal::new(dir.path().join("records"));
+            let target = node_agent_executor::kill::KillTarget {
+                pod_uid: UID.into(),
+                cgroup: "/sys/fs/cgroup/memory/kubepods/burstable/pod-gone".into(),
+                cgroup_id: 1,
+            };
+            journal
+                .keep(
+                    &decision(true),
+                    &target,
+                    SystemTime::now() - Duration::from_secs(5),
+                )
+                .unwrap();
+            let mut s = settings(&fake, PdbPolicy::Respect, false);
+            s.pending_records = Some(journal.clone());
+            let mut ex = start(s);
+            let report = match ex.outcomes.recv().await.unwrap() {
+                Outcome::Recorded(r) => r,
+                other => panic!("{what}: expected the record's outcome, got {other:?}"),
+            };
+            assert_eq!(
+                report.eviction,
+                decision(true),
+                "{what}: the decision as kept"
+            );
+            assert!(
+                report.after_kill >= Duration::from_secs(5),
+                "{what}: timed from the kill"
+            );
+            let got = match report.result {
+                node_agent_executor::node::RecordResult::Written => "written",
+                node_agent_executor::node::RecordResult::Gone => "gone",
+                ref other => panic!("{what}: {other:?}"),
+            };
+            assert_eq!(got, *result, "{what}");
+            let seen = fake.seen();
+            assert_eq!(seen.len(), *requests, "{what}: {seen:?}");
+            assert_eq!(
+                (seen[0].method.as_str(), seen[0].path.as_str()),
+                ("PATCH", &*format!("{POD_PATH}/status")),
+                "{what}"
+            );
+            assert_eq!(
+                seen[0].body["metadata"]["uid"], UID,
+                "{what}: bound to the pod's UID"
+            );
+            assert_eq!(seen[0].body["status"]["phase"], "Failed", "{what}");
+            if *requests == 2 {
+                assert_evicted_event(&seen[1]);
+            }
+            assert!(
+                journal.pending(SystemTime::now()).is_empty(),
+                "{what}: forgotten"
+            );
+        }
     })
     .await;
 }

@@ -79,6 +79,7 @@ async fn start(store: &NodeStore, taint: bool, dry_run: bool) -> Running {
         taint,
         runtime: None,
         heartbeat: node_agent_executor::CONDITION_HEARTBEAT,
+        pending_records: None,
     };
     let (tx, rx) = watch::channel(settings);
     let (executor, outcomes) = Executor::spawn(rx);

@@ -332,6 +332,7 @@ fn a_reclaim_carried_out_by_the_executor_frees_real_bytes_and_spares_what_is_in_
                 taint: false,
                 runtime: Some(runtime),
                 heartbeat: node_agent_executor::CONDITION_HEARTBEAT,
+                pending_records: None,
             });
             let (executor, mut outcomes) = Executor::spawn(settings);
             // The agent watched the node for a while: images first seen at an earlier

@@ -126,5 +126,9 @@ fn executor_settings(
         taint: config.kubernetes.as_ref().is_some_and(|k| k.taint),
         runtime: config.runtime.clone(),
         heartbeat: node_agent_executor::CONDITION_HEARTBEAT,
+        pending_records: config
+            .kubernetes
+            .as_ref()
+            .map(|_| node_agent_executor::Journal::beside(&config.settings.trace_socket)),
     }
 }
