@@ -962,23 +962,34 @@ async fn evictions_never_queue_behind_one_another_and_a_full_lane_sheds_as_a_ref
 
 /// A kill's record a previous run left unwritten (the agent SIGKILLed between its kill and
 /// the API server's answer) is written by the next start, bound to the pod's UID, its event
-/// posted, and forgotten once taken; one whose pod is gone is forgotten with no event.
+/// posted, and forgotten once taken; one whose pod is gone is forgotten with no event; a 403
+/// (an API server just restarted, its RBAC not loaded yet, as seen on the real cluster) waits
+/// and is tried again, kept meanwhile.
 #[tokio::test]
 async fn a_record_left_by_a_killed_agent_is_written_by_the_next_start_and_forgotten() {
     bounded(async {
-        let rows: &[(&str, Reply, &str, usize)] = &[
-            ("taken", Reply::json(200, "{}"), "written", 2),
+        let forbidden = Reply::status(
+            403,
+            "Forbidden",
+            "pods \"web\" is forbidden: User \"system:serviceaccount:node-agent:node-agent\" cannot patch resource \"pods/status\"",
+        );
+        let ok = Reply::json(200, "{}");
+        // (what, the first answer, the answers after, the outcome, requests made)
+        let rows: Vec<(&str, Reply, Reply, &str, usize)> = vec![
+            ("taken", ok.clone(), ok.clone(), "written", 2),
             (
                 "the pod went meanwhile",
                 Reply::status(404, "NotFound", "pods \"web\" not found"),
+                ok.clone(),
                 "gone",
                 1,
             ),
+            ("403 at first: waits, then taken", forbidden, ok.clone(), "written", 3),
         ];
-        for (what, answer, result, requests) in rows {
-            let answer = answer.clone();
-            let fake = Fake::start(move |s, _| match (s.method.as_str(), s.path.as_str()) {
-                ("PATCH", p) if p.ends_with("/status") => answer.clone(),
+        for (what, first, then, result, requests) in rows {
+            let fake = Fake::start(move |s, n| match (s.method.as_str(), s.path.as_str()) {
+                ("PATCH", p) if p.ends_with("/status") && n == 0 => first.clone(),
+                ("PATCH", p) if p.ends_with("/status") => then.clone(),
                 ("POST", p) if p.contains("/events") => Reply::json(201, s.body.to_string()),
                 _ => Reply::status(404, "NotFound", "not found"),
             })
@@ -1000,15 +1011,21 @@ async fn a_record_left_by_a_killed_agent_is_written_by_the_next_start_and_forgot
             let mut s = settings(&fake, PdbPolicy::Respect, false);
             s.pending_records = Some(journal.clone());
             let mut ex = start(s);
-            let report = match ex.outcomes.recv().await.unwrap() {
+            let mut next = async || match ex.outcomes.recv().await.unwrap() {
                 Outcome::Recorded(r) => r,
                 other => panic!("{what}: expected the record's outcome, got {other:?}"),
             };
-            assert_eq!(
-                report.eviction,
-                decision(true),
-                "{what}: the decision as kept"
-            );
+            let mut report = next().await;
+            if let node_agent_executor::node::RecordResult::Waiting(e) = &report.result {
+                assert_eq!(e.code(), Some(403), "{what}");
+                assert_eq!(
+                    journal.pending(SystemTime::now()).len(),
+                    1,
+                    "{what}: kept while it waits"
+                );
+                report = next().await;
+            }
+            assert_eq!(report.eviction, decision(true), "{what}: the decision as kept");
             assert!(
                 report.after_kill >= Duration::from_secs(5),
                 "{what}: timed from the kill"
@@ -1018,21 +1035,20 @@ async fn a_record_left_by_a_killed_agent_is_written_by_the_next_start_and_forgot
                 node_agent_executor::node::RecordResult::Gone => "gone",
                 ref other => panic!("{what}: {other:?}"),
             };
-            assert_eq!(got, *result, "{what}");
+            assert_eq!(got, result, "{what}");
             let seen = fake.seen();
-            assert_eq!(seen.len(), *requests, "{what}: {seen:?}");
-            assert_eq!(
-                (seen[0].method.as_str(), seen[0].path.as_str()),
-                ("PATCH", &*format!("{POD_PATH}/status")),
-                "{what}"
-            );
-            assert_eq!(
-                seen[0].body["metadata"]["uid"], UID,
-                "{what}: bound to the pod's UID"
-            );
-            assert_eq!(seen[0].body["status"]["phase"], "Failed", "{what}");
-            if *requests == 2 {
-                assert_evicted_event(&seen[1]);
+            assert_eq!(seen.len(), requests, "{what}: {seen:?}");
+            for patch in &seen[..requests - usize::from(result == "written")] {
+                assert_eq!(
+                    (patch.method.as_str(), patch.path.as_str()),
+                    ("PATCH", &*format!("{POD_PATH}/status")),
+                    "{what}"
+                );
+                assert_eq!(patch.body["metadata"]["uid"], UID, "{what}: bound to the pod's UID");
+                assert_eq!(patch.body["status"]["phase"], "Failed", "{what}");
+            }
+            if result == "written" {
+                assert_evicted_event(&seen[requests - 1]);
             }
             assert!(
                 journal.pending(SystemTime::now()).is_empty(),

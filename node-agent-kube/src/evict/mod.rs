@@ -202,7 +202,7 @@ pub enum Recorded {
     Gone,
     /// Dry run was set before the request.
     DryRun,
-    /// The API server refused the write (forbidden, invalid): trying again will not help.
+    /// The API server refused the write (invalid): trying again will not help.
     Refused(ApiError),
     /// No answer, or a server error, after the retries: worth trying again later.
     Failed(ApiError),
@@ -241,6 +241,10 @@ pub async fn record_evicted(
             Recorded::Gone
         }
         s if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS => Recorded::Failed(err()),
+        // An API server starting answers 403 until its RBAC caches are filled (seen on the
+        // real cluster: the record of a kill made while it was down was refused once, then
+        // lost): tried again like a 5xx, and a lasting 403 waits as long as any failure.
+        StatusCode::FORBIDDEN => Recorded::Failed(err()),
         _ => Recorded::Refused(err()),
     }
 }
