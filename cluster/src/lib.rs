@@ -14,6 +14,7 @@
 pub mod compile;
 pub mod control_plane;
 pub mod down;
+pub mod faults;
 pub mod gomod;
 pub mod images;
 pub mod kubectl;

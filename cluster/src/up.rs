@@ -457,24 +457,9 @@ impl Cluster {
         self.record(&mut state, &kubelet)?;
         let kubectl = self.kubectl();
         // The Node stays Ready through a short restart: wait for the new kubelet's heartbeat.
-        let since = jiff_now_secs();
+        let since = now_secs();
         kubelet.wait_until("its Node reports Ready again", START_LIMIT, || {
-            kubectl
-                .get_json(&["node", &node.name])
-                .ok()
-                .and_then(|n| {
-                    n["status"]["conditions"].as_array().and_then(|cs| {
-                        cs.iter().find(|c| c["type"] == "Ready").map(|c| {
-                            (
-                                c["status"] == "True",
-                                c["lastHeartbeatTime"].as_str().map(str::to_string),
-                            )
-                        })
-                    })
-                })
-                .is_some_and(|(ready, beat)| {
-                    ready && beat.is_some_and(|b| rfc3339_secs(&b) >= since)
-                })
+            ready_since(&kubectl, &node.name, since)
         })
     }
 
@@ -568,7 +553,26 @@ fn refuse_foreign_kubepods() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn jiff_now_secs() -> i64 {
+/// Whether `node` is Ready with a heartbeat at or after `since` (seconds since the epoch): a
+/// kubelet started since then reports.
+pub(crate) fn ready_since(kubectl: &Kubectl, node: &str, since: i64) -> bool {
+    kubectl
+        .get_json(&["node", node])
+        .ok()
+        .and_then(|n| {
+            n["status"]["conditions"].as_array().and_then(|cs| {
+                cs.iter().find(|c| c["type"] == "Ready").map(|c| {
+                    (
+                        c["status"] == "True",
+                        c["lastHeartbeatTime"].as_str().map(str::to_string),
+                    )
+                })
+            })
+        })
+        .is_some_and(|(ready, beat)| ready && beat.is_some_and(|b| rfc3339_secs(&b) >= since))
+}
+
+pub(crate) fn now_secs() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
@@ -576,7 +580,7 @@ fn jiff_now_secs() -> i64 {
 
 /// Seconds since the epoch of an RFC 3339 time as the API server writes them
 /// (`2026-11-28T08:00:00Z`); 0 when unreadable.
-fn rfc3339_secs(text: &str) -> i64 {
+pub(crate) fn rfc3339_secs(text: &str) -> i64 {
     text.parse::<jiff::Timestamp>().map_or(0, |t| t.as_second())
 }
 

@@ -7,6 +7,7 @@
 //! pod-workload fill PATH MIB [RATE_MIB_PER_S]           writes MIB MiB to PATH (fsynced), then holds
 //! pod-workload allocate PATH MIB                        allocates MIB MiB of disk to PATH at once (fallocate), then holds
 //! pod-workload sleep                                    holds nothing, waits for SIGTERM
+//! pod-workload armed COMMAND ...                        prints `phase=armed`, waits for SIGUSR1, then runs COMMAND
 //! ```
 //!
 //! Every phase is printed on stdout (`kubectl logs`) as one line with the wall clock (UNIX
@@ -18,7 +19,7 @@
 use std::io::Write as _;
 
 const MIB: usize = 1 << 20;
-const USAGE: &str = "usage: pod-workload pause | sleep | memory MIB [RATE_MIB_PER_S] [STEP_MIB] | forks N | fill PATH MIB [RATE_MIB_PER_S] | allocate PATH MIB";
+const USAGE: &str = "usage: pod-workload [armed] pause | sleep | memory MIB [RATE_MIB_PER_S] [STEP_MIB] | forks N | fill PATH MIB [RATE_MIB_PER_S] | allocate PATH MIB";
 
 fn clocks() -> (u128, u128) {
     let wall = std::time::SystemTime::now()
@@ -200,9 +201,28 @@ fn allocate(path: &str, mib: u64) -> ! {
     hold()
 }
 
+/// Blocks until SIGUSR1 arrives (sent from the host, so a test starts the work at a moment of
+/// its choosing, even while the API server is away). SIGTERM still ends the process.
+fn wait_armed() {
+    // SAFETY: a sigset built and used on this thread only; SIGUSR1 blocked so sigwait takes it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        say("armed", "");
+        let mut got: libc::c_int = 0;
+        while libc::sigwait(&set, &mut got) != 0 {}
+    }
+}
+
 fn main() {
     exit_on_term();
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("armed") {
+        args.remove(0);
+        wait_armed();
+    }
     match args.first().map(String::as_str) {
         Some("pause") | Some("sleep") => hold(),
         Some("memory") => memory(
