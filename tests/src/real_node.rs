@@ -9,7 +9,7 @@ use anyhow::{bail, Context as _};
 use node_agent_cluster::{node_components::KubeletOptions, NodeSpec};
 use serde_json::Value;
 
-use crate::real_cluster::{wait_running, RealCluster, WorkloadPod, AGENT_NS};
+use crate::real_cluster::{wait_running, Qos, RealCluster, Variant, WorkloadPod, AGENT_NS};
 
 const MIB: f64 = 1048576.0;
 
@@ -128,16 +128,23 @@ pub fn kubelet_log_since(rc: &RealCluster, node: &NodeSpec, mark: u64) -> anyhow
 /// The host PID of the `node-agent run` process of the agent pod `pod` (its cgroup names the
 /// pod's UID, so the agents of other clusters on this host are never taken for it).
 pub fn agent_pid(rc: &RealCluster, pod: &str) -> anyhow::Result<u32> {
-    let uid = rc.kubectl.run(&[
-        "-n",
-        AGENT_NS,
-        "get",
-        "pod",
-        pod,
-        "-o",
-        "jsonpath={.metadata.uid}",
-    ])?;
-    let marker = format!("pod{}", uid.trim());
+    let uid = pod_uid(rc, AGENT_NS, pod)?;
+    match processes_in_pod(&uid, |args| {
+        args.first().is_some_and(|a| a.ends_with(b"/node-agent"))
+            && args.get(1).is_some_and(|a| *a == b"run")
+    })?
+    .as_slice()
+    {
+        [pid] => Ok(*pid),
+        [] => bail!("no node-agent process in the cgroup of pod {pod} (pod{uid})"),
+        more => bail!("several node-agent processes for pod {pod}: {more:?}"),
+    }
+}
+
+/// The host PIDs of the processes in the cgroup of the pod with UID `uid` whose command line
+/// (its arguments, split) `wanted` takes.
+fn processes_in_pod(uid: &str, wanted: impl Fn(&[&[u8]]) -> bool) -> anyhow::Result<Vec<u32>> {
+    let marker = format!("pod{uid}");
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc")?.flatten() {
         let Some(pid) = entry
@@ -151,9 +158,7 @@ pub fn agent_pid(rc: &RealCluster, pod: &str) -> anyhow::Result<u32> {
             continue;
         };
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        let is_agent = args.first().is_some_and(|a| a.ends_with(b"/node-agent"))
-            && args.get(1).is_some_and(|a| *a == b"run");
-        if !is_agent {
+        if !wanted(&args) {
             continue;
         }
         let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
@@ -161,11 +166,40 @@ pub fn agent_pid(rc: &RealCluster, pod: &str) -> anyhow::Result<u32> {
             found.push(pid);
         }
     }
-    match found.as_slice() {
+    Ok(found)
+}
+
+/// The host PID of the workload process (`pod-workload memory` or `armed`, not the sandbox's
+/// `pause`) of the pod with UID `uid`.
+pub fn workload_pid(uid: &str) -> anyhow::Result<u32> {
+    match processes_in_pod(uid, |args| {
+        args.first().is_some_and(|a| a.ends_with(b"pod-workload"))
+            && args
+                .get(1)
+                .is_some_and(|a| *a == b"memory" || *a == b"armed")
+    })?
+    .as_slice()
+    {
         [pid] => Ok(*pid),
-        [] => bail!("no node-agent process in the cgroup of pod {pod} ({marker})"),
-        more => bail!("several node-agent processes for pod {pod}: {more:?}"),
+        other => bail!("expected one workload process in pod {uid}, found {other:?}"),
     }
+}
+
+/// The UID of pod `namespace/pod`.
+pub fn pod_uid(rc: &RealCluster, ns: &str, pod: &str) -> anyhow::Result<String> {
+    Ok(rc
+        .kubectl
+        .run(&[
+            "-n",
+            ns,
+            "get",
+            "pod",
+            pod,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])?
+        .trim()
+        .to_string())
 }
 
 /// SIGKILL to `pid`.
@@ -215,6 +249,42 @@ pub fn grow_until_left(
         Duration::from_secs(90),
     )?;
     Ok(pod)
+}
+
+/// Enforcing, the shipped config, pods labelled `hold: "yes"` excluded.
+pub fn holding() -> Variant {
+    Variant {
+        config: Some(Variant::shipped_config_with(&[(
+            "matchLabels: {}",
+            "matchLabels: {hold: \"yes\"}",
+        )])),
+        ..Variant::enforcing()
+    }
+}
+
+/// A pod the agent may not evict, holding memory past its line (and short of the kubelet's);
+/// returns once the agent reports pressure and has tainted the node.
+pub fn hold_pressure(rc: &RealCluster, namespace: &str, node: &str) -> anyhow::Result<()> {
+    let agent = rc.agent_pod(node, "node-agent")?;
+    let mut holder = WorkloadPod::new("holder", Qos::Burstable, "64Mi", &[]);
+    holder.labels.push(("hold".into(), "yes".into()));
+    grow_until_left(rc, namespace, &agent, node, holder, 150.0, 400)?;
+    wait_pressure_reported(rc, node)
+}
+
+/// Waits until the agent reports pressure on `node`: its condition True and its taint on.
+pub fn wait_pressure_reported(rc: &RealCluster, node: &str) -> anyhow::Result<()> {
+    rc.kubectl.wait_for(
+        "NodeAgentPressure True and the pressure taint",
+        Duration::from_secs(90),
+        |_| {
+            let c = condition(rc, node, "NodeAgentPressure")?;
+            Ok(
+                (c.is_some_and(|c| c["status"] == "True") && pressure_taint(rc, node)?.is_some())
+                    .then_some(()),
+            )
+        },
+    )
 }
 
 /// Waits until the pod's log says it holds its memory.

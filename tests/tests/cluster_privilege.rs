@@ -802,21 +802,7 @@ impl<'a> Scene<'a> {
         rc.kubectl.apply(&own.manifest(namespace))?;
         rc.kubectl.apply(&far.manifest(namespace))?;
         wait_running(&rc.kubectl, namespace, &["own"], Duration::from_secs(90))?;
-        let uid = |pod: &str| -> anyhow::Result<String> {
-            Ok(rc
-                .kubectl
-                .run(&[
-                    "-n",
-                    namespace,
-                    "get",
-                    "pod",
-                    pod,
-                    "-o",
-                    "jsonpath={.metadata.uid}",
-                ])?
-                .trim()
-                .to_string())
-        };
+        let uid = |pod: &str| node_agent_tests::real_node::pod_uid(rc, namespace, pod);
         let agent = rc.agent_pod(&own_node, "node-agent")?;
         let bound = AgentToken::bound_to(rc, &agent)?;
         assert_eq!(bound.node.as_deref(), Some(own_node.as_str()));

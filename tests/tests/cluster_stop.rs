@@ -17,47 +17,14 @@ use std::time::Duration;
 
 use node_agent_tests::{
     agent_access::{agent_requests_since, audited_since, Audited},
-    real_cluster::{Qos, RealCluster, Variant, WorkloadPod, AGENT_NS},
-    real_node::{agent_pid, condition, grow_until_left, kill9, pressure_taint},
+    real_cluster::{RealCluster, AGENT_NS},
+    real_node::{
+        agent_pid, condition, hold_pressure, holding, kill9, pressure_taint, wait_pressure_reported,
+    },
 };
 use serde_json::Value;
 
 const TAINT: &str = "node-agent.io/pressure";
-
-/// Enforcing, the shipped config, pods labelled `hold: "yes"` excluded.
-fn holding() -> Variant {
-    Variant {
-        config: Some(Variant::shipped_config_with(&[(
-            "matchLabels: {}",
-            "matchLabels: {hold: \"yes\"}",
-        )])),
-        ..Variant::enforcing()
-    }
-}
-
-/// A pod the agent may not evict, holding memory past its line (and short of the kubelet's);
-/// returns once the agent reports pressure and has tainted the node.
-fn hold_pressure(rc: &RealCluster, namespace: &str, node: &str) -> anyhow::Result<()> {
-    let agent = rc.agent_pod(node, "node-agent")?;
-    let mut holder = WorkloadPod::new("holder", Qos::Burstable, "64Mi", &[]);
-    holder.labels.push(("hold".into(), "yes".into()));
-    grow_until_left(rc, namespace, &agent, node, holder, 150.0, 400)?;
-    wait_pressure_reported(rc, node)
-}
-
-fn wait_pressure_reported(rc: &RealCluster, node: &str) -> anyhow::Result<()> {
-    rc.kubectl.wait_for(
-        "NodeAgentPressure True and the pressure taint",
-        Duration::from_secs(90),
-        |_| {
-            let c = condition(rc, node, "NodeAgentPressure")?;
-            Ok(
-                (c.is_some_and(|c| c["status"] == "True") && pressure_taint(rc, node)?.is_some())
-                    .then_some(()),
-            )
-        },
-    )
-}
 
 /// Whether an audited PATCH of the node's status sets the agent's condition to `status` (and
 /// `reason`, if given).
