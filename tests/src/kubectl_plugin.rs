@@ -227,10 +227,7 @@ impl AgentConfig {
         let guard = AgentConfig {
             name,
             original,
-            rc: RealCluster {
-                cluster: rc.cluster.clone(),
-                kubectl: rc.kubectl.clone(),
-            },
+            rc: rc.clone(),
         };
         let edited = edit(&guard.original);
         anyhow::ensure!(edited != guard.original, "the edit changes nothing");

@@ -43,9 +43,13 @@ subjects: [{kind: ServiceAccount, name: scraper, namespace: node-agent-tests}]
 ";
 
 /// The cluster of this test run.
+#[derive(Clone)]
 pub struct RealCluster {
     pub cluster: Cluster,
     pub kubectl: Kubectl,
+    /// Where the audit log stood when the test began: [`RealCluster::audit_events`] reads
+    /// from here, through the API server's rotations.
+    pub audit_mark: AuditMark,
 }
 
 impl RealCluster {
@@ -73,7 +77,13 @@ impl RealCluster {
             ready.split_whitespace().all(|s| s == "True") && !ready.trim().is_empty(),
             "the real cluster's nodes are not Ready: {ready:?}"
         );
-        Self { cluster, kubectl }
+        let audit_mark = AuditMark::now(&cluster.layout.audit_log())
+            .unwrap_or_else(|e| panic!("the API server's audit log: {e:#}"));
+        Self {
+            cluster,
+            kubectl,
+            audit_mark,
+        }
     }
 
     pub fn node0(&self) -> NodeSpec {
@@ -217,14 +227,100 @@ impl RealCluster {
         Ok(metric_value(&text, series))
     }
 
-    /// Every audit event the API server wrote (capped at the last 64 MiB of the log).
+    /// Every audit event the API server wrote since the test began ([`RealCluster::get`]),
+    /// through its rotations. An error, never a shorter list, when the log no longer covers
+    /// the window (the marked file rotated away) or holds a line that is not an event.
     pub fn audit_events(&self) -> anyhow::Result<Vec<Value>> {
-        let path = self.cluster.layout.audit_log();
-        let text = crate::real_cluster::read_tail(&path, 64 << 20)?;
-        Ok(text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .collect())
+        self.audit_mark
+            .events_since(&self.cluster.layout.audit_log())
+    }
+}
+
+/// A place in the API server's audit log: the file (by inode: a rotation renames it to
+/// `audit-<time>.log`, inode kept) and an offset in it.
+#[derive(Debug, Clone, Copy)]
+pub struct AuditMark {
+    inode: u64,
+    offset: u64,
+}
+
+impl AuditMark {
+    /// The end of the log now.
+    pub fn now(log: &std::path::Path) -> anyhow::Result<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(log).with_context(|| format!("reading {}", log.display()))?;
+        Ok(Self {
+            inode: meta.ino(),
+            offset: meta.len(),
+        })
+    }
+
+    /// The events written since the mark, oldest first: the rest of the marked file, then every
+    /// later file (backups in their names' order, which is their time's, the current one last).
+    pub fn events_since(&self, log: &std::path::Path) -> anyhow::Result<Vec<Value>> {
+        use std::io::{Read as _, Seek as _};
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = log.parent().context("the audit log is in a directory")?;
+        let stem = log
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .context("the audit log's name")?;
+        let mut backups: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("listing {}", dir.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".log"))
+            })
+            .collect();
+        backups.sort();
+        backups.push(log.to_path_buf());
+        let files: Vec<(std::path::PathBuf, u64)> = backups
+            .into_iter()
+            .filter_map(|p| std::fs::metadata(&p).ok().map(|m| (p, m.ino())))
+            .collect();
+        let first = files
+            .iter()
+            .position(|(_, ino)| *ino == self.inode)
+            .with_context(|| {
+                format!(
+                    "the audit log no longer covers the test's window: the file it began in (inode {}) is gone from {}",
+                    self.inode,
+                    dir.display()
+                )
+            })?;
+        let mut events = Vec::new();
+        let last = files.len() - 1;
+        for (i, (path, _)) in files.iter().enumerate().skip(first) {
+            let mut f =
+                std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+            if i == first {
+                f.seek(std::io::SeekFrom::Start(self.offset))?;
+            }
+            let mut buf = Vec::new();
+            f.read_to_end(&mut buf)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let mut lines: Vec<&[u8]> = buf.split(|b| *b == b'\n').collect();
+            // The piece after the last newline: empty, or (the current file only) an event
+            // still being written, read next time.
+            let tail = lines.pop().unwrap_or_default();
+            if !tail.is_empty() && i != last {
+                anyhow::bail!("{} ends in a cut line", path.display());
+            }
+            for (n, line) in lines.iter().enumerate() {
+                let event: Value = serde_json::from_slice(line).with_context(|| {
+                    format!(
+                        "{} holds a line that is not an audit event (line {} after the mark)",
+                        path.display(),
+                        n + 1
+                    )
+                })?;
+                events.push(event);
+            }
+        }
+        Ok(events)
     }
 }
 
