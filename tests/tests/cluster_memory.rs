@@ -92,39 +92,38 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
     let kubelet_mark = node_agent_tests::real_node::kubelet_log_mark(&rc, &spec)?;
     let threshold_events_before = agent_threshold_events(&rc, &node)?;
 
-    // Three QoS classes. BestEffort holds 1000 MiB over its request of 0; the Burstable pod
-    // grows to just past the agent's line (allocatableMemory.available < 200Mi, copied from
+    // Three QoS classes, four pods, each of the rankings a shortcut would make naming another:
+    // BestEffort holds 600 MiB over its request of 0; a Burstable pod ("overcommitted") holds
+    // 800 MiB on a request of 64Mi (736 MiB over); the grower, Burstable too, grows to just
+    // past the agent's line (allocatableMemory.available < 200Mi, copied from
     // memory.available as the kubelet copies it) and stays above the kubelet's (100Mi), so
-    // only the agent acts. Both exceed their requests; the kubelet's ranking takes the one
-    // exceeding by more: BestEffort (1000 MiB over) before the grower (about 600 MiB over its
-    // 2 GiB request), though the grower is the larger and the one that grew.
+    // only the agent acts, 400 MiB over its request whatever the node's size. All three
+    // exceed their requests; the kubelet's ranking takes the one exceeding by more:
+    // "overcommitted", not BestEffort (a BestEffort-first shortcut), nor the grower (the
+    // largest, and the one that grew).
     let mut g = WorkloadPod::new("guaranteed", Qos::Guaranteed, "256Mi", &["memory", "128"]);
-    let mut be = WorkloadPod::new(
-        "besteffort",
-        Qos::BestEffort,
-        "",
-        &["memory", "1000", "500"],
+    let mut be = WorkloadPod::new("besteffort", Qos::BestEffort, "", &["memory", "600", "500"]);
+    let mut over = WorkloadPod::new(
+        "overcommitted",
+        Qos::Burstable,
+        "64Mi",
+        &["memory", "800", "500"],
     );
-    for p in [&mut g, &mut be] {
+    for p in [&mut g, &mut be, &mut over] {
         p.node = Some(node.clone());
+        rc.kubectl.apply(&p.manifest(&ns.name))?;
     }
-    rc.kubectl.apply(&g.manifest(&ns.name))?;
-    rc.kubectl.apply(&be.manifest(&ns.name))?;
     wait_running(
         &rc.kubectl,
         &ns.name,
-        &["guaranteed", "besteffort"],
+        &["guaranteed", "besteffort", "overcommitted"],
         Duration::from_secs(90),
     )?;
     // Wait for both to hold their memory, then size the grower from the agent's own figure.
-    rc.kubectl.wait_for(
-        "both pods hold their memory",
+    rc.wait_held(
+        &ns.name,
+        &["guaranteed", "besteffort", "overcommitted"],
         Duration::from_secs(60),
-        |k| {
-            let a = k.run(&["-n", &ns.name, "logs", "guaranteed"])?;
-            let b = k.run(&["-n", &ns.name, "logs", "besteffort"])?;
-            Ok((a.contains("phase=held") && b.contains("phase=held")).then_some(()))
-        },
     )?;
     // The agent's exported figure is as old as its last evaluation (up to a resyncInterval):
     // read the same quantity fresh from the pods cgroup too, and take the smaller, or the
@@ -133,32 +132,32 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
     let headroom = fresh.min(allocatable_headroom(&rc, &agent)?);
     let target_mib = ((headroom / MIB) - 150.0).floor() as u64;
     assert!(
-        target_mib > 2048 + 300,
+        target_mib > 1024 + 400,
         "the node has room for the test's grower: headroom {:.0} MiB",
         headroom / MIB
     );
     let mut grower = WorkloadPod::new(
         "grower",
         Qos::Burstable,
-        "2Gi",
+        &format!("{}Mi", target_mib - 400),
         &["memory", &target_mib.to_string(), "100"],
     );
     grower.node = Some(node.clone());
     rc.kubectl.apply(&grower.manifest(&ns.name))?;
     wait_running(&rc.kubectl, &ns.name, &["grower"], Duration::from_secs(90))?;
-    let be_uid = rc.kubectl.run(&[
+    let victim_uid = rc.kubectl.run(&[
         "-n",
         &ns.name,
         "get",
         "pod",
-        "besteffort",
+        "overcommitted",
         "-o",
         "jsonpath={.metadata.uid}",
     ])?;
 
-    // The agent kills BestEffort on the node and records it as the kubelet's eviction leaves a
+    // The agent kills "overcommitted" on the node and records it as the kubelet's eviction leaves a
     // pod: Failed, the kubelet's condition with its message; the kubelet removes its cgroup.
-    let killed = rc.wait_killed_by_agent(&ns.name, "besteffort", Duration::from_secs(120))?;
+    let killed = rc.wait_killed_by_agent(&ns.name, "overcommitted", Duration::from_secs(120))?;
     let evicted_after = started.elapsed();
     let disruption = disruption_target(&killed);
     assert_eq!(disruption["reason"], "TerminationByKubelet", "{killed}");
@@ -169,8 +168,8 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
         "the kubelet's message: {killed}"
     );
     let cgroup = format!(
-        "/sys/fs/cgroup/memory/kubepods/besteffort/pod{}",
-        be_uid.trim()
+        "/sys/fs/cgroup/memory/kubepods/burstable/pod{}",
+        victim_uid.trim()
     );
     rc.kubectl.wait_for(
         "the evicted pod's cgroup removed by the kubelet",
@@ -181,7 +180,7 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
     // neither restarted it in place nor put a phase of its own back.
     let ended = rc
         .kubectl
-        .get_json(&["-n", &ns.name, "pod", "besteffort"])?;
+        .get_json(&["-n", &ns.name, "pod", "overcommitted"])?;
     assert_eq!(ended["status"]["phase"], "Failed", "{ended}");
     assert_eq!(
         disruption_target(&ended)["reason"],
@@ -192,7 +191,7 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
         "the killed pod once the kubelet ended it: reason {} (the agent wrote Evicted), restarts {}",
         ended["status"]["reason"], ended["status"]["containerStatuses"][0]["restartCount"]
     );
-    for survivor in ["guaranteed", "grower"] {
+    for survivor in ["guaranteed", "besteffort", "grower"] {
         let phase = rc.kubectl.run(&[
             "-n",
             &ns.name,
@@ -277,7 +276,7 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|e| e["reason"] == "Evicted" && e["involvedObject"]["name"] == "besteffort")
+        .filter(|e| e["reason"] == "Evicted" && e["involvedObject"]["name"] == "overcommitted")
         .collect();
     assert_eq!(evicted.len(), 1, "one Evicted event on the pod: {events}");
     let message = evicted[0]["message"].as_str().unwrap_or("");
@@ -308,7 +307,7 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
         !records.is_empty()
             && records
                 .iter()
-                .all(|e| e.pod == "besteffort" && e.code == 200),
+                .all(|e| e.pod == "overcommitted" && e.code == 200),
         "the agent's records: {ends:?}"
     );
     assert!(
@@ -341,7 +340,7 @@ fn the_agent_evicts_the_pod_the_kubelets_ranking_names_and_the_taint_keeps_new_p
         .filter(|p| evicted_by_kubelet(p))
         .filter_map(|p| p["metadata"]["name"].as_str())
         .collect();
-    assert_eq!(evicted, ["besteffort"], "only the agent's: {pods}");
+    assert_eq!(evicted, ["overcommitted"], "only the agent's: {pods}");
     let metric = rc.metric(
         &agent,
         "node_agent_evictions_total{eviction_signal=\"allocatableMemory.available\",result=\"killed\"}",
