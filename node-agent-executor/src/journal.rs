@@ -7,6 +7,9 @@
 //! it, an agent killed between its kill and its record left the pod ended with no word of why
 //! (the kubelet ends it `Failed`, reason `Error`, exit code 137).
 //!
+//! The directory is the agent's own `emptyDir` of medium `Memory` (tmpfs), so its few small
+//! file calls, some made from the loop's tasks, never wait on a disk or a network.
+//!
 //! What is read back is checked like any input: at most [`MAX_KEPT`] files of at most
 //! [`MAX_FILE`] bytes, named by a UID, each a whole record; anything else is said and removed.
 
