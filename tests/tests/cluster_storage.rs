@@ -155,18 +155,23 @@ fn pods_over_their_limits_never_hold_up_a_memory_eviction() -> anyhow::Result<()
     rc.wait_gone_or_failed(&ns.name, "hog", Duration::from_secs(60))?;
     // The hog's kill on the node is recorded by its status patch, the limit evictions are
     // asked through the API: both are the agent's ends of pods.
-    let times: Vec<(String, String)> = rc
-        .agent_pod_ends(&ns.name)?
-        .into_iter()
-        .map(|e| (e.pod, e.at))
-        .collect();
+    let ends = rc.agent_pod_ends(&ns.name)?;
+    // The hog's record, taken (200): not merely asked.
+    let hog_recorded = ends
+        .iter()
+        .find(|e| e.pod == "hog" && e.kind == "status" && e.code == 200)
+        .and_then(|e| e.at.parse::<jiff::Timestamp>().ok());
+    let times: Vec<(String, String)> = ends.into_iter().map(|e| (e.pod, e.at)).collect();
     let at = |pod: &str| -> Option<jiff::Timestamp> {
         times
             .iter()
             .find(|(p, _)| p == pod)
             .and_then(|(_, t)| t.parse().ok())
     };
-    let memory = at("hog").expect("the hog's kill recorded by the agent");
+    let memory = anyhow::Context::context(
+        hog_recorded,
+        "the hog's kill recorded by the agent, answered 200",
+    )?;
     // The crossing is the push's start (it touches its 120 MiB at once): from there the
     // memory eviction waits behind none of the limit evictions, asked just before it or in
     // flight beside it. One lane would hold it for as long as they take.
@@ -190,6 +195,12 @@ fn pods_over_their_limits_never_hold_up_a_memory_eviction() -> anyhow::Result<()
         .collect();
     eprintln!("push started {started}; memory kill recorded {memory}; limit evictions asked by the agent: {storage:?}; all: {times:?}");
     let waited = memory.as_millisecond() - started.as_millisecond();
+    // Bounded from below too: the crossing is the push's, so its record cannot come before the
+    // push started (whole seconds: up to 1 s earlier than the true start).
+    assert!(
+        waited > -1000,
+        "the memory kill recorded {waited} ms before the push started: not the push's crossing: {times:?}"
+    );
     assert!(
         waited < 5000,
         "the memory kill recorded {waited} ms after the push started (its start is in whole seconds): {times:?}"
