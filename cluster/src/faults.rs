@@ -56,12 +56,9 @@ impl Cluster {
         let mut started = Vec::new();
         for c in [Component::ControllerManager, Component::Scheduler] {
             if self.component_pid(&c).is_err() {
-                let name = c.name();
-                let mut state = State::load(&self.layout.state())?.context("no cluster is up")?;
-                state.processes.retain(|p| p.name != name);
-                state.save(&self.layout.state())?;
+                self.forget(&c.name())?;
                 self.start_component(&c)?;
-                started.push(name);
+                started.push(c.name());
             }
         }
         Ok(started)
@@ -104,7 +101,11 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let name = component.name();
+        self.forget(&component.name())
+    }
+
+    /// Removes the processes recorded under `name` from the state file (they are gone).
+    pub(crate) fn forget(&self, name: &str) -> anyhow::Result<()> {
         let mut state = State::load(&self.layout.state())?.context("no cluster is up")?;
         state.processes.retain(|p| p.name != name);
         state.save(&self.layout.state())
@@ -135,10 +136,7 @@ impl Cluster {
         let log_start = std::fs::metadata(&log).map_or(0, |m| m.len());
         let daemon = spawn_daemon(&name, &mut cmd, Some(ns), &log)?;
         let mut state = State::load(&layout.state())?.context("no cluster is up")?;
-        state
-            .processes
-            .push(crate::state::Process::of(&daemon.name, daemon.pid));
-        state.save(&layout.state())?;
+        self.record(&mut state, &daemon)?;
         let kubectl = self.kubectl();
         let since_start = || {
             std::fs::read(&log)

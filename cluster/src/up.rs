@@ -114,7 +114,7 @@ impl Cluster {
         Ok(PathBuf::from(format!("/proc/{}/root{path}", ns.holder)))
     }
 
-    fn record(&self, state: &mut State, daemon: &Daemon) -> anyhow::Result<()> {
+    pub(crate) fn record(&self, state: &mut State, daemon: &Daemon) -> anyhow::Result<()> {
         state
             .processes
             .push(state::Process::of(&daemon.name, daemon.pid));
@@ -434,33 +434,16 @@ impl Cluster {
     /// Restarts a node's kubelet with other options (its config file rewritten), and waits for
     /// the Node to be Ready again.
     pub fn restart_kubelet(&self, node: &NodeSpec, options: &KubeletOptions) -> anyhow::Result<()> {
-        let layout = &self.layout;
-        let mut state = State::load(&layout.state())?.context("no cluster is up")?;
-        let name = kubelet_name(node);
-        let pids: Vec<u32> = state
-            .processes
-            .iter()
-            .filter(|p| p.name == name && p.is_running())
-            .map(|p| p.pid)
-            .collect();
-        crate::process::terminate(&pids, Duration::from_secs(10));
-        state.processes.retain(|p| p.name != name);
-        let yaml = node_components::kubelet_config(layout, node, options)?;
+        let kubelet = crate::faults::Component::Kubelet(node.clone());
+        if let Ok(pid) = self.component_pid(&kubelet) {
+            crate::process::terminate(&[pid], Duration::from_secs(10));
+        }
+        self.forget(&kubelet.name())?;
+        let yaml = node_components::kubelet_config(&self.layout, node, options)?;
         self.write_in_node(node, "/var/lib/kubelet/config.yaml", &yaml)?;
-        let ns = self.node_ns(node)?;
-        let kubelet = spawn_daemon(
-            &name,
-            &mut node_components::kubelet(layout, node),
-            Some(ns),
-            &layout.log(&name),
-        )?;
-        self.record(&mut state, &kubelet)?;
-        let kubectl = self.kubectl();
-        // The Node stays Ready through a short restart: wait for the new kubelet's heartbeat.
-        let since = now_secs();
-        kubelet.wait_until("its Node reports Ready again", START_LIMIT, || {
-            ready_since(&kubectl, &node.name, since)
-        })
+        // The Node stays Ready through a short restart: it waits for the new kubelet's
+        // heartbeat.
+        self.start_component(&kubelet)
     }
 
     /// Ends the cluster.
