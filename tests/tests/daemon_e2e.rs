@@ -70,12 +70,15 @@ fn memory_pressure_evicts_the_pod_the_kubelet_ranking_selects_with_the_decisions
     let latency_ms = request_at.saturating_sub(crossing) as f64 / 1e6;
     eprintln!("kernel crossing → eviction request: {latency_ms:.2} ms");
     assert!(request_at > crossing, "the request follows the crossing");
-    // A latency figure means something on hardware only: under emulation (`time_scale` > 1,
-    // the VM tests) it measures the emulator, so there it is printed above, not asserted.
+    // How fast is the bench's business (docs/benchmarks.md); printed above. What is asserted is
+    // that the request follows the crossing itself, not a poll: the pod source refreshes every
+    // 2 s and the kubelet polls every 10 s, while a loaded CI host stretched this path to about
+    // 100 ms. Under emulation (`time_scale` > 1, the VM tests) it measures the emulator, so
+    // there it is printed only.
     if time_scale() == 1 {
         assert!(
-            latency_ms < 100.0,
-            "kernel crossing → eviction request took {latency_ms:.2} ms"
+            latency_ms < 1000.0,
+            "kernel crossing → eviction request took {latency_ms:.2} ms: as long as a poll"
         );
     }
 

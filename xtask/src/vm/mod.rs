@@ -97,6 +97,13 @@ const HOST_ONLY: &[(&str, &str)] = &[
     ),
 ];
 
+/// Why the hung-filesystem tests run on the host only: the plan is one for every kernel, and
+/// 6.1's Debian config builds FUSE as a module (`CONFIG_FUSE_FS=m`), which the VM image does
+/// not carry, so /dev/fuse is missing there (6.12 and 6.18 build it in). What they test is the
+/// agent's filesystem helper and reload path, not the kernel.
+const NEEDS_FUSE: &str = "needs /dev/fuse for the hung filesystem; 6.1 builds FUSE as a \
+    module, which the VM image does not carry";
+
 /// Single tests that run on the host only, each with the reason (printed): the rest of their
 /// binary runs in the VMs.
 const HOST_ONLY_TESTS: &[(&str, &str)] = &[
@@ -108,11 +115,15 @@ const HOST_ONLY_TESTS: &[(&str, &str)] = &[
     ),
     (
         "daemon_wedge::a_hung_filesystem_never_stops_memory_decisions",
-        "needs /dev/fuse for the hung filesystem, which the VM image does not carry",
+        NEEDS_FUSE,
     ),
     (
         "daemon_wedge::the_hung_filesystem_hangs_statfs_until_dropped",
-        "needs /dev/fuse for the hung filesystem, which the VM image does not carry",
+        NEEDS_FUSE,
+    ),
+    (
+        "daemon_wedge::a_filesystem_hung_for_stat_stops_neither_start_nor_the_emergency_dry_run",
+        NEEDS_FUSE,
     ),
     (
         "oom_e2e::a_kill_in_a_container_the_pod_source_has_not_listed_is_named_by_the_runtime",
