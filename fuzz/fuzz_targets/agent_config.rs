@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use node_agent::daemon::config::{AgentConfig, NodeAgentConfiguration, Overrides};
+use node_agent::config::{AgentConfig, NodeAgentConfiguration, Overrides};
 
 fuzz_target!(|text: &str| {
     let overrides = Overrides {

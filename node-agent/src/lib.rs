@@ -1,18 +1,22 @@
 //! The node agent: loads the kernel programs, reads what they report ([`kernel`], each probe's
 //! records decoded and attributed by its module in [`probes`]), and turns pressure into
 //! eviction decisions through the policy core in `node-agent-policy`, acted on by the one
-//! executor in `node-agent-executor` ([`daemon`]).
+//! executor in `node-agent-executor` ([`run`], cut by part: [`config`], [`observe`], [`serve`]).
 
 pub mod btf;
 pub mod cgroup;
-pub mod daemon;
+pub mod check_config;
+pub mod config;
 pub mod ebpf;
 pub mod fs_helper;
 pub mod inspect;
 pub mod kernel;
 pub mod logging;
+mod observe;
 pub mod probes;
+pub mod run;
 pub mod saw_before;
+mod serve;
 pub mod simulate;
 pub mod sys;
 pub mod telemetry;

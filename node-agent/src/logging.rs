@@ -28,7 +28,7 @@ use tracing_subscriber::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
-    /// `2025-01-01T00:00:00.000000Z  INFO node_agent::daemon::report: evicted pod=shop/web ...`
+    /// `2025-01-01T00:00:00.000000Z  INFO node_agent::run::report: evicted pod=shop/web ...`
     #[default]
     Text,
     /// One JSON object per line, the event's fields at the top level.
@@ -45,7 +45,9 @@ impl fmt::Display for LogFormat {
 }
 
 /// Which events are written: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or
-/// `RUST_LOG` directives (`info,node_agent::daemon=debug`), checked when read.
+/// `RUST_LOG` directives (`info,node_agent::run=debug`), checked when read. Directives naming
+/// the agent's modules before they were cut by part (`node_agent::daemon`, `…::daemon::report`)
+/// still select the same events: see [`MOVED`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogLevel(String);
 
@@ -90,9 +92,67 @@ impl LogLevel {
 
     fn filter(&self) -> EnvFilter {
         EnvFilter::builder()
-            .parse(&self.0)
-            .expect("a LogLevel was parsed when it was made")
+            .parse(retargeted(&self.0))
+            .expect("a LogLevel was parsed when it was made, and retargeting keeps its syntax")
     }
+}
+
+/// Where the modules of `node_agent::daemon` went when the agent crate was cut by part, so a
+/// `logLevel` or `RUST_LOG` written for the old log targets selects the same events.
+pub const MOVED: &[(&str, &str)] = &[
+    ("config", "node_agent::config"),
+    ("kubelet", "node_agent::config::kubelet"),
+    ("reload", "node_agent::config::reload"),
+    ("node", "node_agent::observe::node"),
+    ("probe", "node_agent::observe::fs_probe"),
+    ("allocatable", "node_agent::observe::allocatable"),
+    ("pid_limit", "node_agent::observe::pid_limit"),
+    ("triggers", "node_agent::observe::triggers"),
+    ("feed", "node_agent::observe::feed"),
+    ("pods", "node_agent::observe::pods"),
+    ("naming", "node_agent::observe::naming"),
+    ("live", "node_agent::serve::live"),
+];
+
+/// The directives with each target under `node_agent::daemon` replaced by where its module
+/// went: a module named in [`MOVED`] by its new path, any other by `node_agent::run::…`, and
+/// `node_agent::daemon` itself by every part it was cut into.
+fn retargeted(directives: &str) -> String {
+    const OLD: &str = "node_agent::daemon";
+    let parts = [
+        "node_agent::run",
+        "node_agent::config",
+        "node_agent::observe",
+        "node_agent::serve",
+        "node_agent::check_config",
+    ];
+    let mut out = Vec::new();
+    for directive in directives.split(',') {
+        let Some(rest) = directive.trim().strip_prefix(OLD) else {
+            out.push(directive.to_string());
+            continue;
+        };
+        match rest.strip_prefix("::") {
+            Some(inner) => {
+                let module = inner
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .next()
+                    .unwrap_or_default();
+                let tail = &inner[module.len()..];
+                let new = MOVED.iter().find(|(m, _)| *m == module).map_or_else(
+                    || format!("node_agent::run::{module}"),
+                    |(_, n)| n.to_string(),
+                );
+                out.push(format!("{new}{tail}"));
+            }
+            None if rest.is_empty() || rest.starts_with(['=', '[']) => {
+                out.extend(parts.iter().map(|p| format!("{p}{rest}")));
+            }
+            // `node_agent::daemonic`: not the old module.
+            None => out.push(directive.to_string()),
+        }
+    }
+    out.join(",")
 }
 
 impl Default for LogLevel {
@@ -342,6 +402,36 @@ mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn directives_for_the_old_daemon_targets_select_the_same_modules() {
+        for (written, meant) in [
+            ("info", "info"),
+            ("info,node_agent=debug", "info,node_agent=debug"),
+            (
+                "info,node_agent::daemon=debug",
+                "info,node_agent::run=debug,node_agent::config=debug,node_agent::observe=debug,\
+                 node_agent::serve=debug,node_agent::check_config=debug",
+            ),
+            (
+                "warn,node_agent::daemon::report=trace",
+                "warn,node_agent::run::report=trace",
+            ),
+            (
+                "node_agent::daemon::probe=debug,node_agent::daemon::config::plausible=info",
+                "node_agent::observe::fs_probe=debug,node_agent::config::plausible=info",
+            ),
+            (
+                "node_agent::daemon::pods[eviction]=debug",
+                "node_agent::observe::pods[eviction]=debug",
+            ),
+            ("node_agent::daemonic=debug", "node_agent::daemonic=debug"),
+        ] {
+            assert_eq!(retargeted(written), meant, "{written}");
+            let level: LogLevel = written.parse().unwrap();
+            let _ = level.filter();
+        }
+    }
 
     /// A writer into a shared buffer.
     #[derive(Clone, Default)]

@@ -14,7 +14,7 @@ struct Cli {
     #[arg(long, global = true, value_enum, value_name = "FORMAT")]
     log_format: Option<node_agent::logging::LogFormat>,
     /// A level (error, warn, info, debug, trace, off) or RUST_LOG directives such as
-    /// `info,node_agent::daemon=debug`; wins over RUST_LOG, and both over the config file's
+    /// `info,node_agent::run=debug`; wins over RUST_LOG, and both over the config file's
     /// `logLevel` (default: info).
     #[arg(long, global = true, value_name = "LEVEL")]
     log_level: Option<LogLevel>,
@@ -23,14 +23,14 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the agent: kernel events → policy → evictions, with metrics and health endpoints.
-    Run(node_agent::daemon::RunArgs),
+    Run(node_agent::run::RunArgs),
     /// Show what the kernel reports, live.
     Trace(node_agent::trace::TraceArgs),
     /// Replay a scenario through the eviction policy and print one JSON line per step.
     Simulate(node_agent::simulate::SimulateArgs),
     /// Check a config file as the agent reads it, and print it with every default filled in
     /// and the comparison with the kubelet's thresholds. Exit status 0: valid; 1: refused.
-    CheckConfig(node_agent::daemon::config::check_config::CheckArgs),
+    CheckConfig(node_agent::check_config::CheckArgs),
     /// The agent's own helper process for filesystem calls that may hang (not for people).
     #[command(name = "fs-helper", hide = true)]
     FsHelper,
@@ -70,9 +70,9 @@ fn main() -> ExitCode {
         default_level,
     );
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
-        Command::Run(args) => node_agent::daemon::run(args).map_err(Into::into),
+        Command::Run(args) => node_agent::run::run(args).map_err(Into::into),
         Command::Trace(args) => node_agent::trace::run(args).map_err(Into::into),
-        Command::CheckConfig(args) => return node_agent::daemon::config::check_config::run(&args),
+        Command::CheckConfig(args) => return node_agent::check_config::run(&args),
         Command::FsHelper => unreachable!("answered above"),
         // Its own exit codes: 2 for an invalid scenario, as for any other bad input.
         Command::Simulate(args) => {

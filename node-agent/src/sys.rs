@@ -228,8 +228,67 @@ pub fn ask_for_short_slice() -> std::io::Result<()> {
     Ok(())
 }
 
+/// The fields of /proc/meminfo the agent uses, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemInfo {
+    pub total: u64,
+    pub free: u64,
+    pub inactive_file: u64,
+}
+
+/// The fields of /proc/meminfo's text, each "<n> kB", in bytes.
+pub fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
+    let field = |name: &str| -> Result<u64, String> {
+        let line = text
+            .lines()
+            .find(|l| l.split(':').next() == Some(name))
+            .ok_or_else(|| format!("no {name} line"))?;
+        let value = line.split(':').nth(1).unwrap_or("").trim();
+        let kib = value
+            .strip_suffix("kB")
+            .map(str::trim)
+            .ok_or_else(|| format!("{name}: expected \"<n> kB\", found {value:?}"))?;
+        kib.parse::<u64>()
+            .map(|k| k.saturating_mul(1024))
+            .map_err(|_| format!("{name}: expected \"<n> kB\", found {value:?}"))
+    };
+    Ok(MemInfo {
+        total: field("MemTotal")?,
+        free: field("MemFree")?,
+        inactive_file: field("Inactive(file)")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use super::{parse_meminfo, MemInfo};
+
+    #[test]
+    fn parses_meminfo_or_names_the_bad_field() {
+        let good = "MemTotal:       24684084 kB\nMemFree:        1000 kB\nInactive(file):   4 kB\n";
+        assert_eq!(
+            parse_meminfo(good),
+            Ok(MemInfo {
+                total: 24684084 * 1024,
+                free: 1000 * 1024,
+                inactive_file: 4096
+            })
+        );
+        for (text, needle) in [
+            ("MemFree: 1 kB\nInactive(file): 1 kB\n", "no MemTotal"),
+            (
+                "MemTotal: lots\nMemFree: 1 kB\nInactive(file): 1 kB\n",
+                "MemTotal: expected",
+            ),
+            (
+                "MemTotal: 1 MB\nMemFree: 1 kB\nInactive(file): 1 kB\n",
+                "MemTotal: expected",
+            ),
+        ] {
+            assert!(parse_meminfo(text).unwrap_err().contains(needle), "{text}");
+        }
+    }
+
     /// Each reading is the file as it is now, through the one descriptor opened the first
     /// time; a file that goes is an error, and one made again is opened anew.
     #[test]

@@ -61,10 +61,7 @@ fn every_line_of_an_eviction_run_is_json_with_the_text_lines_fields() -> anyhow:
     assert_eq!(eviction["pod"], "shop/hog", "{eviction}");
     assert_eq!(eviction["signal"], "memory.available", "{eviction}");
     assert_eq!(eviction["result"], "evicted", "{eviction}");
-    assert_eq!(
-        eviction["target"], "node_agent::daemon::report",
-        "{eviction}"
-    );
+    assert_eq!(eviction["target"], "node_agent::run::report", "{eviction}");
     let running = lines
         .iter()
         .find(|l| l.contains("node-agent running"))

@@ -2,8 +2,8 @@
 //! into attributed events and loss counts. One feed serves the daemon and `trace` alike.
 //!
 //! - [`tracker`]: which cgroups the programs count and watch, rescanned as cgroups come and go.
-//! - [`attribution`]: a kernel event attributed to its cgroup, pod and container (each probe's
-//!   own part of that is in [`crate::probes`]).
+//! - [`KernelFeed::attribute`]: a kernel event attributed to its cgroup, pod and container
+//!   (each probe's own part of that is in [`crate::probes`]).
 //!
 //! Reading is split in two so a caller can attribute with names it may not hold across an
 //! await: [`KernelFeed::recv`] waits for the next batch of records, [`KernelFeed::attribute`]

@@ -520,10 +520,10 @@ mod tests {
             .parse::<jiff::Timestamp>()
             .unwrap()
             .as_nanosecond() as i64;
-        let log = "2026-12-07T05:59:59.000000Z  INFO node_agent::daemon::evaluate: eviction handed over pod=race/old signal=allocatableMemory.available hard=true early=false way=\"node\"\n\
-                   2026-12-07T06:00:01.250000Z  INFO node_agent::daemon::evaluate: eviction handed over pod=race/ramp signal=allocatableMemory.available hard=true early=true way=\"node\"\n\
-                   2026-12-07T06:00:01.300000Z  INFO node_agent::daemon::report: eviction outcome pod=race/ramp signal=allocatableMemory.available result=\"killed\"\n\
-                   2026-12-07T06:00:02.000000Z  INFO node_agent::daemon::evaluate: eviction handed over pod=other/x signal=memory.available hard=false early=false way=\"api\"\n";
+        let log = "2026-12-07T05:59:59.000000Z  INFO node_agent::run::evaluate: eviction handed over pod=race/old signal=allocatableMemory.available hard=true early=false way=\"node\"\n\
+                   2026-12-07T06:00:01.250000Z  INFO node_agent::run::evaluate: eviction handed over pod=race/ramp signal=allocatableMemory.available hard=true early=true way=\"node\"\n\
+                   2026-12-07T06:00:01.300000Z  INFO node_agent::run::report: eviction outcome pod=race/ramp signal=allocatableMemory.available result=\"killed\"\n\
+                   2026-12-07T06:00:02.000000Z  INFO node_agent::run::evaluate: eviction handed over pod=other/x signal=memory.available hard=false early=false way=\"api\"\n";
         let got = agent_decisions(log, "race", since);
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!(

@@ -387,7 +387,7 @@ fn the_text_format_has_every_family_with_counters_named_total() {
 
 #[test]
 fn the_observed_signals_are_those_the_daemon_reads() {
-    let read: Vec<Signal> = crate::daemon::observed_signals().collect();
+    let read: Vec<Signal> = crate::run::observed_signals().collect();
     assert_eq!(read, OBSERVED_SIGNALS);
 }
 

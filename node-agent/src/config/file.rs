@@ -101,7 +101,7 @@ pub struct NodeAgentConfiguration {
     /// `--log-format` wins over it.
     pub log_format: LogFormat,
     /// A level (`error`, `warn`, `info`, `debug`, `trace`) or RUST_LOG directives
-    /// (`info,node_agent::daemon=debug`). `--log-level`, else `RUST_LOG`, wins over it.
+    /// (`info,node_agent::run=debug`). `--log-level`, else `RUST_LOG`, wins over it.
     pub log_level: LogLevel,
     /// The kubelet's eviction fields, by their KubeletConfiguration names.
     pub eviction: EvictionFields,

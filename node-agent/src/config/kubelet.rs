@@ -14,8 +14,6 @@ use std::{
 
 use node_agent_policy::{beside::kubelet_acts_first, EvictionConfig, Signal};
 
-use super::{config::AgentConfig, node::NodeReading};
-
 /// A check reading the kubelet's file is under way (one at a time: a hung filesystem ties up
 /// one thread, not one per reload).
 static CHECKING: AtomicBool = AtomicBool::new(false);
@@ -32,7 +30,7 @@ pub enum KubeletConfig {
 
 /// Reads and parses the kubelet's eviction settings (a KubeletConfiguration document; the
 /// kubelet's defaults apply where it sets none, as in the kubelet). The file is read as the
-/// agent's own is: a regular file, at most [`MAX_CONFIG_BYTES`](super::config::read::MAX_CONFIG_BYTES).
+/// agent's own is: a regular file, at most [`MAX_CONFIG_BYTES`](crate::fs_helper::read::MAX_CONFIG_BYTES).
 pub fn read(path: Option<&Path>) -> KubeletConfig {
     let Some(path) = path else {
         return KubeletConfig::NotSet;
@@ -97,20 +95,6 @@ pub fn check_off_loop(
         CHECKING.store(false, Ordering::Release);
         tracing::warn!(error = %e, "the kubelet's thresholds are not compared: no thread");
     }
-}
-
-/// Compares the kubelet's thresholds with the agent's, off the loop.
-pub fn check_kubelet(config: &AgentConfig, reading: &NodeReading) {
-    let capacities = reading
-        .observations
-        .iter()
-        .map(|(s, o)| (*s, o.capacity))
-        .collect();
-    check_off_loop(
-        config.eviction.clone(),
-        config.settings.kubelet_config.clone(),
-        capacities,
-    );
 }
 
 /// Logs, for the agent's thresholds, each kubelet threshold the agent would not act before

@@ -3,13 +3,18 @@
 //! is loaded. `node-agent run`, every reload and `node-agent check-config` go through the same
 //! [`AgentConfig::load`]. What refuses settings that parse but cannot be meant, on the values
 //! alone or against the node itself, is in [`plausible`]; the `check-config` command that
-//! reports all of it is [`check_config`].
+//! reports all of it is [`crate::check_config`]. [`reload`] watches the file off the loop and takes a
+//! new one whole or refuses it whole; [`kubelet`] reads the kubelet's own config file beside
+//! it (its thresholds, its cgroup root).
 
-pub mod check_config;
 pub mod file;
+pub mod kubelet;
 pub mod legacy;
 pub mod plausible;
-pub mod read;
+pub mod reload;
+
+/// Where the config is read from when `--config` is not given.
+pub const DEFAULT_CONFIG: &str = "/etc/node-agent/config.yaml";
 
 use std::{
     net::SocketAddr,
@@ -30,7 +35,7 @@ use self::legacy::OldKey;
 pub enum ConfigError {
     /// The file itself could not be read (its message names it).
     #[error(transparent)]
-    Read(#[from] read::ReadError),
+    Read(#[from] crate::fs_helper::read::ReadError),
     #[error("config is not UTF-8 text")]
     NotText,
     #[error("config is not YAML")]
@@ -139,9 +144,9 @@ impl Overrides {
 }
 
 /// Reads and parses the file at `path` once (a regular file of at most
-/// [`read::MAX_CONFIG_BYTES`]).
+/// [`crate::fs_helper::read::MAX_CONFIG_BYTES`]).
 pub fn read_file(path: &Path) -> Result<NodeAgentConfiguration, ConfigError> {
-    NodeAgentConfiguration::from_bytes(&read::read_capped(path)?)
+    NodeAgentConfiguration::from_bytes(&crate::fs_helper::read::read_capped(path)?)
 }
 
 impl AgentConfig {
@@ -162,7 +167,7 @@ impl AgentConfig {
         Self::from_file(&NodeAgentConfiguration::parse(text)?, overrides)
     }
 
-    /// As [`AgentConfig::parse`], from the file's bytes as read ([`read::read_capped`]): what
+    /// As [`AgentConfig::parse`], from the file's bytes as read ([`crate::fs_helper::read::read_capped`]): what
     /// start, the reload watcher and `check-config` all go through.
     pub fn from_bytes(bytes: &[u8], overrides: &Overrides) -> Result<Self, ConfigError> {
         Self::from_file(&NodeAgentConfiguration::from_bytes(bytes)?, overrides)

@@ -14,7 +14,7 @@ use node_agent_kube::{
 };
 use node_agent_policy::{ContainerInfo, ContainerUsage, PodInfo, PodUsage};
 
-use super::feed::Cluster;
+use crate::observe::feed::Cluster;
 use crate::{
     cgroup::{paths, CgroupIndex, CgroupVersion, PodScope},
     kernel::PodNames,
@@ -167,7 +167,7 @@ pub fn pod_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> HashMap<String, P
 /// `kubepods.slice` right under the node cgroup, the one allocatable memory is measured on)
 /// where there is one, so that another kubelet's pods nested below the node cgroup (a node in
 /// a container, two kubelets on one host) are never taken for pods this one has not listed
-/// yet, each costing an eviction the name wait ([`super::naming::NAME_WAIT`]); else every pod
+/// yet, each costing an eviction the name wait ([`crate::observe::naming::NAME_WAIT`]); else every pod
 /// cgroup below the node cgroup.
 fn own_pod_cgroups(index: &CgroupIndex, node_cgroup: &Path) -> HashMap<String, PathBuf> {
     let all = pod_cgroups(index, node_cgroup);

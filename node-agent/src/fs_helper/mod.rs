@@ -21,6 +21,8 @@
 //! and reaped when it ends (looked at whenever a helper starts or ends), and at most
 //! [`MAX_STUCK`] are left stuck before no new one is started.
 
+pub mod read;
+
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     path::{Path, PathBuf},
@@ -41,7 +43,7 @@ pub enum Request {
     StatFs(PathBuf),
     /// Whether the path is a directory (following links).
     IsDir(PathBuf),
-    /// A config file, as [`crate::daemon::config::read::read_capped`] reads it.
+    /// A config file, as [`read::read_capped`] reads it.
     Read(PathBuf),
 }
 
@@ -308,7 +310,7 @@ pub fn answer(request: &Request) -> Answer {
         Request::Read(path) => Answer::Read(if !path.exists() {
             Ok(None)
         } else {
-            crate::daemon::config::read::read_capped(path)
+            read::read_capped(path)
                 .map(|bytes| Some(String::from_utf8_lossy(&bytes).into_owned()))
                 .map_err(|e| e.to_string())
         }),

@@ -5,14 +5,14 @@
 use node_agent_executor::Decided;
 use node_agent_policy::{evaluate_among, PodInfo};
 
-use super::{
-    acting_config,
-    core::Daemon,
-    naming::{Verdict, NAME_WAIT},
-    pods,
-    recent::Acted,
-};
 use crate::telemetry::Trigger;
+use crate::{
+    observe::naming::{Verdict, NAME_WAIT},
+    observe::pods,
+    run::acting_config,
+    run::core::Daemon,
+    run::recent::Acted,
+};
 
 impl Daemon {
     /// Reads the node, decides among the pods the agent may act on, hands what the plan says

@@ -200,8 +200,7 @@ fn working_set(memory: &Hierarchy, node_dir: &Path) -> Result<u64, String> {
     if node_dir == memory.mount() && memory.version() == CgroupVersion::V2 {
         let text = std::fs::read_to_string("/proc/meminfo")
             .map_err(|e| format!("reading /proc/meminfo: {e}"))?;
-        let mem =
-            crate::daemon::node::parse_meminfo(&text).map_err(|e| format!("/proc/meminfo: {e}"))?;
+        let mem = crate::sys::parse_meminfo(&text).map_err(|e| format!("/proc/meminfo: {e}"))?;
         return Ok(mem
             .total
             .saturating_sub(mem.free)
@@ -260,7 +259,7 @@ fn own_cgroup(proc_self_cgroup: &str, version: CgroupVersion) -> Option<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::config::{tests::doc, AgentConfig, Overrides};
+    use crate::config::{tests::doc, AgentConfig, Overrides};
 
     fn settings(memory_capacity: Option<i64>, ring_bytes: u32) -> Settings {
         let mut settings = AgentConfig::standalone(&Overrides::default())

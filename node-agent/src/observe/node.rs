@@ -23,12 +23,12 @@ use std::{
 use node_agent_cri::reclaim::FsLayout;
 use node_agent_policy::{NodeCapacity, Observation, Observations, Signal};
 
-use super::{
-    allocatable::{Allocatable, AllocatableFeed},
-    pid_limit::PidLimit,
-    probe::{FsProbe, FsStats, ProbeError},
-};
 use crate::cgroup::{kubepods_dir, paths, CgroupVersion, Hierarchy};
+use crate::{
+    observe::allocatable::{Allocatable, AllocatableFeed},
+    observe::fs_probe::{FsProbe, FsStats, ProbeError},
+    observe::pid_limit::PidLimit,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ObserveError {
@@ -107,6 +107,16 @@ pub struct NodeReading {
     pub failed: BTreeMap<Source, String>,
     /// Where images and writable layers live relative to `nodefs`, as decided at this reading.
     pub fs_layout: FsLayout,
+}
+
+impl NodeReading {
+    /// The node's capacity per signal read this time (what a percentage resolves against).
+    pub fn capacities(&self) -> BTreeMap<Signal, i64> {
+        self.observations
+            .iter()
+            .map(|(s, o)| (*s, o.capacity))
+            .collect()
+    }
 }
 
 /// Facts about where the node's figures live, decided once at start.
@@ -433,7 +443,7 @@ fn read_memory_source(src: &Node, reading: &mut NodeReading) -> Result<(), Obser
             path: meminfo_path.into(),
             source,
         })?;
-    let mem = parse_meminfo(&meminfo).map_err(|problem| ObserveError::Malformed {
+    let mem = crate::sys::parse_meminfo(&meminfo).map_err(|problem| ObserveError::Malformed {
         path: meminfo_path.into(),
         problem,
     })?;
@@ -525,36 +535,6 @@ fn read_pids(
     Ok(())
 }
 
-/// The fields of /proc/meminfo the agent uses, in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemInfo {
-    pub total: u64,
-    pub free: u64,
-    pub inactive_file: u64,
-}
-
-pub fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
-    let field = |name: &str| -> Result<u64, String> {
-        let line = text
-            .lines()
-            .find(|l| l.split(':').next() == Some(name))
-            .ok_or_else(|| format!("no {name} line"))?;
-        let value = line.split(':').nth(1).unwrap_or("").trim();
-        let kib = value
-            .strip_suffix("kB")
-            .map(str::trim)
-            .ok_or_else(|| format!("{name}: expected \"<n> kB\", found {value:?}"))?;
-        kib.parse::<u64>()
-            .map(|k| k.saturating_mul(1024))
-            .map_err(|_| format!("{name}: expected \"<n> kB\", found {value:?}"))
-    };
-    Ok(MemInfo {
-        total: field("MemTotal")?,
-        free: field("MemFree")?,
-        inactive_file: field("Inactive(file)")?,
-    })
-}
-
 /// (min(pid_max, threads-max), live tasks) — the kubelet's PID figures, read in this PID
 /// namespace. Live tasks are `/proc/loadavg`'s total (the kernel's thread count, the same in
 /// every namespace), as the kubelet reads them: sysinfo's `procs` is 16 bits wide and wraps
@@ -589,32 +569,6 @@ pub fn parse_loadavg_tasks(text: &str) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_meminfo_or_names_the_bad_field() {
-        let good = "MemTotal:       24684084 kB\nMemFree:        1000 kB\nInactive(file):   4 kB\n";
-        assert_eq!(
-            parse_meminfo(good),
-            Ok(MemInfo {
-                total: 24684084 * 1024,
-                free: 1000 * 1024,
-                inactive_file: 4096
-            })
-        );
-        for (text, needle) in [
-            ("MemFree: 1 kB\nInactive(file): 1 kB\n", "no MemTotal"),
-            (
-                "MemTotal: lots\nMemFree: 1 kB\nInactive(file): 1 kB\n",
-                "MemTotal: expected",
-            ),
-            (
-                "MemTotal: 1 MB\nMemFree: 1 kB\nInactive(file): 1 kB\n",
-                "MemTotal: expected",
-            ),
-        ] {
-            assert!(parse_meminfo(text).unwrap_err().contains(needle), "{text}");
-        }
-    }
 
     #[test]
     fn reads_loadavgs_task_total_or_names_the_bad_field() {

@@ -8,7 +8,7 @@ use std::{path::Path, time::Duration};
 use node_agent_executor::{reclaim::RuntimeError, Identity, OomCounted, OomTold, Unnamed};
 use node_agent_kube::events::{OomCause, OomKill, PodOomKill};
 
-use super::core::Daemon;
+use crate::run::core::Daemon;
 use crate::{
     error_chain,
     probes::oom_kill::{self, Constraint},

@@ -7,38 +7,28 @@
 //! met or a memory trigger has fired, the node is re-read every `pressurePollInterval`;
 //! otherwise only every `resyncInterval`, which just guards against drift and missed events.
 //!
-//! [`core`] holds the daemon and its one loop, [`evaluate`] the one evaluation the loop asks
-//! for; its parts: the acting half (`node_agent_executor::Acts`: the plan and the executor,
-//! started from the config by [`acting_config`]), [`kernel_side`] (the kernel feed and the lines it
-//! arms, [`triggers`]), [`node`] (the node's layout and readings, with [`probe`] for
-//! filesystems off the loop and [`allocatable`] for the Node's figure), [`feed`] (the
-//! Kubernetes connection) and [`pods`], [`report`] (metrics, readiness, logs, the live stream
-//! of [`live`]), and [`reload`] (the config watched off the loop), applied whole or refused by
-//! [`reconfigure`]. What the loop does with a kernel OOM kill is in [`oom`]. [`wiring`] starts
-//! everything; [`kubelet`] compares the kubelet's own thresholds with the agent's.
+//! The agent is cut by part: [`crate::config`] (the file read, checked and watched),
+//! [`crate::observe`] (the node's sources: readings, pods, the Kubernetes connection, the lines
+//! armed in the kernel), [`crate::serve`] (what listens: the trace socket), and this module, the
+//! loop and what it reports. [`core`] holds the daemon and its one loop, [`evaluate`] the one
+//! evaluation the loop asks for, handing the plan to the acting half
+//! (`node_agent_executor::Acts`, started from the config by [`acting_config`]); [`kernel_side`]
+//! is the loop's hold on the kernel feed and the lines it arms; [`report`]
+//! says what the loop did (metrics, readiness, logs, the live stream); [`reconfigure`] applies a
+//! reload whole or refuses it; [`oom`] is what the loop does with a kernel OOM kill, with
+//! [`recent`] what it saw before and [`ahead`] how fast memory falls. [`wiring`] starts
+//! everything.
 
 mod acting_config;
 mod ahead;
-mod allocatable;
-pub mod config;
 mod core;
 mod error;
 mod evaluate;
-mod feed;
 mod kernel_side;
-mod kubelet;
-mod live;
-mod naming;
-mod node;
 mod oom;
-mod pid_limit;
-mod pods;
-mod probe;
 mod recent;
 mod reconfigure;
-mod reload;
 mod report;
-mod triggers;
 mod wiring;
 
 use std::path::PathBuf;
@@ -72,10 +62,7 @@ pub struct RunArgs {
 /// start and checks its list against this).
 #[cfg(test)]
 pub(crate) fn observed_signals() -> impl Iterator<Item = node_agent_policy::Signal> {
-    node::Source::ALL
+    crate::observe::node::Source::ALL
         .into_iter()
         .flat_map(|source| source.signals().iter().copied())
 }
-
-/// Where the config is read from when `--config` is not given.
-pub const DEFAULT_CONFIG: &str = "/etc/node-agent/config.yaml";

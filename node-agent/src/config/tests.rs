@@ -409,7 +409,7 @@ fn the_file_is_read_once_from_a_regular_file_within_the_cap() {
             .dry_run
     );
     // A file past the cap is refused without being parsed, even when it would parse.
-    let padding = "#".repeat(read::MAX_CONFIG_BYTES as usize);
+    let padding = "#".repeat(crate::fs_helper::read::MAX_CONFIG_BYTES as usize);
     std::fs::write(&path, format!("{}{padding}\n", doc(""))).unwrap();
     let err = AgentConfig::load(&path, &Overrides::default()).unwrap_err();
     assert!(

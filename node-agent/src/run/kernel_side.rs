@@ -4,11 +4,11 @@
 
 use node_agent_policy::{EvictionConfig, Signal};
 
-use super::{
+use crate::{
     config::AgentConfig,
-    node::{NodeLayout, NodeReading},
-    report::Reporter,
-    triggers::{self, Triggers},
+    observe::node::{NodeLayout, NodeReading},
+    observe::triggers::{self, Triggers},
+    run::report::Reporter,
 };
 use crate::{
     ebpf::MemoryMechanism,

@@ -21,7 +21,7 @@ use node_agent_kube::{
 };
 use tokio::{sync::watch, task::JoinHandle};
 
-use super::feed::Cluster;
+use crate::observe::feed::Cluster;
 use crate::telemetry::{KubeOperation, Metrics};
 
 /// Allocatable memory as a reading of the node takes it.
@@ -54,7 +54,7 @@ enum Origin {
 
 /// The Node reads, while they run, and what the log last said.
 #[derive(Default)]
-pub(super) struct AllocatableFeed {
+pub struct AllocatableFeed {
     reader: Option<Reader>,
     said: Option<Origin>,
 }
@@ -128,7 +128,7 @@ impl AllocatableFeed {
     /// connection or interval) or stopped; `figure`, the node's, set to what the next reading
     /// uses (a reader that is restarted keeps it until its first answer). Returns whether it
     /// changed: the kernel's lines are then written anew.
-    pub(super) fn sync(
+    pub(crate) fn sync(
         &mut self,
         configured: Option<i64>,
         cluster: Option<&Cluster>,
@@ -183,7 +183,7 @@ impl AllocatableFeed {
     }
 
     /// Resolves when the Node reader has a new figure; never while there is no reader.
-    pub(super) async fn changed(&mut self) {
+    pub(crate) async fn changed(&mut self) {
         let Some(reader) = self.reader.as_mut() else {
             return std::future::pending().await;
         };
@@ -194,7 +194,7 @@ impl AllocatableFeed {
 
     /// The Node reader's newest figure, once [`Self::changed`] said there is one, taken into
     /// `figure` (the node's) when it differs: then the figure it replaced.
-    pub(super) fn take_change(&mut self, figure: &mut Allocatable) -> Option<Allocatable> {
+    pub(crate) fn take_change(&mut self, figure: &mut Allocatable) -> Option<Allocatable> {
         let next = self.reader.as_mut()?.updates.borrow_and_update().clone();
         if next == *figure {
             return None;
@@ -220,7 +220,7 @@ fn say(from: Option<Origin>, configured: Option<i64>, kubernetes: bool, every: D
 /// Says how the Node's figure changed. An unknown one is said here, as the reading may not
 /// need it; where it does (no limit on the pods cgroup), the evaluation says the signal's source
 /// unreadable with the reason too.
-pub(super) fn say_changed(was: &Allocatable, next: &Allocatable) {
+pub(crate) fn say_changed(was: &Allocatable, next: &Allocatable) {
     match (was, next) {
         (_, Allocatable::Unknown(why)) => tracing::warn!(
             reason = why.as_str(),

@@ -5,20 +5,6 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use node_agent_kube::{access::Reviewer, api::Counters};
 
-use super::{
-    acting_config,
-    config::{AgentConfig, Overrides},
-    core::{Clock, Config, Daemon, Kube, Signals},
-    error::DaemonError,
-    feed::Cluster,
-    kernel_side::{fork_limit, KernelSide},
-    kubelet::check_kubelet,
-    live::Live,
-    node::{Filesystems, Node, NodeLayout},
-    reload::{read_capped, Checks, ConfigWatcher},
-    report::{inspect_mode, Reporter},
-    RunArgs, DEFAULT_CONFIG,
-};
 use crate::{
     cgroup::{self, Layout},
     ebpf::LoadOptions,
@@ -26,6 +12,30 @@ use crate::{
     kernel::KernelFeed,
     telemetry::{self, Health, Metrics},
 };
+use crate::{
+    config::reload::{read_capped, Checks, ConfigWatcher},
+    config::DEFAULT_CONFIG,
+    config::{AgentConfig, Overrides},
+    observe::feed::Cluster,
+    observe::node::{Filesystems, Node, NodeLayout, NodeReading},
+    run::acting_config,
+    run::core::{Clock, Config, Daemon, Kube, Signals},
+    run::error::DaemonError,
+    run::kernel_side::{fork_limit, KernelSide},
+    run::report::{inspect_mode, Reporter},
+    run::RunArgs,
+    serve::live::Live,
+};
+
+/// Compares the kubelet's thresholds with the agent's, off the loop (at start and after each
+/// reload).
+pub(super) fn check_kubelet(config: &AgentConfig, reading: &NodeReading) {
+    crate::config::kubelet::check_off_loop(
+        config.eviction.clone(),
+        config.settings.kubelet_config.clone(),
+        reading.capacities(),
+    );
+}
 
 /// How long the runtime is given to wind down after the loop stops: a request in flight is
 /// dropped, a filesystem probe hung in the kernel is left behind.
@@ -64,7 +74,7 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
     let layout = cgroup::detect()?;
     // Settings that parse but cannot be meant on this machine: refused before anything loads
     // (the same checks as `check-config --on-node`).
-    let node_dir = super::config::plausible::on_this_machine(&config, &layout)?;
+    let node_dir = crate::config::plausible::on_this_machine(&config, &layout)?;
     // The workers read the ring buffer: a short slice lets one woken by a kernel event run at
     // once on a CPU a memory-hungry task keeps busy (see `sys::ask_for_short_slice`).
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -174,7 +184,7 @@ async fn start(
         }
         None => None,
     };
-    super::pid_limit::say_namespace();
+    crate::observe::pid_limit::say_namespace();
     let clock = Clock::new(&config.current);
     let acts = acting_config::start(
         &config.current,
@@ -189,7 +199,7 @@ async fn start(
     let mut node_layout = NodeLayout::new(layout.memory.clone(), node_dir);
     // The kubelet's pods cgroup is below its cgroupRoot (kind's /kubelet, not kubeadm's /).
     if let Some(root) =
-        super::kubelet::cgroup_root(config.current.settings.kubelet_config.as_deref())
+        crate::config::kubelet::cgroup_root(config.current.settings.kubelet_config.as_deref())
     {
         node_layout = match node_layout.clone().with_kubelet_root(&root) {
             Ok(l) => {
@@ -220,7 +230,7 @@ async fn start(
     check_kubelet(&config.current, &node.read());
     match &config.current.runtime {
         Some(r) => tracing::info!(endpoint = %r.settings.endpoint,
-            from = if config.overrides.cri_endpoint.is_some() { super::config::CRI_ENDPOINT_VAR } else { "cri.endpoint" },
+            from = if config.overrides.cri_endpoint.is_some() { crate::config::CRI_ENDPOINT_VAR } else { "cri.endpoint" },
             "node-level reclaim through the container runtime before evicting for disk pressure; the runtime's ImageFsInfo decides the filesystem layout"),
         None if config.current.cri_unused => tracing::warn!(
             "cri: is set but not used: node-level reclaim needs the pod list (kubernetes:)"

@@ -12,16 +12,16 @@ use node_agent_executor::{Acts, Outcome};
 use node_agent_kube::api::Counters;
 use node_agent_policy::PolicyState;
 
-use super::{
-    allocatable,
+use crate::{
+    config::reload::{Change, ConfigWatcher},
     config::{AgentConfig, Overrides},
-    error::DaemonError,
-    feed::Cluster,
-    kernel_side::KernelSide,
-    node::Node,
-    pods::SnapshotNames,
-    reload::{Change, ConfigWatcher},
-    report::Reporter,
+    observe::allocatable,
+    observe::feed::Cluster,
+    observe::node::Node,
+    observe::pods::SnapshotNames,
+    run::error::DaemonError,
+    run::kernel_side::KernelSide,
+    run::report::Reporter,
 };
 use crate::{
     error_chain,
@@ -56,7 +56,7 @@ pub struct Kube {
     /// Who reviews the callers of `/metrics` (`metricsAccess: kubernetes`): this connection.
     pub reviewer: tokio::sync::watch::Sender<Option<Arc<node_agent_kube::access::Reviewer>>>,
     /// A threshold's eviction waiting for the pod source to name an unlisted pod.
-    pub naming: super::naming::Naming,
+    pub naming: crate::observe::naming::Naming,
 }
 
 /// Time: since start (the policy's `now`), and the loop's timers.
@@ -124,7 +124,7 @@ pub struct Daemon {
     pub config: Config,
     pub node: Node,
     /// How fast memory falls and how long relief takes: a hard threshold met early.
-    pub ahead: super::ahead::Ahead,
+    pub ahead: crate::run::ahead::Ahead,
     pub kernel: KernelSide,
     /// `None` in standalone mode.
     pub kube: Option<Kube>,
@@ -388,7 +388,7 @@ impl Daemon {
 
     /// A pod killed on the node: once its memory is back, the node is decided again at once.
     fn freed_memory(&mut self) {
-        let cgroups = super::pods::NodeCgroups {
+        let cgroups = crate::observe::pods::NodeCgroups {
             version: self.node.layout.version(),
         };
         let now = self.now();
@@ -440,7 +440,7 @@ impl Daemon {
             let Some(snapshot) = snapshot.as_ref() else {
                 return;
             };
-            super::pods::unlisted_uids(
+            crate::observe::pods::unlisted_uids(
                 self.kernel.feed.index(),
                 &self.config.current.settings.node_cgroup,
                 &snapshot.listed_uids,
@@ -464,7 +464,7 @@ impl Daemon {
         let Some(snapshot) = snapshot.as_ref() else {
             return false;
         };
-        let cgroups = super::pods::NodeCgroups {
+        let cgroups = crate::observe::pods::NodeCgroups {
             version: self.node.layout.version(),
         };
         self.acts.local_storage_due(

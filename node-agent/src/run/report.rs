@@ -16,11 +16,11 @@ use node_agent_executor::{
 use node_agent_kube::api::ApiError;
 use node_agent_policy::{Decision, EvictionConfig, NodeCondition, Signal};
 
-use super::{
+use crate::{
     config::AgentConfig,
-    live::Live,
-    node::{NodeReading, Source},
-    recent::{Acted, Recent},
+    observe::node::{NodeReading, Source},
+    run::recent::{Acted, Recent},
+    serve::live::Live,
 };
 use crate::{
     error_chain,

@@ -21,7 +21,7 @@ use std::{collections::HashMap, path::PathBuf};
 
 use node_agent_policy::{EvictionConfig, Signal};
 
-use super::node::{NodeLayout, NodeReading};
+use crate::observe::node::{NodeLayout, NodeReading};
 use crate::{
     cgroup::{paths, CgroupIndex},
     ebpf::{ControlError, KernelPrograms},

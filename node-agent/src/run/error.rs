@@ -1,7 +1,10 @@
 //! Why the daemon could not start or had to stop.
 
-use super::{config::ConfigError, feed::KubeSetupError, live::LiveError, reload::ReadError};
 use crate::{cgroup, kernel::FeedError, telemetry};
+use crate::{
+    config::reload::ReadError, config::ConfigError, observe::feed::KubeSetupError,
+    serve::live::LiveError,
+};
 
 /// Why the daemon could not start or had to stop. Each names what was wrong.
 #[derive(Debug, thiserror::Error)]

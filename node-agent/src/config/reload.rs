@@ -1,7 +1,7 @@
 //! Where the config comes from, and a new one taken whole or refused whole.
 //!
 //! The file is watched off the loop, by a thread of its own ([`ConfigWatcher`]): it reads the
-//! file (capped at [`MAX_CONFIG_BYTES`], regular files only, so a FIFO or a device never blocks
+//! file (capped at [`crate::fs_helper::read::MAX_CONFIG_BYTES`], regular files only, so a FIFO or a device never blocks
 //! it), and each content it takes is parsed and checked against the machine on a thread of its
 //! own, which hands the loop a config ready to apply, or the error naming what is wrong. A
 //! change is detected by content, not by mtime (a ConfigMap's symlink swap can keep the mtime),
@@ -33,10 +33,10 @@ use std::{
 use node_agent_policy::{EvictionConfig, PolicyState};
 use tokio::sync::mpsc;
 
-use super::config::{AgentConfig, ConfigError, Overrides};
+use super::{AgentConfig, ConfigError, Overrides};
 use crate::cgroup::Hierarchy;
 
-pub use super::config::read::{read_capped, ReadError};
+pub use crate::fs_helper::read::{read_capped, ReadError};
 
 /// How often the watcher reads the file.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -86,7 +86,7 @@ impl Checks {
     /// Parses and checks a file's content: the same verdict as at start.
     pub fn load(&self, bytes: &[u8]) -> Result<AgentConfig, ConfigError> {
         let config = AgentConfig::from_bytes(bytes, &self.overrides)?;
-        super::config::plausible::check_on_machine(&config.settings, &self.memory, &self.node_dir)?;
+        super::plausible::check_on_machine(&config.settings, &self.memory, &self.node_dir)?;
         Ok(config)
     }
 }
@@ -400,7 +400,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::daemon::config::read::MAX_CONFIG_BYTES;
+    use crate::fs_helper::read::MAX_CONFIG_BYTES;
 
     fn config(text: &str) -> AgentConfig {
         let o = Overrides {

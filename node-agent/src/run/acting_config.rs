@@ -14,9 +14,9 @@ use node_agent_executor::{
 use node_agent_kube::config::{HardEviction, PdbPolicy};
 use node_agent_policy::{error_chain, Eligibility};
 
-use super::{
+use crate::{
     config::{AgentConfig, Overrides},
-    feed::Cluster,
+    observe::feed::Cluster,
 };
 
 /// The executor started with the config's settings, the plan with its pacing and the way

@@ -1,5 +1,6 @@
 //! Reading a config file from disk: a regular file, capped in size, read once. The agent's own
-//! file (at start, by the reload watcher, by `check-config`) and the kubelet's are read here.
+//! file (at start, by the reload watcher, by `check-config`) and the kubelet's are read here,
+//! in the helper process ([`super::ask`]) where the file may hang.
 
 use std::{
     io::Read as _,

@@ -12,13 +12,13 @@ use node_agent_policy::{
     Signal,
 };
 
-use super::{read_file, AgentConfig, ConfigError, NodeAgentConfiguration, Overrides};
 use crate::{
     cgroup,
-    daemon::{
+    config::{
         kubelet::{self, KubeletConfig},
-        node::{Filesystems, Node, NodeLayout},
+        read_file, AgentConfig, ConfigError, NodeAgentConfiguration, Overrides,
     },
+    observe::node::{Filesystems, Node, NodeLayout},
 };
 
 #[derive(Debug, clap::Args)]
@@ -94,7 +94,8 @@ fn checked(args: &CheckArgs, env_node_name: Option<&str>) -> Result<Checked, Che
         false => None,
         true => {
             let layout = cgroup::detect().map_err(CheckError::Cgroups)?;
-            let node_dir = super::plausible::on_this_machine(&config, &layout).map_err(refused)?;
+            let node_dir =
+                crate::config::plausible::on_this_machine(&config, &layout).map_err(refused)?;
             // The node as the agent reads it at start, for the capacities the comparison with
             // the kubelet's percentages needs.
             let s = &config.settings;
@@ -286,7 +287,7 @@ fn not_checked(
                 "cri.endpoint {}{}: the runtime answers on its socket (checked at start for its ImageFsInfo and at each node-level reclaim, and said then)",
                 runtime.settings.endpoint,
                 if Overrides::cri_endpoint_from_env().is_some() {
-                    format!(" (from {})", super::CRI_ENDPOINT_VAR)
+                    format!(" (from {})", crate::config::CRI_ENDPOINT_VAR)
                 } else {
                     String::new()
                 }

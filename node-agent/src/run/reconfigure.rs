@@ -6,15 +6,15 @@
 
 use std::sync::Arc;
 
-use super::{
-    acting_config,
-    core::Daemon,
-    feed::{same_connection, Cluster},
-    kernel_side::fork_limit,
-    kubelet::check_kubelet,
-    node::Filesystems,
-    reload::{remap_state, unchangeable, Candidate, Refusal},
-    report::inspect_mode,
+use crate::{
+    config::reload::{remap_state, unchangeable, Candidate, Refusal},
+    observe::feed::{same_connection, Cluster},
+    observe::node::Filesystems,
+    run::acting_config,
+    run::core::Daemon,
+    run::kernel_side::fork_limit,
+    run::report::inspect_mode,
+    run::wiring::check_kubelet,
 };
 use crate::{error_chain, telemetry::Trigger};
 
