@@ -94,7 +94,7 @@ impl Reader {
                     Err(e) => {
                         if e.is_unreachable() {
                             // Counted by the client's backoff; the cluster connection's state
-                            // (`daemon::feed`) logs the outage once and names it on /readyz.
+                            // (`observe::feed`) logs the outage once and names it on /readyz.
                             metrics.kube_error(KubeOperation::NodeAllocatable);
                             if matches!(*tx.borrow(), Allocatable::Node(_)) {
                                 continue;

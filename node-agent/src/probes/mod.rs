@@ -14,7 +14,7 @@
 //! probe is its kernel program, its record type in `node-agent-common`, a module here that
 //! implements [`Probe`], its line in each list of this file ([`NAMES`], the two enums and their
 //! matches) and its variant of `trace::Record`; then the daemon's answer to it, a policy choice
-//! (`daemon::core`).
+//! (`run::core`).
 
 pub mod fork_storm;
 pub mod memory_threshold;
