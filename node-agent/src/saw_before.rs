@@ -1,5 +1,5 @@
 //! What the agent saw and did in the minute before an OOM kill, as one value. The daemon
-//! builds it from what it remembers (`daemon::recent`) and tells it in the pod's event; the
+//! builds it from what it remembers (`run::recent`) and tells it in the pod's event; the
 //! live stream carries it in the kill's record (`trace::Record`). It is the daemon's, and
 //! both sides read it from here, so the wire format needs nothing of the daemon's.
 

@@ -1,5 +1,5 @@
 //! OOM kills: the kernel's OOM killer chose a victim and is about to kill it (kernel side:
-//! `node-agent-ebpf/src/oom.rs`). The daemon tells the victim's pod (see `daemon::oom`).
+//! `node-agent-ebpf/src/oom.rs`). The daemon tells the victim's pod (see `run::oom`).
 
 use node_agent_common::{OomKillEvent, KIND_OOM_KILL, OOM_CGROUP_LIMIT, OOM_SYSTEM};
 use serde::{Deserialize, Serialize};

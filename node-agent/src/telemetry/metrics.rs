@@ -37,7 +37,7 @@ pub const DECISION_LATENCY_BUCKETS: [f64; 16] = [
     10.0,
 ];
 
-/// The signals the agent observes (`daemon::observe::Source::signals`): their counters exist
+/// The signals the agent observes (`observe::node::Source::signals`): their counters exist
 /// from the start. A test holds the two lists together.
 pub const OBSERVED_SIGNALS: [Signal; 7] = [
     Signal::MemoryAvailable,
