@@ -16,6 +16,7 @@ pub mod control_plane;
 pub mod down;
 pub mod faults;
 pub mod gomod;
+pub mod helm;
 pub mod images;
 pub mod kubectl;
 pub mod layout;

@@ -236,6 +236,8 @@ pub fn test_files() -> anyhow::Result<Vec<String>> {
 fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> anyhow::Result<()> {
     let started = Instant::now();
     crate::tools::nextest()?;
+    // The chart's tests install it with Helm.
+    let helm = crate::tools::helm()?;
     let object = ebpf(tc)?;
     let c = cluster();
     let snapshot_file: PathBuf = c.layout.dir.join("host-before-up.json");
@@ -303,7 +305,8 @@ fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> a
         .env("NODE_AGENT_HOST_BEFORE_UP", &snapshot_file)
         .env("NODE_AGENT_IMAGE", &agent_image.reference)
         .env("NODE_AGENT_IMAGE_ARCHIVE", &agent_image.path)
-        .env("NODE_AGENT_PLUGIN", &plugin);
+        .env("NODE_AGENT_PLUGIN", &plugin)
+        .env("HELM", &helm);
         if let Err(e) = run_cmd(&mut cmd) {
             eprintln!("xtask: {file} failed: {e:#}");
             failed.push(file.clone());

@@ -130,6 +130,7 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
             .env("KUBERNETES_VALIDATE", &tools.kubernetes_validate)
             .env("PROMTOOL", &tools.promtool)
             .env("PROMETHEUS", &tools.prometheus)
+            .env("HELM", &tools.helm)
             .envs(image_env);
         if let Err(e) = run_cmd(&mut kernel) {
             eprintln!("xtask: {file} failed: {e:#}");

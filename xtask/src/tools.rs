@@ -2,8 +2,9 @@
 //! said so: cargo-nextest (runs every test file with a per-test time bound), cargo-fuzz
 //! (libFuzzer targets), kubectl (renders deploy/ with kustomize), kubernetes-validate
 //! (checks the rendered objects against Kubernetes' OpenAPI schemas, offline), promtool
-//! (lints `/metrics` and the alert rules) and the Prometheus server (scrapes a running agent
-//! and evaluates the dashboard's queries and the alerts).
+//! (lints `/metrics` and the alert rules), the Prometheus server (scrapes a running agent
+//! and evaluates the dashboard's queries and the alerts) and Helm (renders and installs
+//! deploy/chart), built from its Go module.
 
 use std::{
     path::{Path, PathBuf},
@@ -29,6 +30,7 @@ pub struct DeployTools {
     pub kubernetes_validate: PathBuf,
     pub promtool: PathBuf,
     pub prometheus: PathBuf,
+    pub helm: PathBuf,
 }
 
 /// Everything `cargo xtask test` needs.
@@ -196,6 +198,7 @@ pub fn deploy_tools() -> anyhow::Result<DeployTools> {
         kubernetes_validate,
         promtool,
         prometheus,
+        helm: helm()?,
     })
 }
 
@@ -281,4 +284,11 @@ fn prometheus() -> anyhow::Result<(PathBuf, PathBuf)> {
         );
     }
     Ok((promtool, server))
+}
+
+/// Helm, built from its Go module (cluster/helm, the version its go.mod pins) into
+/// target/tools/bin: seconds when it is built already, about 3 minutes from a cold Go cache.
+pub fn helm() -> anyhow::Result<PathBuf> {
+    let root = workspace_root();
+    node_agent_cluster::helm::build(&root.join("cluster/helm"), &root.join("target/tools/bin"))
 }
