@@ -266,9 +266,33 @@ fn render_install(
     components: &[&str],
     config: Option<&str>,
 ) -> (RemoveOnDrop, Vec<Value>) {
+    render_with(name, &[], components, config)
+}
+
+/// [`render_install`] with `resources` (paths in deploy/, as its comments name them) added to
+/// the kustomization's resources, as the operator uncomments one.
+fn render_with(
+    name: &str,
+    resources: &[&str],
+    components: &[&str],
+    config: Option<&str>,
+) -> (RemoveOnDrop, Vec<Value>) {
     let dir = tempfile_dir(name);
     let root = dir.0.join("deploy");
     copy_dir(&deploy_dir(), &root);
+    if !resources.is_empty() {
+        let k = std::fs::read_to_string(root.join("kustomization.yaml")).expect("kustomization");
+        let listed: String = resources.iter().map(|r| format!("  - {r}\n")).collect();
+        assert!(
+            k.contains("resources:\n"),
+            "deploy/kustomization.yaml lists resources"
+        );
+        std::fs::write(
+            root.join("kustomization.yaml"),
+            k.replacen("resources:\n", &format!("resources:\n{listed}"), 1),
+        )
+        .expect("kustomization");
+    }
     if !components.is_empty() {
         let mut k =
             std::fs::read_to_string(root.join("kustomization.yaml")).expect("kustomization");
@@ -981,4 +1005,397 @@ fn the_plugin_users_roles_validate_read_only_and_forward_only_to_the_agents() {
     assert!(!kinds(&base)
         .iter()
         .any(|k| k.contains("node-agent-operator")));
+}
+
+// ---- The Helm chart (deploy/chart) against the kustomize install ----
+
+fn chart_dir() -> PathBuf {
+    deploy_dir().join("chart")
+}
+
+/// `helm` with `args` (HELM, built from its Go module by `cargo xtask test`): its output, or
+/// its error text when it fails.
+fn helm(args: &[&str]) -> Result<String, String> {
+    let out = run_bounded(Command::new(tool("HELM")).args(args));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!("{stdout}{stderr}"))
+    }
+}
+
+/// `helm template node-agent deploy/chart --namespace node-agent` with `values` (each
+/// `--set`, `--set-file`, ... and its argument), as the text and its documents.
+fn helm_template(values: &[&str]) -> (String, Vec<Value>) {
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        "node-agent",
+        chart.to_str().expect("UTF-8 path"),
+        "--namespace",
+        "node-agent",
+    ];
+    args.extend_from_slice(values);
+    let text = helm(&args).unwrap_or_else(|e| panic!("helm {args:?}: {e}"));
+    let docs = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).expect("rendered YAML"))
+        .filter(|v| !v.is_null())
+        .collect();
+    (text, docs)
+}
+
+/// The objects as the comparison sees them, by kind and name, with each difference between the
+/// two installs that is meant taken out (and only those):
+/// - the Namespace: kustomize's base creates it; the chart installs into the release's, made
+///   and labelled beforehand (`helm install` stores the release there first);
+/// - the ConfigMap's name: kustomize's carries a hash of its content, the chart's is fixed and
+///   its content's hash is a pod template annotation (`node-agent.io/config-sha256`): either
+///   way a changed config is a changed pod template;
+/// - Helm's own labels (`app.kubernetes.io/managed-by`, `helm.sh/chart`);
+/// - the order of env, volume mounts and volumes, which kustomize's patches change and the API
+///   server does not read (no `$(VAR)` refers to another variable).
+fn comparable(docs: &[Value]) -> std::collections::BTreeMap<String, Value> {
+    let mut out = std::collections::BTreeMap::new();
+    for doc in docs {
+        if doc["kind"] == "Namespace" {
+            continue;
+        }
+        let mut doc = doc.clone();
+        if let Some(labels) = doc
+            .pointer_mut("/metadata/labels")
+            .and_then(Value::as_object_mut)
+        {
+            labels.remove("app.kubernetes.io/managed-by");
+            labels.remove("helm.sh/chart");
+        }
+        let is_config = |name: &str| name.starts_with("node-agent-config");
+        if doc["kind"] == "ConfigMap" && doc["metadata"]["name"].as_str().is_some_and(is_config) {
+            doc["metadata"]["name"] = "node-agent-config".into();
+        }
+        if doc["kind"] == "DaemonSet" {
+            let template = &mut doc["spec"]["template"];
+            if let Some(annotations) = template
+                .pointer_mut("/metadata/annotations")
+                .and_then(Value::as_object_mut)
+            {
+                annotations.remove("node-agent.io/config-sha256");
+                if annotations.is_empty() {
+                    template["metadata"]
+                        .as_object_mut()
+                        .expect("metadata")
+                        .remove("annotations");
+                }
+            }
+            let spec = &mut template["spec"];
+            for v in spec["volumes"].as_array_mut().into_iter().flatten() {
+                if v["configMap"]["name"].as_str().is_some_and(is_config) {
+                    v["configMap"]["name"] = "node-agent-config".into();
+                }
+            }
+            let by = |list: &mut Value, key: &str| {
+                if let Some(items) = list.as_array_mut() {
+                    items.sort_by_key(|i| i[key].as_str().unwrap_or("").to_string());
+                }
+            };
+            by(&mut spec["volumes"], "name");
+            for c in spec["containers"].as_array_mut().into_iter().flatten() {
+                by(&mut c["env"], "name");
+                by(&mut c["volumeMounts"], "mountPath");
+            }
+        }
+        let key = format!(
+            "{}/{}",
+            doc["kind"].as_str().unwrap_or("?"),
+            doc["metadata"]["name"].as_str().unwrap_or("?")
+        );
+        assert!(out.insert(key.clone(), doc).is_none(), "{key} twice");
+    }
+    out
+}
+
+/// Fails naming each object that one install has and the other has not, or that differs
+/// beyond what [`comparable`] takes out.
+fn assert_same_objects(what: &str, kustomize: &[Value], chart: &[Value]) {
+    let (k, c) = (comparable(kustomize), comparable(chart));
+    let only = |a: &std::collections::BTreeMap<String, Value>,
+                b: &std::collections::BTreeMap<String, Value>| {
+        a.keys()
+            .filter(|n| !b.contains_key(*n))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        only(&k, &c).is_empty() && only(&c, &k).is_empty(),
+        "{what}: only kustomize installs {:?}; only the chart installs {:?}",
+        only(&k, &c),
+        only(&c, &k)
+    );
+    for (name, object) in &k {
+        let mut found = Vec::new();
+        differences("", object, &c[name], &mut found);
+        assert!(
+            found.is_empty(),
+            "{what}: {name} differs (kustomize | the chart):\n{}",
+            found.join("\n")
+        );
+    }
+}
+
+/// Each place where `a` and `b` differ, as a JSON pointer with both values.
+fn differences(at: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for key in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
+                let (l, r) = (
+                    x.get(key).unwrap_or(&Value::Null),
+                    y.get(key).unwrap_or(&Value::Null),
+                );
+                differences(&format!("{at}/{key}"), l, r, out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (l, r)) in x.iter().zip(y).enumerate() {
+                differences(&format!("{at}/{i}"), l, r, out);
+            }
+        }
+        _ if a != b => out.push(format!("  {at}: {a} | {b}")),
+        _ => {}
+    }
+}
+
+#[test]
+fn the_chart_lints_and_with_its_defaults_installs_what_kustomize_installs() {
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("UTF-8 path");
+    let lint = helm(&["lint", "--strict", chart]).unwrap_or_else(|e| panic!("helm lint: {e}"));
+    assert!(lint.contains("0 chart(s) failed"), "{lint}");
+
+    let (text, chart_docs) = helm_template(&[]);
+    validate("chart", &text);
+    let (kustomize_text, kustomize_docs) = render(&deploy_dir());
+    assert!(
+        kustomize_text.contains("kind: Namespace"),
+        "the base creates the namespace"
+    );
+    assert_same_objects("the defaults", &kustomize_docs, &chart_docs);
+    // The agent takes the chart's config as it takes deploy/config.yaml.
+    let shipped = std::fs::read_to_string(deploy_dir().join("config.yaml")).expect("config");
+    assert_eq!(
+        config_map(&chart_docs)["data"]["config.yaml"],
+        shipped.as_str()
+    );
+    check_config(&shipped);
+}
+
+#[test]
+fn each_chart_value_installs_what_its_kustomize_component_does() {
+    // (the chart's values, the kustomize resources and components an operator enables)
+    let cases: &[(&[&str], &[&str], &[&str])] = &[
+        (&["--set", "enforce=true"], &[], &["enforce"]),
+        (
+            &["--set", "enforceByNodeLabel=true"],
+            &[],
+            &["enforce-by-node-label"],
+        ),
+        (&["--set", "runtime=k3s"], &[], &["runtime-k3s"]),
+        (&["--set", "runtime=rke2"], &[], &["runtime-rke2"]),
+        (&["--set", "runtime=crio"], &[], &["runtime-crio"]),
+        (&["--set", "privileged=true"], &[], &["privileged"]),
+        (
+            &[
+                "--set",
+                "serviceMonitor.enabled=true,prometheusRule.enabled=true,grafanaDashboard.enabled=true",
+            ],
+            &[],
+            &["monitoring"],
+        ),
+        (&["--set", "networkPolicy.enabled=true"], &[], &["networkpolicy"]),
+        (
+            &["--set", "rbac.kubeletProxy=true"],
+            &["rbac-kubelet-proxy.yaml"],
+            &[],
+        ),
+        (
+            &["--set", "rbac.pdbOverride=true"],
+            &["override/rbac-override.yaml"],
+            &[],
+        ),
+        // Components together, in the order the kustomization asks for.
+        (
+            &[
+                "--set",
+                "enforceByNodeLabel=true,runtime=crio,privileged=true,networkPolicy.enabled=true",
+            ],
+            &[],
+            &[
+                "enforce-by-node-label",
+                "runtime-crio",
+                "privileged",
+                "networkpolicy",
+            ],
+        ),
+    ];
+    for (i, (values, resources, components)) in cases.iter().enumerate() {
+        let (_dir, kustomize) = render_with(&format!("chart-{i}"), resources, components, None);
+        let (text, chart) = helm_template(values);
+        let builtin: String = chart
+            .iter()
+            .filter(|d| d["apiVersion"] != "monitoring.coreos.com/v1")
+            .map(|d| format!("---\n{}", serde_yaml_ng::to_string(d).expect("YAML")))
+            .collect();
+        validate(
+            &format!("chart-{i}"),
+            if builtin.is_empty() { &text } else { &builtin },
+        );
+        assert_same_objects(&format!("{values:?}"), &kustomize, &chart);
+    }
+}
+
+#[test]
+fn the_chart_refuses_a_wrong_value_naming_it() {
+    for (set, needle) in [
+        ("runtime=docker", "runtime"),
+        ("enforce=yes", "enforce"),
+        ("image.digest=sha256:abc", "digest"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("image.repository=", "repository"),
+        ("extraEnv[0].name=NODE_NAME", "extraEnv"),
+        (
+            "podLabels.app\\.kubernetes\\.io/name=x",
+            "app.kubernetes.io/name",
+        ),
+        ("resources.limits.memory=lots", "memory"),
+        ("serviceAccount.name=Not_A_Name", "name"),
+        ("updateStrategy.type=Recreate", "type"),
+        ("replicas=3", "replicas"),
+    ] {
+        let chart = chart_dir();
+        let refused = helm(&[
+            "template",
+            "node-agent",
+            chart.to_str().expect("UTF-8 path"),
+            "--set",
+            set,
+        ])
+        .expect_err(set);
+        assert!(
+            refused.contains("values don't meet the specifications of the schema")
+                && refused.contains(needle),
+            "--set {set}: {refused}"
+        );
+    }
+}
+
+#[test]
+fn the_config_value_is_the_agents_config_and_a_change_rolls_the_pods() {
+    let shipped = std::fs::read_to_string(deploy_dir().join("config.yaml")).expect("config");
+    let changed = shipped.replace("logLevel: info", "logLevel: debug");
+    assert_ne!(changed, shipped, "deploy/config.yaml sets logLevel: info");
+    let dir = tempfile_dir("chart-config");
+    let file = dir.0.join("config.yaml");
+    std::fs::write(&file, &changed).expect("config file");
+    let hash = |docs: &[Value]| -> String {
+        let ds = docs
+            .iter()
+            .find(|d| d["kind"] == "DaemonSet")
+            .expect("DaemonSet");
+        ds["spec"]["template"]["metadata"]["annotations"]["node-agent.io/config-sha256"]
+            .as_str()
+            .expect("the config's hash on the pod template")
+            .to_string()
+    };
+    let (_, before) = helm_template(&[]);
+    let (_, after) = helm_template(&["--set-file", &format!("config={}", file.display())]);
+    let taken = config_map(&after)["data"]["config.yaml"]
+        .as_str()
+        .expect("config.yaml");
+    assert_eq!(taken, changed, "the ConfigMap holds the file as given");
+    check_config(taken);
+    assert_ne!(
+        hash(&before),
+        hash(&after),
+        "a new config, a new pod template"
+    );
+    // The same config again: the same template, nothing rolls.
+    let (_, again) = helm_template(&["--set-file", &format!("config={}", file.display())]);
+    assert_eq!(hash(&after), hash(&again));
+}
+
+/// README.md's table of the chart's values, between its two markers, is the one the schema
+/// makes: every value with its type, default and description.
+#[test]
+fn the_readmes_values_table_is_the_schemas() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.schema.json")).expect("schema"),
+    )
+    .expect("schema JSON");
+    let defaults: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.yaml")).expect("values.yaml"),
+    )
+    .expect("values.yaml");
+    let mut rows = vec![
+        "| value | type | default | what it does |".to_string(),
+        "| --- | --- | --- | --- |".to_string(),
+    ];
+    fn walk(prefix: &str, schema: &Value, defaults: &Value, rows: &mut Vec<String>) {
+        for (key, s) in schema["properties"].as_object().expect("properties") {
+            let name = format!("{prefix}{key}");
+            let default = &defaults[key];
+            // An object whose every part says what it is gets a row per part; one whose parts
+            // are Kubernetes' own (updateStrategy, resources) is one row.
+            let parts = s["properties"].as_object().filter(|p| !p.is_empty());
+            if parts.is_some_and(|p| p.values().all(|v| v["description"].is_string())) {
+                walk(&format!("{name}."), s, default, rows);
+                continue;
+            }
+            let kind = match (&s["type"], &s["enum"]) {
+                (Value::String(t), _) => t.clone(),
+                (Value::Array(ts), _) => ts
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" or "),
+                (_, Value::Array(e)) => e
+                    .iter()
+                    .map(|v| match v.as_str() {
+                        Some("") | None => format!("`{v}`"),
+                        Some(word) => format!("`{word}`"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                _ => "any".into(),
+            };
+            let shown = match default {
+                Value::Null => "".to_string(),
+                Value::String(s) if s.is_empty() => "`\"\"`".into(),
+                other => format!("`{}`", serde_json::to_string(other).expect("JSON")),
+            };
+            rows.push(format!(
+                "| `{name}` | {kind} | {shown} | {} |",
+                s["description"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{name} has no description in the schema"))
+            ));
+        }
+    }
+    walk("", &schema, &defaults, &mut rows);
+    let table = rows.join("\n");
+    let readme = std::fs::read_to_string(deploy_dir().join("../README.md")).expect("README");
+    let (begin, end) = (
+        "<!-- chart values: generated from deploy/chart/values.schema.json -->\n",
+        "\n<!-- end of chart values -->",
+    );
+    let written = readme
+        .split_once(begin)
+        .and_then(|(_, rest)| rest.split_once(end))
+        .map(|(t, _)| t)
+        .unwrap_or_else(|| {
+            panic!("README.md has no chart values table between {begin:?} and {end:?}")
+        });
+    assert_eq!(
+        written, table,
+        "README.md's chart values table is not the schema's; the table it should hold:\n{table}"
+    );
 }
