@@ -1,6 +1,6 @@
 // Helm, the package manager that installs deploy/chart, built from its Go module as the
 // cluster's components are (cluster/go): `cargo xtask setup` and `cargo xtask test` build
-// target/cluster/bin/helm from this module at the version it pins, with -mod=readonly and the
+// target/tools/bin/helm from this module (cluster/src/gotool.rs) at the version it pins, with -mod=readonly and the
 // modules checked against go.sum. To move to another Helm: `go get -tool
 // helm.sh/helm/v4/cmd/helm@vX.Y.Z && go mod tidy` here, then commit go.mod and go.sum.
 module node-agent.io/cluster/helm

@@ -11,12 +11,13 @@
 //! the README tells users to, through `cluster/overlay`, which names each difference this box
 //! needs. `down` ends all of it ([`down`]).
 
+pub mod chart;
 pub mod compile;
 pub mod control_plane;
 pub mod down;
 pub mod faults;
 pub mod gomod;
-pub mod helm;
+pub mod gotool;
 pub mod images;
 pub mod kubectl;
 pub mod layout;

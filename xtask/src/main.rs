@@ -2,6 +2,7 @@
 
 mod agent;
 mod bench;
+mod chart;
 mod cluster;
 mod fuzz;
 mod image;
@@ -56,6 +57,9 @@ enum Command {
     /// The agent as an OCI image (static binary, FROM scratch), saved as an OCI archive under
     /// target/image/.
     Image,
+    /// The Helm chart (deploy/chart) linted and packaged into target/chart/, and with `--push
+    /// oci://REGISTRY/PATH` pushed there as an OCI artifact, by Helm built from its Go module.
+    Chart(chart::ChartArgs),
     /// rustfmt check and clippy with warnings denied, for every crate including the eBPF one.
     Lint,
     /// kubectl node-agent as one static binary, packed for krew: target/krew/ holds the
@@ -112,6 +116,7 @@ fn main() -> ExitCode {
         }
         Command::Test { args } => toolchain::setup().and_then(|tc| test::test(&tc, &args)),
         Command::Image => toolchain::setup().and_then(|tc| image::image(&tc).map(drop)),
+        Command::Chart(args) => chart::chart(&args),
         Command::Lint => toolchain::setup().and_then(|tc| lint::all(&tc)),
         Command::Plugin => toolchain::setup().and_then(|tc| plugin::plugin(&tc)),
         Command::VmTest(args) => toolchain::setup().and_then(|tc| vm::test(&tc, &args)),

@@ -131,6 +131,7 @@ pub fn test(tc: &EbpfToolchain, extra: &[String]) -> anyhow::Result<()> {
             .env("PROMTOOL", &tools.promtool)
             .env("PROMETHEUS", &tools.prometheus)
             .env("HELM", &tools.helm)
+            .env("REGISTRY", &tools.registry)
             .envs(image_env);
         if let Err(e) = run_cmd(&mut kernel) {
             eprintln!("xtask: {file} failed: {e:#}");

@@ -4,7 +4,8 @@
 //! (checks the rendered objects against Kubernetes' OpenAPI schemas, offline), promtool
 //! (lints `/metrics` and the alert rules), the Prometheus server (scrapes a running agent
 //! and evaluates the dashboard's queries and the alerts) and Helm (renders and installs
-//! deploy/chart), built from its Go module.
+//! deploy/chart) and an OCI registry (holds the chart's artifact in a test), built from
+//! their Go modules.
 
 use std::{
     path::{Path, PathBuf},
@@ -31,6 +32,7 @@ pub struct DeployTools {
     pub promtool: PathBuf,
     pub prometheus: PathBuf,
     pub helm: PathBuf,
+    pub registry: PathBuf,
 }
 
 /// Everything `cargo xtask test` needs.
@@ -199,6 +201,7 @@ pub fn deploy_tools() -> anyhow::Result<DeployTools> {
         promtool,
         prometheus,
         helm: helm()?,
+        registry: registry()?,
     })
 }
 
@@ -287,8 +290,22 @@ fn prometheus() -> anyhow::Result<(PathBuf, PathBuf)> {
 }
 
 /// Helm, built from its Go module (cluster/helm, the version its go.mod pins) into
-/// target/tools/bin: seconds when it is built already, about 3 minutes from a cold Go cache.
+/// target/tools/bin: milliseconds when it is built already, about 3 minutes from a cold Go
+/// cache.
 pub fn helm() -> anyhow::Result<PathBuf> {
+    go_tool(&node_agent_cluster::gotool::HELM)
+}
+
+/// The CNCF Distribution registry, built from its Go module (cluster/registry) as Helm is.
+pub fn registry() -> anyhow::Result<PathBuf> {
+    go_tool(&node_agent_cluster::gotool::REGISTRY)
+}
+
+fn go_tool(tool: &node_agent_cluster::gotool::GoTool) -> anyhow::Result<PathBuf> {
     let root = workspace_root();
-    node_agent_cluster::helm::build(&root.join("cluster/helm"), &root.join("target/tools/bin"))
+    node_agent_cluster::gotool::build(
+        tool,
+        &root.join("cluster").join(tool.name),
+        &root.join("target/tools/bin"),
+    )
 }
