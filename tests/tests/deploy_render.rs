@@ -1399,3 +1399,94 @@ fn the_readmes_values_table_is_the_schemas() {
         "README.md's chart values table is not the schema's; the table it should hold:\n{table}"
     );
 }
+
+/// An OCI registry on loopback (the CNCF Distribution registry, REGISTRY, built from its Go
+/// module by `cargo xtask test`), its storage in a directory of the test's; stopped when
+/// dropped.
+struct Registry {
+    child: std::process::Child,
+    address: String,
+    _storage: RemoveOnDrop,
+}
+
+impl Registry {
+    fn start() -> Self {
+        let storage = tempfile_dir("registry");
+        // A port the kernel gave and this process let go of just before the registry binds it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let address = format!("127.0.0.1:{port}");
+        let config = storage.0.join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {address}\n",
+                storage.0.join("data").display()
+            ),
+        )
+        .expect("registry config");
+        let child = Command::new(tool("REGISTRY"))
+            .arg("serve")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the registry");
+        let registry = Self {
+            child,
+            address,
+            _storage: storage,
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&registry.address).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the registry listens on {} within 30 s",
+                registry.address
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        registry
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What `cargo xtask chart --push` does (lint, package, push), into a real OCI registry: the
+/// artifact Helm pulls back renders exactly what the chart in the tree renders.
+#[test]
+fn the_chart_pushed_as_an_oci_artifact_renders_what_the_tree_does() {
+    let helm_bin = PathBuf::from(tool("HELM"));
+    let out = tempfile_dir("chart-package");
+    let package = node_agent_cluster::chart::package(&helm_bin, &chart_dir(), &out.0, "0.1.0")
+        .expect("lint and package");
+    let registry = Registry::start();
+    let to = format!("oci://{}/charts", registry.address);
+    let digest = node_agent_cluster::chart::push(&helm_bin, &package, &to, true)
+        .expect("push to the registry");
+    assert!(digest.starts_with("sha256:"), "{digest}");
+    let pulled = helm(&[
+        "template",
+        "node-agent",
+        &format!("{to}/node-agent"),
+        "--version",
+        "0.1.0",
+        "--plain-http",
+        "--namespace",
+        "node-agent",
+    ])
+    .unwrap_or_else(|e| panic!("helm template from the registry: {e}"));
+    let (local, _) = helm_template(&[]);
+    assert_eq!(pulled, local, "the artifact is the chart");
+    // A chart whose version is not the agent's is never packaged.
+    let refused = node_agent_cluster::chart::package(&helm_bin, &chart_dir(), &out.0, "9.9.9")
+        .expect_err("another agent version");
+    assert!(refused.to_string().contains("9.9.9"), "{refused:#}");
+}
