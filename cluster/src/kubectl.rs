@@ -37,14 +37,6 @@ impl Kubectl {
         }
     }
 
-    /// A kubectl for another user's kubeconfig.
-    pub fn with_kubeconfig(&self, kubeconfig: impl Into<PathBuf>) -> Self {
-        Self {
-            binary: self.binary.clone(),
-            kubeconfig: kubeconfig.into(),
-        }
-    }
-
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--kubeconfig")

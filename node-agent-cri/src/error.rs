@@ -49,17 +49,6 @@ impl CriError {
         }
     }
 
-    /// The runtime says the object does not exist (already removed, never there).
-    pub fn is_not_found(&self) -> bool {
-        matches!(
-            self,
-            Self::Call {
-                code: tonic::Code::NotFound,
-                ..
-            }
-        )
-    }
-
     pub(crate) fn status(call: &'static str, endpoint: &Endpoint, status: tonic::Status) -> Self {
         // A refused or missing socket surfaces as `Unavailable` with the transport error inside;
         // flatten the chain so the message says why (e.g. "No such file or directory").

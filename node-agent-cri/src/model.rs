@@ -103,11 +103,6 @@ pub struct Image {
 }
 
 impl Image {
-    /// The image's first tag, else its ID: how it is named to a person.
-    pub fn display_name(&self) -> &str {
-        self.repo_tags.first().unwrap_or(&self.id)
-    }
-
     /// Whether `reference` names this image: its ID, a tag or a digest.
     pub fn is_named(&self, reference: &str) -> bool {
         self.id == reference

@@ -132,11 +132,6 @@ impl PassReason {
             Self::NotEvictableNow(n) => n.as_str(),
         }
     }
-
-    /// Passed over whatever happens (as opposed to "not now").
-    pub fn is_permanent(self) -> bool {
-        !matches!(self, Self::NotEvictableNow(_))
-    }
 }
 
 impl std::fmt::Display for PassReason {

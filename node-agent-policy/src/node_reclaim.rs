@@ -65,16 +65,6 @@ impl fmt::Display for FsLayout {
 }
 
 impl FsLayout {
-    /// The layout `simulate` and the policy know: a dedicated imagefs holds images and
-    /// writable layers, or everything shares nodefs.
-    pub fn from_has_imagefs(has_imagefs: bool) -> FsLayout {
-        if has_imagefs {
-            FsLayout::SeparateImageFs
-        } else {
-            FsLayout::Shared
-        }
-    }
-
     /// The signals whose filesystem holds the images (and dead containers' layers), so what
     /// node-level reclaim frees shows in them.
     fn freed_on(self) -> &'static [Signal] {

@@ -40,10 +40,6 @@ impl Tls {
             also_named: Vec::new(),
         }
     }
-
-    pub fn is_verified(&self) -> bool {
-        matches!(self, Self::Verify { .. })
-    }
 }
 
 /// The rustls configuration for `tls`: the CA files read now, and a verifier that accepts a
