@@ -1490,3 +1490,96 @@ fn the_chart_pushed_as_an_oci_artifact_renders_what_the_tree_does() {
         .expect_err("another agent version");
     assert!(refused.to_string().contains("9.9.9"), "{refused:#}");
 }
+
+/// The values users of node agents set, each where a pod spec has it, validated against the
+/// Kubernetes schemas like every other render.
+#[test]
+fn each_pod_value_lands_where_the_pod_spec_has_it() {
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let set = format!(
+        "image.repository=registry.example.com/node-agent,image.tag=9.9.9,image.digest={digest},\
+         image.pullPolicy=Always,imagePullSecrets[0].name=pull,priorityClassName=agents,\
+         nodeSelector.pool=infra,tolerations[0].key=dedicated,tolerations[0].operator=Exists,\
+         podAnnotations.team=sre,podLabels.team=sre,extraEnv[0].name=RUST_BACKTRACE,\
+         extraEnv[0].value=full,resources.limits.memory=512Mi,resources.requests.memory=512Mi,\
+         serviceAccount.create=false,serviceAccount.name=prebuilt,\
+         updateStrategy.rollingUpdate.maxSurge=0,updateStrategy.rollingUpdate.maxUnavailable=1,\
+         affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=zone,\
+         affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists,\
+         enforceByNodeLabel=true"
+    );
+    let (text, docs) = helm_template(&["--set", &set]);
+    validate("chart-values", &text);
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "ServiceAccount"),
+        "serviceAccount.create=false makes none"
+    );
+    for binding in docs.iter().filter(|d| d["kind"] == "ClusterRoleBinding") {
+        assert_eq!(binding["subjects"][0]["name"], "prebuilt", "{binding}");
+    }
+    let policy = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .expect("the policy");
+    assert!(
+        policy["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .is_some_and(|e| e.contains("'system:serviceaccount:node-agent:prebuilt'")),
+        "the policy binds the agent's own account: {}",
+        policy["spec"]["matchConditions"]
+    );
+    let sets = daemon_sets(&docs);
+    assert_eq!(sets.len(), 2, "enforceByNodeLabel: two DaemonSets");
+    for ds in sets {
+        let name = ds["metadata"]["name"].as_str().unwrap_or("?");
+        let pod = &ds["spec"]["template"];
+        let spec = &pod["spec"];
+        let c = &spec["containers"][0];
+        assert_eq!(
+            c["image"],
+            format!("registry.example.com/node-agent@{digest}"),
+            "{name}: the digest wins"
+        );
+        assert_eq!(c["imagePullPolicy"], "Always");
+        assert_eq!(spec["imagePullSecrets"][0]["name"], "pull");
+        assert_eq!(spec["priorityClassName"], "agents");
+        assert_eq!(spec["serviceAccountName"], "prebuilt");
+        // Helm merges a map given with --set into the default (Linux only stays), and
+        // replaces a list.
+        assert_eq!(
+            spec["nodeSelector"],
+            serde_json::json!({"kubernetes.io/os": "linux", "pool": "infra"})
+        );
+        assert_eq!(
+            spec["tolerations"],
+            serde_json::json!([{"key": "dedicated", "operator": "Exists"}])
+        );
+        assert_eq!(pod["metadata"]["annotations"]["team"], "sre");
+        assert_eq!(pod["metadata"]["labels"]["team"], "sre");
+        assert!(
+            ds["spec"]["selector"]["matchLabels"].get("team").is_none(),
+            "{name}: not in the selector"
+        );
+        let env = c["env"].as_array().expect("env");
+        assert_eq!(
+            env.last().expect("env")["name"],
+            "RUST_BACKTRACE",
+            "{name}: extraEnv after the chart's"
+        );
+        assert_eq!(c["resources"]["limits"]["memory"], "512Mi");
+        assert_eq!(
+            ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+            1
+        );
+        // The user's node affinity and the chart's enforce term, both required.
+        let terms = &spec["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+        let keys: Vec<&str> = terms[0]["matchExpressions"]
+            .as_array()
+            .expect("matchExpressions")
+            .iter()
+            .filter_map(|e| e["key"].as_str())
+            .collect();
+        assert_eq!(keys, ["zone", "node-agent.io/enforce"], "{name}: {terms}");
+    }
+}
