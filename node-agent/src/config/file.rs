@@ -23,11 +23,9 @@ use node_agent_policy::{ByteSize, EvictionFields, GoDuration};
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use serde_yaml_ng::Value;
 
+use super::MetricsAccess;
 use super::{legacy, ConfigError};
-use crate::{
-    logging::{LogFormat, LogLevel},
-    telemetry::MetricsAccess,
-};
+use crate::logging::{LogFormat, LogLevel};
 
 /// The config format this agent reads.
 pub const API_VERSION: &str = "node-agent.io/v1alpha1";

@@ -30,6 +30,8 @@ pub use self::file::{
     NodeAgentConfiguration, API_VERSION, DEFAULT_KUBELET_CONFIG, DEFAULT_NODEFS, KIND,
 };
 use self::legacy::OldKey;
+/// Who may read `/metrics` (`metricsAccess`), as the listener enforces it.
+pub use crate::serve::MetricsAccess;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -76,7 +78,7 @@ pub struct Settings {
     pub dry_run: bool,
     pub listen: SocketAddr,
     /// `metricsAccess`, its default resolved.
-    pub metrics_access: crate::telemetry::MetricsAccess,
+    pub metrics_access: MetricsAccess,
     pub trace_socket: PathBuf,
     /// `inspectListen`: the loopback address `kubectl node-agent` reads; `None`: not served.
     pub inspect_listen: Option<SocketAddr>,
@@ -305,15 +307,15 @@ fn validate(
     }
     let ring_bytes = plausible::ring_bytes(f.ring_buffer_size)?;
     let metrics_access = match (f.metrics_access, kubernetes) {
-        (Some(crate::telemetry::MetricsAccess::Kubernetes), None) => {
+        (Some(MetricsAccess::Kubernetes), None) => {
             return Err(invalid(
                 "metricsAccess",
                 "kubernetes needs the kubernetes section: the API server reviews the callers' tokens (standalone: loopback or open)".into(),
             ))
         }
         (Some(access), _) => access,
-        (None, Some(_)) => crate::telemetry::MetricsAccess::Kubernetes,
-        (None, None) => crate::telemetry::MetricsAccess::Loopback,
+        (None, Some(_)) => MetricsAccess::Kubernetes,
+        (None, None) => MetricsAccess::Loopback,
     };
     if let Some(addr) = f.inspect_listen.filter(|a| !a.ip().is_loopback()) {
         return Err(invalid(

@@ -10,13 +10,12 @@
 //! `CAP_BPF`, is never needed.
 //!
 //! The loop writes what it decides into [`Inspect`] (a lock held only to copy plain data in
-//! or out, never across I/O); the [`server`] reads it. Nothing on the decision path waits for
+//! or out, never across I/O); the listener ([`crate::serve::inspect`]) reads it. Nothing on the decision path waits for
 //! a client: the live stream reaches the endpoint through the same broadcast as the trace
-//! socket, and what the clients may hold is bounded in [`server`].
+//! socket, and what the clients may hold is bounded in [`crate::serve::inspect`].
 
 mod history;
 mod query;
-pub mod server;
 pub mod wire;
 
 use std::{
@@ -30,7 +29,6 @@ use self::history::{History, PodId, Seen};
 pub use self::{
     history::WINDOW,
     query::{ExplainQuery, QueryError, Request},
-    server::{bind, InspectError, Server},
     wire::{Entry, Explanation, Fact, MetThreshold, Mode, StatusReply},
 };
 use crate::{telemetry::Health, trace::Record};

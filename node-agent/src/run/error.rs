@@ -1,6 +1,6 @@
 //! Why the daemon could not start or had to stop.
 
-use crate::{cgroup, kernel::FeedError, telemetry};
+use crate::{cgroup, kernel::FeedError};
 use crate::{
     config::reload::ReadError, config::ConfigError, observe::feed::KubeSetupError,
     serve::live::LiveError,
@@ -18,11 +18,11 @@ pub enum DaemonError {
     #[error("starting the runtime, its threads or the signal handlers")]
     Runtime(#[source] std::io::Error),
     #[error(transparent)]
-    Telemetry(#[from] telemetry::TelemetryError),
+    Telemetry(#[from] crate::serve::TelemetryError),
     #[error(transparent)]
     Live(#[from] LiveError),
     #[error(transparent)]
-    Inspect(#[from] crate::inspect::InspectError),
+    Inspect(#[from] crate::serve::inspect::InspectError),
     #[error(transparent)]
     Feed(#[from] FeedError),
     #[error(transparent)]

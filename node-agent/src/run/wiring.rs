@@ -8,9 +8,9 @@ use node_agent_kube::{access::Reviewer, api::Counters};
 use crate::{
     cgroup::{self, Layout},
     ebpf::LoadOptions,
-    inspect::{self, Identity, Inspect},
+    inspect::{Identity, Inspect},
     kernel::KernelFeed,
-    telemetry::{self, Health, Metrics},
+    telemetry::{Health, Metrics},
 };
 use crate::{
     config::reload::{read_capped, Checks, ConfigWatcher},
@@ -122,8 +122,8 @@ async fn start(
     // Who may read /metrics: under `kubernetes`, reviewed through the API server connection
     // once it is made (and again after a reload makes a new one).
     let (reviewer, reviewer_rx) = tokio::sync::watch::channel(None);
-    let gate = telemetry::Gate::new(settings.metrics_access, reviewer_rx, metrics.clone());
-    let server = telemetry::bind(settings.listen, metrics.clone(), health.clone())
+    let gate = crate::serve::Gate::new(settings.metrics_access, reviewer_rx, metrics.clone());
+    let server = crate::serve::bind(settings.listen, metrics.clone(), health.clone())
         .await?
         .guarded_by(gate);
     let (live, _accept) = Live::bind(&settings.trace_socket).await?;
@@ -148,11 +148,14 @@ async fn start(
     );
     let inspect_server = match settings.inspect_listen {
         Some(addr) => {
-            let subscribe: inspect::server::Subscribe = {
+            let subscribe: crate::serve::inspect::Subscribe = {
                 let live = live.clone();
                 Arc::new(move || live.subscribe())
             };
-            Some(inspect::bind(addr, inspect.clone(), subscribe, metrics.clone()).await?)
+            Some(
+                crate::serve::inspect::bind(addr, inspect.clone(), subscribe, metrics.clone())
+                    .await?,
+            )
         }
         None => None,
     };

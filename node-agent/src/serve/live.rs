@@ -22,6 +22,7 @@ use tokio::{
     sync::{broadcast, OwnedSemaphorePermit, Semaphore},
 };
 
+use super::limits::Throttle;
 use crate::trace::Record;
 
 /// Records queued per client before it counts as too slow (its losses are reported to it).
@@ -33,9 +34,6 @@ pub(crate) const MAX_CLIENTS: usize = 16;
 const SOCKET_MODE: u32 = 0o600;
 /// A client that takes a record for longer than this is dropped (it stopped reading).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Refused clients and failing accepts are logged at most this often (each episode's first
-/// at once), so a flood is not a log flood.
-const LOG_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
@@ -218,9 +216,9 @@ async fn accept_loop(listener: UnixListener, live: Live, slots: Arc<Semaphore>) 
     let mut backoff = Backoff::default();
     // Outside the backoff, which each success resets: alternating failures and successes
     // still log at most every LOG_EVERY.
-    let mut failing = Throttled::default();
-    let mut recovered = Throttled::default();
-    let mut refused = Throttled::default();
+    let mut failing = Throttle::default();
+    let mut recovered = Throttle::default();
+    let mut refused = Throttle::default();
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
@@ -275,28 +273,6 @@ impl Backoff {
         let doublings = u32::try_from(self.failures.min(16)).unwrap_or(16);
         self.failures += 1;
         Self::FIRST.saturating_mul(1 << doublings).min(Self::MAX)
-    }
-}
-
-/// Counts occurrences and says when to log them: the first at once, then at most every
-/// [`LOG_EVERY`], with how many happened since the last line.
-#[derive(Debug, Default)]
-struct Throttled {
-    since_log: u64,
-    last_log: Option<Instant>,
-}
-
-impl Throttled {
-    fn due(&mut self, now: Instant) -> Option<u64> {
-        self.since_log += 1;
-        if self
-            .last_log
-            .is_some_and(|last| now.saturating_duration_since(last) < LOG_EVERY)
-        {
-            return None;
-        }
-        self.last_log = Some(now);
-        Some(std::mem::take(&mut self.since_log))
     }
 }
 

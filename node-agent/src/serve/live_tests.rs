@@ -8,7 +8,7 @@ use std::{
 
 use tokio::{io::AsyncReadExt as _, net::UnixStream, time::timeout};
 
-use super::{Backoff, Live, LiveError, Throttled, MAX_CLIENTS};
+use super::{Backoff, Live, LiveError, MAX_CLIENTS};
 use crate::trace::Record;
 
 /// Every wait of a test ends within this or the test fails.
@@ -252,16 +252,4 @@ fn accept_failures_back_off_exponentially_to_a_second() {
     for _ in 0..100 {
         assert_eq!(backoff.failed(), Duration::from_secs(1), "never past 1 s");
     }
-}
-
-#[test]
-fn throttled_logs_the_first_then_a_count_every_ten_seconds() {
-    let start = Instant::now();
-    let mut throttled = Throttled::default();
-    let at = |ms: u64| start + Duration::from_millis(ms);
-    assert_eq!(throttled.due(at(0)), Some(1), "the first at once");
-    assert_eq!(throttled.due(at(1)), None);
-    assert_eq!(throttled.due(at(9_999)), None);
-    assert_eq!(throttled.due(at(10_000)), Some(3), "then the count since");
-    assert_eq!(throttled.due(at(10_001)), None);
 }

@@ -119,3 +119,13 @@ impl KubeOperation {
         }
     }
 }
+
+/// The labels of `node_agent_telemetry_authorizations_total{result}`: what the listener's
+/// gate (`crate::serve::access`) answered.
+pub const AUTHORIZATION_RESULTS: [&str; 5] = [
+    "allowed",
+    "unauthenticated",
+    "forbidden",
+    "unavailable",
+    "busy",
+];

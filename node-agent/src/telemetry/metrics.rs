@@ -331,7 +331,7 @@ impl Metrics {
             self.telemetry_connections_closed
                 .get_or_create_owned(&ReasonLabels { reason });
         }
-        for result in super::access::RESULTS {
+        for result in super::labels::AUTHORIZATION_RESULTS {
             self.telemetry_authorizations
                 .get_or_create_owned(&ResultLabels { result });
         }

@@ -17,7 +17,8 @@ use tokio::{
     time::timeout,
 };
 
-use super::{bind, Health, Metrics};
+use super::bind;
+use crate::telemetry::{Health, Metrics};
 
 /// The kubelet's default probe timeout (`timeoutSeconds: 1`).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);

@@ -30,7 +30,7 @@ use node_agent_kube::access::{Reviewer, Verdict};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Semaphore};
 
-use super::Metrics;
+use crate::telemetry::Metrics;
 
 /// Reviews asked of the API server at once, at most.
 pub const REVIEWS_AT_ONCE: usize = 4;
@@ -109,15 +109,6 @@ impl Refusal {
     }
 }
 
-/// The labels of `node_agent_telemetry_authorizations_total{result}`.
-pub const RESULTS: [&str; 5] = [
-    "allowed",
-    "unauthenticated",
-    "forbidden",
-    "unavailable",
-    "busy",
-];
-
 /// Lets callers in, or says why not.
 #[derive(Debug, Clone)]
 pub struct Gate {
@@ -148,10 +139,6 @@ impl Gate {
             failing: Arc::new(AtomicBool::new(false)),
             metrics,
         }
-    }
-
-    pub fn mode(&self) -> MetricsAccess {
-        self.mode
     }
 
     /// May this caller (`authorization`: its header, `peer`: its address) `get` `path`?

@@ -15,7 +15,7 @@
 //!   [`Limits::write_timeout`] is let go. The socket's send buffer is held at [`SEND_BUFFER`]
 //!   (the kernel would grow it to megabytes), so a reader that takes nothing fills it within
 //!   seconds and meets that rule, rather than holding a stream slot for minutes;
-//! - **the decisions**: the loop publishes into the broadcast and writes [`super::Inspect`]
+//! - **the decisions**: the loop publishes into the broadcast and writes [`crate::inspect::Inspect`]
 //!   without waiting; nothing here is awaited by it.
 //!
 //! A quiet stream carries an empty line every [`Limits::keepalive`], so a reader that went
@@ -49,20 +49,15 @@ use tokio::{
     task::JoinSet,
 };
 
-use super::{query::Request, Inspect};
+use super::limits::{Throttle, ACCEPT_BACKOFF, MAX_HEADER_BYTES};
+use crate::inspect::{Inspect, Request};
 use crate::{telemetry::Metrics, trace::Record};
 
 /// A new reader of the daemon's live stream (one JSON record per item).
 pub type Subscribe = Arc<dyn Fn() -> broadcast::Receiver<Arc<str>> + Send + Sync>;
 
-/// Request line and headers: `kubectl node-agent` sends a few hundred bytes.
-const MAX_HEADER_BYTES: usize = 8 * 1024;
 /// How long the fixed `503` to a client past the limits may take to write.
 const REFUSE_TIMEOUT: Duration = Duration::from_secs(1);
-/// Pause after a failed accept (out of descriptors) so the loop does not spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// Closed clients are summed up in one log line at most this often.
-const LOG_EVERY: Duration = Duration::from_secs(10);
 /// A connection's send buffer: a few seconds of a busy stream, never megabytes.
 pub const SEND_BUFFER: libc::c_int = 32 * 1024;
 
@@ -180,11 +175,13 @@ struct Conn {
 
 impl Server {
     /// The bound address (the real port when bound to port 0).
+    #[cfg(test)]
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
 
     /// Other bounds (tests make them small).
+    #[cfg(test)]
     pub fn with_limits(mut self, limits: Limits) -> Self {
         let ctx = Arc::get_mut(&mut self.ctx).expect("not serving yet");
         ctx.limits = limits;
@@ -217,7 +214,7 @@ impl Server {
                         }
                         Err(_) => {
                             ctx.metrics.inspect().closed("busy");
-                            if let Some(n) = busy.due() {
+                            if let Some(n) = busy.due(Instant::now()) {
                                 tracing::warn!(refused = n, limit = ctx.limits.max_connections,
                                     "kubectl node-agent endpoint: every connection slot taken; refusing new clients (counted in node_agent_inspect_clients_closed_total)");
                             }
@@ -225,7 +222,7 @@ impl Server {
                         }
                     },
                     Err(error) => {
-                        if let Some(n) = failing.due() {
+                        if let Some(n) = failing.due(Instant::now()) {
                             tracing::warn!(%error, failed = n, "kubectl node-agent endpoint: accepting a client failed; backing off");
                         }
                         tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -303,7 +300,7 @@ fn respond(ctx: &Ctx, conn: &Arc<Conn>, request: &HttpRequest<Incoming>) -> Resp
         Ok(parsed) => parsed,
         Err(error) => {
             let status = match error {
-                super::QueryError::NotFound(_) => StatusCode::NOT_FOUND,
+                crate::inspect::QueryError::NotFound(_) => StatusCode::NOT_FOUND,
                 _ => StatusCode::BAD_REQUEST,
             };
             return text(status, format!("{error}\n"));
@@ -451,26 +448,6 @@ fn json<T: serde::Serialize>(value: &T) -> Response<Answer> {
     }
 }
 
-/// Counts occurrences and says when to log: the first at once, then at most every
-/// [`LOG_EVERY`], with the count since the last line.
-#[derive(Debug, Default)]
-struct Throttle {
-    since: u64,
-    last: Option<Instant>,
-}
-
-impl Throttle {
-    fn due(&mut self) -> Option<u64> {
-        self.since += 1;
-        let now = Instant::now();
-        if self.last.is_some_and(|l| now.duration_since(l) < LOG_EVERY) {
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.since))
-    }
-}
-
 #[cfg(test)]
-#[path = "server_tests.rs"]
+#[path = "inspect_tests.rs"]
 mod tests;

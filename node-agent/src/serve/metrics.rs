@@ -31,22 +31,31 @@ use tokio::{
 use super::{
     access::{Gate, MetricsAccess, Refusal},
     connections::{Activity, Client, Clock, Closed, Limits, Table, Tracked},
-    health::{redact, Health, Liveness},
-    Format, Metrics, TelemetryError,
+    limits::{ACCEPT_BACKOFF, LOG_EVERY, MAX_HEADER_BYTES},
 };
+use crate::telemetry::{redact, Format, Health, Liveness, Metrics};
 
-/// Request line plus headers; a probe or scraper sends a few hundred bytes.
-const MAX_HEADER_BYTES: usize = 8 * 1024;
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("cannot listen for metrics and health on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read the local address of the metrics listener bound to {addr}")]
+    LocalAddr {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// After shutdown, in-flight responses get this long to finish before their tasks are aborted
 /// (the daemon has 2 s to exit on SIGTERM).
 const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
-/// Pause after a failed accept (e.g. out of file descriptors) so the loop does not spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// How often idle connections are looked for.
 const SWEEP_EVERY: Duration = Duration::from_millis(500);
-/// Connections closed by the limits are summed up in one log line at most this often, so an
-/// attack does not turn into a log flood (each one is counted in the metric).
-const CLOSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 const TEXT: &str = "text/plain; charset=utf-8";
 
@@ -92,6 +101,7 @@ impl Server {
     }
 
     /// The bound address (the real port when bound to port 0).
+    #[cfg(test)]
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
@@ -286,13 +296,13 @@ impl ClosedLog {
     }
 
     /// One warning for the closures by the per-client and capacity limits (a sign of a
-    /// misbehaving or hostile client), at most every [`CLOSED_LOG_EVERY`]; idle closures
+    /// misbehaving or hostile client), at most every [`LOG_EVERY`] (each one is counted in the metric); idle closures
     /// alone are normal keep-alive expiry and only logged at debug level.
     fn report(&mut self, local_addr: std::net::SocketAddr, open: usize) {
         let now = Instant::now();
         if self
             .last_report
-            .is_some_and(|last| now.duration_since(last) < CLOSED_LOG_EVERY)
+            .is_some_and(|last| now.duration_since(last) < LOG_EVERY)
         {
             return;
         }
@@ -450,3 +460,7 @@ fn response(status: StatusCode, content_type: &'static str, body: String) -> Res
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
+
+#[cfg(test)]
+#[path = "metrics_tests.rs"]
+mod tests;
