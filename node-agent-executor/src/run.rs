@@ -448,7 +448,8 @@ async fn node_event(settings: &Settings, event: &NodeEvent) -> Result<(), ApiErr
 }
 
 /// Writes the latest wished-for status; a wish that arrives while one is being written is
-/// written next, the ones in between never. The condition is written again every
+/// written next, the ones in between never (nor the taint of the one being written, when a
+/// newer wish came during its condition). The condition is written again every
 /// `Settings::heartbeat` (not in dry run), so its heartbeat tells that the agent still
 /// watches.
 async fn status_lane(
@@ -492,8 +493,12 @@ async fn status_lane(
             Wish::Conditions(conditions) => {
                 last = Some(conditions.clone());
                 let condition = write_condition(&settings, &mut reporter, conditions).await;
-                // A heartbeat rewrites the condition only; the taint follows changes.
-                let taint = if beat {
+                // A heartbeat rewrites the condition only; the taint follows changes. A wish
+                // that came while the condition was being written (an API server away for
+                // seconds) supersedes this one: its taint is left to it, written next, so a
+                // taint that is no longer wanted is never added only to be removed.
+                let superseded = wishes.has_changed().unwrap_or(false);
+                let taint = if beat || superseded {
                     Ok(None)
                 } else {
                     let want = taint::wanted(conditions).filter(|_| settings.taint);

@@ -452,3 +452,77 @@ async fn the_condition_heartbeat_moves_while_the_agent_runs() {
     })
     .await;
 }
+
+/// After an outage (the API server answering the condition's write seconds late), the pressure
+/// that was being reported has ended: the taint it wanted is never added, only for the next
+/// wish to remove it 90 ms later (seen on the real cluster after an API server outage).
+#[tokio::test]
+async fn a_wish_superseded_while_its_condition_is_written_never_adds_the_taint() {
+    bounded(async {
+        let store = node(others());
+        let slow_first = Arc::new(Mutex::new(true));
+        let fake = Fake::start({
+            let store = store.clone();
+            let slow_first = slow_first.clone();
+            move |s: &Seen, _| {
+                store.answer(s).unwrap_or_else(|| {
+                    if s.method == "PATCH" && s.path == format!("/api/v1/nodes/{NODE}/status") {
+                        let reply = Reply::json(200, store.node().to_string());
+                        if std::mem::take(&mut *slow_first.lock().unwrap()) {
+                            reply.slow(std::time::Duration::from_millis(800))
+                        } else {
+                            reply
+                        }
+                    } else {
+                        Reply::status(404, "NotFound", "not found")
+                    }
+                })
+            }
+        })
+        .await;
+        let settings = Settings {
+            cluster: Some(fake.context("api server", 2, NODE)),
+            generation: 0,
+            dry_run: false,
+            pdb_policy: node_agent_kube::config::PdbPolicy::Respect,
+            eligibility: Eligibility::default(),
+            taint: true,
+            runtime: None,
+            heartbeat: node_agent_executor::CONDITION_HEARTBEAT,
+            pending_records: None,
+        };
+        let (_settings, rx) = watch::channel(settings);
+        let (executor, mut outcomes) = Executor::spawn(rx);
+        executor.submit(Action::Status {
+            conditions: vec![NodeCondition::MemoryPressure],
+        });
+        // The pressure's condition is on its way (slowly); the pressure ends meanwhile.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        executor.submit(Action::Status { conditions: vec![] });
+        let mut reports = Vec::new();
+        while reports.len() < 2 {
+            match outcomes.recv().await.unwrap() {
+                Outcome::Status(report) => reports.push(report),
+                other => panic!("not a status outcome: {other:?}"),
+            }
+        }
+        assert!(reports[0].pressure && reports[0].condition.is_ok());
+        assert!(
+            matches!(reports[0].taint, Ok(None)),
+            "the superseded wish's taint is left to the next: {:?}",
+            reports[0].taint
+        );
+        assert!(!reports[1].pressure);
+        let writes: Vec<_> = node_calls(fake.calls())
+            .into_iter()
+            .filter(|(m, _)| m != "GET")
+            .collect();
+        assert!(writes.is_empty(), "the taint was never written: {writes:?}");
+        assert_eq!(
+            store.node()["spec"]["taints"],
+            others(),
+            "others untouched, ours never added"
+        );
+    })
+    .await
+}
