@@ -658,6 +658,8 @@ pub mod containerd;
 pub mod fuse;
 /// `kubectl node-agent` on the real cluster, and guards for what its tests change there.
 pub mod kubectl_plugin;
+/// The agent's load on the control plane, on the real cluster (`cargo xtask cluster load`).
+pub mod load;
 /// OCI image tars written by the tests.
 pub mod oci;
 /// The DaemonSet's pod template as CRI requests.

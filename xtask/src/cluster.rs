@@ -73,6 +73,19 @@ enum ClusterCommand {
         #[arg(long)]
         reuse: bool,
     },
+    /// One agent's requests to the API server beside its node's kubelet's, phase by phase
+    /// (idle, under pressure, 100 pods churned, an API server restart, the agent's rollout),
+    /// from the audit log (tests/src/load.rs says the method); writes
+    /// target/bench/load-<commit>.json. Brings a one-node cluster up (or uses the one that is up
+    /// with --reuse) and ends it after.
+    Load {
+        /// Each phase at least this many minutes.
+        #[arg(long, default_value_t = 3.0)]
+        minutes: f64,
+        /// Use the cluster that is up, and leave it up.
+        #[arg(long)]
+        reuse: bool,
+    },
     /// Brings a cluster of two nodes up, runs the real-cluster tests (tests/tests/cluster_*.rs) against
     /// it, then ends it and checks the host is as it was.
     Test {
@@ -132,6 +145,10 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         } => {
             let tc = crate::toolchain::setup()?;
             bench(&tc, *runs, scenarios, configs, *reuse)
+        }
+        ClusterCommand::Load { minutes, reuse } => {
+            let tc = crate::toolchain::setup()?;
+            load(&tc, *minutes, *reuse)
         }
         ClusterCommand::Test { files, reuse, args } => {
             let tc = crate::toolchain::setup()?;
@@ -332,6 +349,50 @@ fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> a
         anyhow::bail!("failed: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// `cargo xtask cluster load`.
+fn load(tc: &EbpfToolchain, minutes: f64, reuse: bool) -> anyhow::Result<()> {
+    let object = ebpf(tc)?;
+    let c = cluster();
+    let running = reuse && c.layout.state().exists() && c.kubectl().run(&["get", "nodes"]).is_ok();
+    if running {
+        let image = crate::image::image(tc)?;
+        c.refresh_agent_image(&Archive {
+            reference: image.reference,
+            path: image.archive,
+        })?;
+    } else {
+        up(tc, 0, true)?;
+    }
+    run_cmd(cargo_with_object(&object, "build").args([
+        "--package",
+        "node-agent-tests",
+        "--bin",
+        "control-plane-load",
+        "--locked",
+    ]))
+    .context("building the load measurement")?;
+    let root = workspace_root();
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(&root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let result = run_cmd(
+        std::process::Command::new(root.join("target/debug/control-plane-load"))
+            .args(["--minutes", &minutes.to_string(), "--out"])
+            .arg(&root)
+            .args(["--commit", &commit])
+            .env("NODE_AGENT_CLUSTER_DIR", &c.layout.dir),
+    );
+    if !reuse {
+        c.down()?;
+    }
+    result
 }
 
 /// `cargo xtask cluster bench`.
