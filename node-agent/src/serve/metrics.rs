@@ -158,11 +158,12 @@ impl Server {
                         }
                     }
                     closed.report(local_addr, table.len());
+                    refused.settle(local_addr, Instant::now());
                 }
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
                         Ok(accepted) => {
-                            refused.accepted(local_addr);
+                            refused.accepted(Instant::now());
                             accepted
                         }
                         Err(error) => {
@@ -251,12 +252,20 @@ impl Server {
 }
 
 /// Accept failures (out of file descriptors, say): each counted, one warning when they start
-/// and one line when a connection is accepted again, not one per 100 ms retry.
+/// and one line once connections have been accepted again for [`SETTLED`] without a failure,
+/// not one per 100 ms retry, nor one per connection a descriptor freed for a moment lets
+/// through in the middle of the shortage.
 #[derive(Debug, Default)]
 struct AcceptLog {
-    /// Failures since the last accepted connection.
+    /// Failures since the shortage began.
     failing: u64,
+    /// When a connection was last accepted during the shortage.
+    accepted_at: Option<Instant>,
 }
+
+/// How long accepting must work again, with no failure, before the shortage is said to be
+/// over (a failure is only seen when a client connects, so a quiet second proves little).
+const SETTLED: Duration = Duration::from_secs(5);
 
 impl AcceptLog {
     fn failed(&mut self, local_addr: SocketAddr, error: &std::io::Error, metrics: &Metrics) {
@@ -266,13 +275,51 @@ impl AcceptLog {
                 "accepting telemetry connections fails; retrying every {ACCEPT_BACKOFF:?}, each failure counted in node_agent_telemetry_accept_errors_total");
         }
         self.failing += 1;
+        self.accepted_at = None;
     }
 
-    fn accepted(&mut self, local_addr: SocketAddr) {
+    fn accepted(&mut self, now: Instant) {
         if self.failing > 0 {
-            tracing::info!(%local_addr, failures = self.failing, "accepting telemetry connections again");
+            self.accepted_at = Some(now);
         }
-        self.failing = 0;
+    }
+
+    /// At each sweep: the shortage said over once accepting has worked for [`SETTLED`].
+    fn settle(&mut self, local_addr: SocketAddr, now: Instant) {
+        if self
+            .accepted_at
+            .is_some_and(|at| now.saturating_duration_since(at) >= SETTLED)
+        {
+            tracing::info!(%local_addr, failures = self.failing, "accepting telemetry connections again");
+            *self = Self::default();
+        }
+    }
+}
+
+#[cfg(test)]
+mod accept_log_tests {
+    use super::*;
+
+    #[test]
+    fn a_shortage_is_said_once_each_way_however_often_a_connection_slips_through() {
+        let metrics = Metrics::new();
+        let addr: SocketAddr = "127.0.0.1:9464".parse().unwrap();
+        let err = std::io::Error::from_raw_os_error(libc::EMFILE);
+        let mut log = AcceptLog::default();
+        let t0 = Instant::now();
+        for i in 0..10u64 {
+            log.failed(addr, &err, &metrics);
+            // A descriptor freed for a moment: one connection through, then failing again.
+            log.accepted(t0 + Duration::from_millis(100 * i));
+            log.settle(addr, t0 + Duration::from_millis(100 * i + 50));
+            assert_eq!(log.failing, i + 1, "still the same shortage");
+        }
+        log.accepted(t0 + Duration::from_secs(2));
+        log.settle(addr, t0 + Duration::from_millis(6500));
+        assert_eq!(log.failing, 10, "not settled before SETTLED");
+        log.settle(addr, t0 + Duration::from_secs(7));
+        assert_eq!(log.failing, 0, "over once accepting worked for SETTLED");
+        assert_eq!(log.accepted_at, None);
     }
 }
 
