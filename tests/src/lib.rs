@@ -649,11 +649,11 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// Requests made with the agent's service account token, and the API server's audit of the
 /// agent's own requests (real-cluster tests).
 pub mod agent_access;
-/// The daemon's end-to-end harness: a fake cluster whose pods and answers a test sets, and the
-/// daemon as a subprocess to wait on.
-pub mod cluster;
 /// A real containerd for the CRI tests, started and removed by the test.
 pub mod containerd;
+/// The daemon's end-to-end harness: a fake cluster whose pods and answers a test sets, and the
+/// daemon as a subprocess to wait on (the real cluster is [`real_cluster`]).
+pub mod fake_cluster;
 /// A FUSE filesystem whose `statfs` never answers (a hung filesystem).
 pub mod fuse;
 /// `kubectl node-agent` on the real cluster, and guards for what its tests change there.

@@ -10,7 +10,7 @@ use std::{
 use node_agent_kube::fake::Fake;
 
 use crate::{
-    cluster::{
+    fake_cluster::{
         free_port, responder, wait_until, Answered, ClusterState, Config, Daemon, PodSpec,
         SharedCluster, NODE,
     },

@@ -7,7 +7,7 @@
 //! kubelet measures against, and so does the agent.
 
 use node_agent_tests::{
-    cluster::{attach_trace, wait_until, ClusterState, Daemon, PodSpec},
+    fake_cluster::{attach_trace, wait_until, ClusterState, Daemon, PodSpec},
     require_root, set_memory_limit,
     world::{eviction_after_kubepods_crossing, wait, World},
 };

@@ -10,7 +10,7 @@ use std::{
 
 use node_agent_kube::fake::Reply;
 use node_agent_tests::{
-    cluster::{
+    fake_cluster::{
         attach_trace, first_crossing_up, free_port, monotonic_ns, next_record, wait_until, Daemon,
         PodSpec,
     },
@@ -481,7 +481,7 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<(bool, String)> {
         .arg("check-config")
         .arg("--on-node")
         .arg(file)
-        .env("NODE_NAME", node_agent_tests::cluster::NODE)
+        .env("NODE_NAME", node_agent_tests::fake_cluster::NODE)
         .output()?;
     Ok((
         out.status.success(),

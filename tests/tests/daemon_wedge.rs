@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use node_agent_tests::{
-    cluster::{wait_until, PodSpec},
+    fake_cluster::{wait_until, PodSpec},
     fuse::HungFs,
     move_into, require_root, scaled, set_memory_limit, time_scale,
     world::{wait, World},
@@ -368,7 +368,10 @@ fn the_node_is_left_as_found_at_start_and_on_sigterm() -> anyhow::Result<()> {
         serde_json::json!([theirs.clone()]),
         "the agent's taint went with it"
     );
-    let status_path = format!("/api/v1/nodes/{}/status", node_agent_tests::cluster::NODE);
+    let status_path = format!(
+        "/api/v1/nodes/{}/status",
+        node_agent_tests::fake_cluster::NODE
+    );
     let last = w
         .fake
         .seen()

@@ -16,7 +16,7 @@ use node_agent_kube::{
     transport::{POD_LIST_CAP, SUMMARY_CAP},
 };
 use node_agent_tests::{
-    cluster::{free_port, wait_until, Daemon, PodSpec},
+    fake_cluster::{free_port, wait_until, Daemon, PodSpec},
     require_root, scaled,
     world::{wait, World},
     TestCgroup,

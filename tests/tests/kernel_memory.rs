@@ -8,7 +8,7 @@ use node_agent::{
 };
 use node_agent_common::{DIRECTION_DOWN, DIRECTION_UP, OOM_CGROUP_LIMIT};
 use node_agent_tests::{
-    cluster::monotonic_ns, collect_events, require_root, runtime, scaled, time_scale, Helper,
+    collect_events, fake_cluster::monotonic_ns, require_root, runtime, scaled, time_scale, Helper,
     TestCgroup,
 };
 

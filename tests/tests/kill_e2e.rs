@@ -16,7 +16,7 @@ use std::{
 
 use node_agent_kube::fake::{Reply, Seen};
 use node_agent_tests::{
-    cluster::{attach_trace, wait_until, PodSpec},
+    fake_cluster::{attach_trace, wait_until, PodSpec},
     move_into, require_root,
     world::{wait, World},
     Helper,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use node_agent_kube::fake::{Fake, Pki};
 use node_agent_tests::{
-    cluster::{responder, wait_until, Daemon, PodSpec, NODE},
+    fake_cluster::{responder, wait_until, Daemon, PodSpec, NODE},
     require_root,
     world::{wait, World},
 };

@@ -5,7 +5,7 @@
 //! A reload to `logFormat: text` switches the lines that follow, the first saying so.
 
 use node_agent_tests::{
-    cluster::{wait_until, PodSpec},
+    fake_cluster::{wait_until, PodSpec},
     require_root,
     world::{wait, World},
 };

@@ -8,11 +8,11 @@ use std::{sync::Arc, time::Duration};
 use node_agent_cri::proto;
 use node_agent_kube::fake::{Fake, Reply};
 use node_agent_tests::{
-    cluster::{
+    containerd::{Containerd, Options, PAUSE_IMAGE},
+    fake_cluster::{
         attach_trace, free_port, next_record, responder, wait_until, Answered, Daemon, PodSpec,
         SharedCluster, NODE,
     },
-    containerd::{Containerd, Options, PAUSE_IMAGE},
     move_into,
     oci::ImageSpec,
     require_root, scaled, set_memory_limit,

@@ -22,7 +22,7 @@ use std::{
 use anyhow::{bail, Context as _};
 use node_agent_kube::fake::{Reply, Seen};
 use node_agent_tests::{
-    cluster::{free_port, wait_until, PodSpec, NODE},
+    fake_cluster::{free_port, wait_until, PodSpec, NODE},
     move_into, require_root, scaled, set_memory_limit,
     world::{wait, World},
     Helper,

@@ -12,11 +12,11 @@ use std::{path::PathBuf, time::Duration};
 
 use node_agent_kube::fake::Fake;
 use node_agent_tests::{
-    cluster::{
+    containerd::{Containerd, Options, PAUSE_IMAGE},
+    fake_cluster::{
         attach_trace, free_port, next_record, responder, wait_until, ClusterState, Daemon, PodSpec,
         SharedCluster, NODE,
     },
-    containerd::{Containerd, Options, PAUSE_IMAGE},
     oci::ImageSpec,
     scaled, TestCgroup,
 };

@@ -120,7 +120,7 @@ fn mean(pairs: &[(Window, Window)], f: impl Fn(&(Window, Window)) -> f64) -> f64
 /// `node_agent_memory_sampler_ticks_total` from the daemon's `/metrics` (0 when the sampler is
 /// not its memory mechanism).
 fn sampler_ticks(port: u16) -> anyhow::Result<f64> {
-    let text = crate::cluster::http_get(port, "/metrics")?;
+    let text = crate::fake_cluster::http_get(port, "/metrics")?;
     Ok(text
         .lines()
         .find_map(|l| l.strip_prefix("node_agent_memory_sampler_ticks_total "))
