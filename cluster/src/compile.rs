@@ -63,7 +63,9 @@ pub fn go_command() -> anyhow::Result<PathBuf> {
         .context("Go 1.26 or later is needed to build Kubernetes (cargo xtask cluster build): `go` is neither on PATH nor at /usr/local/go/bin/go")
 }
 
-fn go_cmd(go: &Path, module: &Path) -> Command {
+/// `go` in `module`, as every build here runs it: the module as pinned (`-mod=readonly`), the
+/// machine's Go (`GOTOOLCHAIN=local`), no workspace, no cgo.
+pub(crate) fn go_cmd(go: &Path, module: &Path) -> Command {
     let mut cmd = Command::new(go);
     cmd.current_dir(module)
         .env("GOFLAGS", "-mod=readonly -buildvcs=false")

@@ -17,7 +17,10 @@ use std::{
 use anyhow::{bail, Context as _};
 use sha2::{Digest as _, Sha256};
 
-use crate::{compile::go_command, process::output_of};
+use crate::{
+    compile::{go_cmd, go_command},
+    process::output_of,
+};
 
 /// A Go program built from its module.
 #[derive(Debug, Clone, Copy)]
@@ -81,16 +84,6 @@ impl GoTool {
             _ => bail!("go.mod requires {module} more than once: {versions:?}"),
         }
     }
-}
-
-fn go_cmd(go: &Path, module: &Path) -> Command {
-    let mut cmd = Command::new(go);
-    cmd.current_dir(module)
-        .env("GOFLAGS", "-mod=readonly -buildvcs=false")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOWORK", "off")
-        .env("CGO_ENABLED", "0");
-    cmd
 }
 
 /// Builds `tool` into `out` when it is missing or was built from something else; `module` is

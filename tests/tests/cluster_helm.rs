@@ -37,18 +37,7 @@ impl<'a> Release<'a> {
     }
 
     fn remove_every_object(&self) -> anyhow::Result<()> {
-        // The DaemonSets first, their pods gone, so no agent outlives its credentials.
-        self.rc.kubectl.run(&[
-            "-n",
-            AGENT_NS,
-            "delete",
-            "daemonsets",
-            "-l",
-            "app.kubernetes.io/name=node-agent",
-            "--cascade=foreground",
-            "--wait=true",
-            "--timeout=180s",
-        ])?;
+        delete_daemonsets(self.rc)?;
         self.rc.kubectl.run(&[
             "-n",
             AGENT_NS,
@@ -156,6 +145,23 @@ impl Drop for Release<'_> {
             eprintln!("restoring the kustomize install: {e:#}");
         }
     }
+}
+
+/// The agent's DaemonSets deleted and their pods gone (README's first step of an uninstall): no
+/// agent outlives its credentials.
+fn delete_daemonsets(rc: &RealCluster) -> anyhow::Result<()> {
+    rc.kubectl.run(&[
+        "-n",
+        AGENT_NS,
+        "delete",
+        "daemonsets",
+        "-l",
+        "app.kubernetes.io/name=node-agent",
+        "--cascade=foreground",
+        "--wait=true",
+        "--timeout=180s",
+    ])?;
+    Ok(())
 }
 
 fn chart() -> PathBuf {
@@ -412,17 +418,7 @@ fn helm_uninstall_after_the_daemonset_leaves_the_node_as_the_readme_says() -> an
     }
     // README's uninstall: the DaemonSet first (each agent stops with its credentials still
     // valid), then the release.
-    rc.kubectl.run(&[
-        "-n",
-        AGENT_NS,
-        "delete",
-        "daemonsets",
-        "-l",
-        "app.kubernetes.io/name=node-agent",
-        "--cascade=foreground",
-        "--wait=true",
-        "--timeout=180s",
-    ])?;
+    delete_daemonsets(&rc)?;
     let out = release.helm(
         &[
             "uninstall",

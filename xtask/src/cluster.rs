@@ -351,8 +351,14 @@ fn test(tc: &EbpfToolchain, only: &[String], reuse: bool, extra: &[String]) -> a
     Ok(())
 }
 
-/// `cargo xtask cluster load`.
-fn load(tc: &EbpfToolchain, minutes: f64, reuse: bool) -> anyhow::Result<()> {
+/// A one-node cluster for a measurement tool (the one that is up, with `reuse`, its agent's
+/// image refreshed), and the tool (`bin` of node-agent-tests) built: the command to run it
+/// with `--out` and `--commit` set, and the cluster.
+fn measurement(
+    tc: &EbpfToolchain,
+    reuse: bool,
+    bin: &str,
+) -> anyhow::Result<(std::process::Command, Cluster)> {
     let object = ebpf(tc)?;
     let c = cluster();
     let running = reuse && c.layout.state().exists() && c.kubectl().run(&["get", "nodes"]).is_ok();
@@ -369,10 +375,10 @@ fn load(tc: &EbpfToolchain, minutes: f64, reuse: bool) -> anyhow::Result<()> {
         "--package",
         "node-agent-tests",
         "--bin",
-        "control-plane-load",
+        bin,
         "--locked",
     ]))
-    .context("building the load measurement")?;
+    .with_context(|| format!("building {bin}"))?;
     let root = workspace_root();
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "HEAD"])
@@ -382,13 +388,18 @@ fn load(tc: &EbpfToolchain, minutes: f64, reuse: bool) -> anyhow::Result<()> {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".into());
-    let result = run_cmd(
-        std::process::Command::new(root.join("target/debug/control-plane-load"))
-            .args(["--minutes", &minutes.to_string(), "--out"])
-            .arg(&root)
-            .args(["--commit", &commit])
-            .env("NODE_AGENT_CLUSTER_DIR", &c.layout.dir),
-    );
+    let mut cmd = std::process::Command::new(root.join("target/debug").join(bin));
+    cmd.arg("--out")
+        .arg(&root)
+        .args(["--commit", &commit])
+        .env("NODE_AGENT_CLUSTER_DIR", &c.layout.dir);
+    Ok((cmd, c))
+}
+
+/// `cargo xtask cluster load`.
+fn load(tc: &EbpfToolchain, minutes: f64, reuse: bool) -> anyhow::Result<()> {
+    let (mut cmd, c) = measurement(tc, reuse, "control-plane-load")?;
+    let result = run_cmd(cmd.args(["--minutes", &minutes.to_string()]));
     if !reuse {
         c.down()?;
     }
@@ -403,40 +414,8 @@ fn bench(
     configs: &[String],
     reuse: bool,
 ) -> anyhow::Result<()> {
-    let object = ebpf(tc)?;
-    let c = cluster();
-    let running = reuse && c.layout.state().exists() && c.kubectl().run(&["get", "nodes"]).is_ok();
-    if running {
-        let image = crate::image::image(tc)?;
-        c.refresh_agent_image(&Archive {
-            reference: image.reference,
-            path: image.archive,
-        })?;
-    } else {
-        up(tc, 0, true)?;
-    }
-    run_cmd(cargo_with_object(&object, "build").args([
-        "--package",
-        "node-agent-tests",
-        "--bin",
-        "race-kubelet",
-        "--locked",
-    ]))
-    .context("building the race")?;
-    let root = workspace_root();
-    let commit = std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .current_dir(&root)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into());
-    let mut cmd = std::process::Command::new(root.join("target/debug/race-kubelet"));
-    cmd.args(["--runs", &runs.to_string(), "--out"])
-        .arg(&root)
-        .args(["--commit", &commit])
-        .env("NODE_AGENT_CLUSTER_DIR", &c.layout.dir);
+    let (mut cmd, c) = measurement(tc, reuse, "race-kubelet")?;
+    cmd.args(["--runs", &runs.to_string()]);
     for s in scenarios {
         cmd.args(["--scenario", s]);
     }
