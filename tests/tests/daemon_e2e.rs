@@ -713,7 +713,11 @@ fn pods_beyond_allocatable_memory_are_evicted_for_allocatable_memory_available(
         )
     );
     assert_eq!(eviction["threshold"], 1 << 20);
-    assert!(eviction["observed"].as_i64().unwrap() < 1 << 20);
+    // Below the threshold, or met early where memory fell faster than relief could follow.
+    assert!(
+        eviction["observed"].as_i64().unwrap() < 1 << 20 || eviction["early"] == true,
+        "{eviction}"
+    );
     w.assert_nothing_refused();
     daemon.stop()
 }
