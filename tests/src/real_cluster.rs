@@ -713,6 +713,23 @@ impl RealCluster {
         self.install("base", &Variant::default())
     }
 
+    /// The agent's DaemonSets deleted and their pods gone (README's first step of an
+    /// uninstall): no agent outlives its credentials.
+    pub fn delete_agent_daemonsets(&self) -> anyhow::Result<()> {
+        self.kubectl.run(&[
+            "-n",
+            AGENT_NS,
+            "delete",
+            "daemonsets",
+            "-l",
+            "app.kubernetes.io/name=node-agent",
+            "--cascade=foreground",
+            "--wait=true",
+            "--timeout=180s",
+        ])?;
+        Ok(())
+    }
+
     /// The agent's DaemonSets' names.
     pub fn agent_daemonsets(&self) -> anyhow::Result<Vec<String>> {
         let list = self.kubectl.get_json(&["-n", AGENT_NS, "daemonsets"])?;

@@ -37,7 +37,7 @@ impl<'a> Release<'a> {
     }
 
     fn remove_every_object(&self) -> anyhow::Result<()> {
-        delete_daemonsets(self.rc)?;
+        self.rc.delete_agent_daemonsets()?;
         self.rc.kubectl.run(&[
             "-n",
             AGENT_NS,
@@ -107,6 +107,22 @@ impl<'a> Release<'a> {
         self.helm(&args, wait + Duration::from_secs(60))
     }
 
+    /// `helm uninstall`, waiting for what it deletes to go.
+    fn uninstall(&self) -> anyhow::Result<String> {
+        self.helm(
+            &[
+                "uninstall",
+                "node-agent",
+                "--namespace",
+                AGENT_NS,
+                "--wait",
+                "--timeout",
+                "180s",
+            ],
+            Duration::from_secs(240),
+        )
+    }
+
     /// `helm status`'s JSON.
     fn status(&self) -> anyhow::Result<Value> {
         let text = self.helm(
@@ -126,18 +142,7 @@ impl<'a> Release<'a> {
 
 impl Drop for Release<'_> {
     fn drop(&mut self) {
-        let _ = self.helm(
-            &[
-                "uninstall",
-                "node-agent",
-                "--namespace",
-                AGENT_NS,
-                "--wait",
-                "--timeout",
-                "180s",
-            ],
-            Duration::from_secs(240),
-        );
+        let _ = self.uninstall();
         if let Err(e) = self.remove_every_object() {
             eprintln!("removing what the chart left: {e:#}");
         }
@@ -145,23 +150,6 @@ impl Drop for Release<'_> {
             eprintln!("restoring the kustomize install: {e:#}");
         }
     }
-}
-
-/// The agent's DaemonSets deleted and their pods gone (README's first step of an uninstall): no
-/// agent outlives its credentials.
-fn delete_daemonsets(rc: &RealCluster) -> anyhow::Result<()> {
-    rc.kubectl.run(&[
-        "-n",
-        AGENT_NS,
-        "delete",
-        "daemonsets",
-        "-l",
-        "app.kubernetes.io/name=node-agent",
-        "--cascade=foreground",
-        "--wait=true",
-        "--timeout=180s",
-    ])?;
-    Ok(())
 }
 
 fn chart() -> PathBuf {
@@ -418,19 +406,8 @@ fn helm_uninstall_after_the_daemonset_leaves_the_node_as_the_readme_says() -> an
     }
     // README's uninstall: the DaemonSet first (each agent stops with its credentials still
     // valid), then the release.
-    delete_daemonsets(&rc)?;
-    let out = release.helm(
-        &[
-            "uninstall",
-            "node-agent",
-            "--namespace",
-            AGENT_NS,
-            "--wait",
-            "--timeout",
-            "180s",
-        ],
-        Duration::from_secs(240),
-    )?;
+    rc.delete_agent_daemonsets()?;
+    let out = release.uninstall()?;
     eprintln!("helm uninstall: {out}");
     for node in rc.cluster.nodes() {
         assert!(pressure_taint(&rc, &node.name)?.is_none(), "no taint left");

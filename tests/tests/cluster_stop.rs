@@ -307,17 +307,7 @@ fn delete_k_alone_leaves_taint_and_condition_and_the_readmes_uninstall_leaves_no
     wait_pressure_reported(&rc, &node)?;
     let agent = rc.agent_pod(&node, "node-agent")?;
     let since = jiff::Timestamp::now();
-    rc.kubectl.run(&[
-        "-n",
-        AGENT_NS,
-        "delete",
-        "daemonsets",
-        "-l",
-        "app.kubernetes.io/name=node-agent",
-        "--cascade=foreground",
-        "--wait=true",
-        "--timeout=120s",
-    ])?;
+    rc.delete_agent_daemonsets()?;
     delete_k(&rc)?;
     assert_stopped_cleanly(&rc, since, &agent, "README's uninstall")?;
     assert!(pressure_taint(&rc, &node)?.is_none(), "no taint left");
